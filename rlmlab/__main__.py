@@ -1,0 +1,5 @@
+import sys
+
+from rlmlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,23 @@
+"""The RM view is well posed: the next token is a function of the active frame alone."""
+
+from conftest import sample_expressions
+from rlmlab.trace import execute
+
+
+def test_identical_active_frames_have_the_same_next_token():
+    seen_examples: set = set()
+    next_token: dict[int, str] = {}
+    n_checked = 0
+    for e in sample_expressions(50_000, 1):
+        for f in execute(e).frames:
+            key = (f.context, f.targets)
+            if key in seen_examples:
+                continue
+            seen_examples.add(key)
+            h = hash(f.context)
+            for t in f.targets:
+                prev = next_token.setdefault(h, t)
+                assert prev == t, f"frame {f.context} followed by both {prev} and {t}"
+                h = hash((h, t))
+                n_checked += 1
+    assert n_checked > 100_000
