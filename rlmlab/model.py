@@ -1,0 +1,163 @@
+"""The decoder-only Transformer both learners share (paper appendix "Transformer Architecture").
+
+Pre-LayerNorm blocks, learned absolute positional embeddings, GELU MLP with expansion 4,
+attention through `scaled_dot_product_attention`. CoT and RM use this one class: what
+differs between them is only which tokens a row holds, their positions and which
+of them attend to each other, all given by the caller (`pos`, `attn_mask`).
+
+A `cache` (see `rlmlab.infer`) may be passed to append this call's keys and values to
+earlier ones; the caller then gives the mask over all cached + new keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rlmlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 64
+    """Vocabulary size (set from the data's vocabulary, not by hand)."""
+    n_layer: int = 6
+    """Transformer blocks."""
+    n_head: int = 6
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = 384
+    """Residual stream width."""
+    block_size: int = 2048
+    """Positional-embedding table size: the longest sequence (or frame) the model reads."""
+    dropout: float = 0.0
+    """Dropout on attention and residual branches (the paper uses none)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = float if f.name == "dropout" else int
+            if not isinstance(v, want) or isinstance(v, bool):
+                if not (want is float and isinstance(v, int) and not isinstance(v, bool)):
+                    raise ConfigError(f"model.{f.name} must be {want.__name__}, got {v!r}")
+        if min(self.vocab_size, self.n_layer, self.n_head, self.n_embd, self.block_size) < 1:
+            raise ConfigError("model sizes must be positive")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_head={self.n_head} must divide model.n_embd={self.n_embd}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
+PRESETS: dict[str, dict[str, dict]] = {
+    # The paper's backbone: 6 layers, 6 heads, width 384; 2,048 positions for RM, 4,096 for CoT.
+    "paper": {"rm": dict(n_layer=6, n_head=6, n_embd=384, block_size=2048),
+              "cot": dict(n_layer=6, n_head=6, n_embd=384, block_size=4096)},
+    # CPU-sized: 3 layers of width 128 train at 8-24k tok/s on 2 cores and learn as much per
+    # token as 4 layers of width 256 (shared/notes/cpu-feasibility.md). The positional tables
+    # must cover the longest frame / trace of the splits the small experiments evaluate.
+    "small": {"rm": dict(n_layer=3, n_head=4, n_embd=128, block_size=512),
+              "cot": dict(n_layer=3, n_head=4, n_embd=128, block_size=4096)},
+    # For tests: runs in milliseconds.
+    "tiny": {"rm": dict(n_layer=2, n_head=2, n_embd=32, block_size=256),
+             "cot": dict(n_layer=2, n_head=2, n_embd=32, block_size=2048)},
+}
+
+
+def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
+    base = PRESETS[name]["cot" if view == "cot" else "rm"]
+    return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T
+        drop = self.dropout if self.training else 0.0
+        if attn_mask is None:
+            if cache is not None and k.shape[2] != T:
+                raise ValueError("a cached forward needs an explicit attention mask")
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def num_params(self, include_positions: bool = True) -> int:
+        """Distinct parameters (the tied embedding counted once); optionally without the positional table."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_positions else n - self.wpe.weight.numel()
+
+    def forward(self, idx, pos=None, attn_mask=None, cache=None):
+        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, S) bool,
+        True = may attend (default causal). Returns logits (B, T, V)."""
+        B, T = idx.shape
+        if pos is None:
+            pos = torch.arange(T, device=idx.device).expand(B, T)
+        if int(pos.max()) >= self.cfg.block_size:
+            raise ValueError(f"position {int(pos.max())} beyond the model's {self.cfg.block_size}")
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask, cache, i)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
