@@ -12,8 +12,8 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
-from rlmlab.expr import Call, Expr, default_library, evaluate, infer_type, literal_value, parse, \
-    size, substitute, to_text, tokens as expr_tokens, value_token, is_literal
+from rlmlab.expr import Call, Expr, default_library, literal_value, parse, size, substitute, to_text, \
+    tokens as expr_tokens, value_token
 from rlmlab.frames import FrameExample
 from rlmlab.library import Library
 from rlmlab.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, RETURN_KW
@@ -197,6 +197,3 @@ def _stats_fn(library: Library):
 
     _STATS_CACHE[library] = stats
     return stats
-
-
-__all__ = ["Execution", "execute", "TraceStats", "trace_stats", "evaluate", "infer_type", "is_literal"]
