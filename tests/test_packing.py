@@ -1,0 +1,127 @@
+"""Packing: every example once, little padding, and a packed row computes what the examples compute alone."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlmlab.expr import to_text
+from rlmlab.model import Transformer, preset
+from rlmlab.packing import IGNORE, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction, \
+    row_length_for
+from rlmlab.views import build_view_data
+from rlmlab.vocab import default_vocab
+
+
+def _data(random_exprs, view, n=300):
+    return build_view_data([to_text(e) for e in random_exprs[:n]], view, default_vocab())
+
+
+def test_row_lengths_double_from_the_base():
+    assert [row_length_for(n, 128) for n in (1, 128, 129, 256, 257, 1000)] == [128, 128, 256, 256, 512, 1024]
+
+
+def test_every_example_once_and_padding_under_10_percent(random_exprs):
+    for view, row_len in (("rm", 256), ("rm", 512), ("cot", 512)):
+        data = _data(random_exprs, view)
+        lengths = data.lengths - 1
+        order = np.random.default_rng(0).permutation(len(lengths))
+        rows = pack_rows(lengths, row_len, order)
+        placed = sorted(e for r in rows for e in r.examples)
+        assert placed == list(range(len(lengths)))
+        assert all(lengths[list(r.examples)].sum() <= r.length for r in rows)
+        assert all(r.length == row_length_for(int(lengths[r.examples[0]]), row_len) for r in rows)
+        assert padding_fraction(rows, lengths) < 0.10, (view, row_len)
+
+
+def test_collate_layout_and_block_diagonal_mask(random_exprs):
+    data = _data(random_exprs, "rm", 60)
+    rows = [r for r in pack_rows(data.lengths - 1, 128) if len(r.examples) > 2][:3]
+    b = collate(data.ids, data.loss, data.offsets, rows, pad_id=0)
+    mask = b.attn_mask()
+    assert mask.shape == (3, 1, 128, 128) and mask[:, 0].any(-1).all()  # no query row sees nothing
+    for r, row in enumerate(rows):
+        t = 0
+        for e in row.examples:
+            ids, loss = data.example(e)
+            n = len(ids) - 1
+            sl = slice(t, t + n)
+            assert b.idx[r, sl].tolist() == ids[:-1].tolist()
+            assert b.pos[r, sl].tolist() == list(range(n))
+            assert b.targets[r, sl].tolist() == [int(i) if f else IGNORE for i, f in zip(ids[1:], loss[1:])]
+            assert (b.doc[r, sl] == e).all()
+            t += n
+        assert (b.doc[r, t:] == -1).all() and (b.targets[r, t:] == IGNORE).all()
+        same = b.doc[r][:, None] == b.doc[r][None, :]
+        allowed = same & torch.ones(128, 128, dtype=torch.bool).tril()
+        assert torch.equal(mask[r, 0], allowed)
+        real = b.doc[r] >= 0
+        # an example position never attends to another example or to padding
+        assert not (mask[r, 0][real] & ~same[real]).any()
+    assert b.n_targets == int((b.targets != IGNORE).sum())
+
+
+def _one_by_one(model, data, examples):
+    total, n = 0.0, 0
+    logits_of = {}
+    for e in examples:
+        ids, loss = data.example(e)
+        x = torch.from_numpy(ids[:-1].astype(np.int64))[None]
+        y = torch.from_numpy(np.where(loss[1:], ids[1:].astype(np.int64), IGNORE))[None]
+        logits = model(x)  # plain causal attention, positions 0..n-2
+        logits_of[e] = logits[0]
+        total += float(F.cross_entropy(logits[0], y[0], ignore_index=IGNORE, reduction="sum"))
+        n += int((y != IGNORE).sum())
+    return total / n, logits_of
+
+
+def test_packed_loss_equals_one_by_one_loss(random_exprs):
+    torch.manual_seed(0)
+    for view in ("rm", "cot"):
+        data = _data(random_exprs, view, 40)
+        data = data.select(data.lengths - 1 <= 1024)
+        model = Transformer(preset("tiny", "cot", len(data.vocab))).eval()
+        rows = pack_rows(data.lengths - 1, 64)  # long CoT traces land in 128/256/... rows
+        packed_sum, n = 0.0, 0
+        packed_logits = {}
+        with torch.no_grad():
+            for mb in micro_batches(rows, 4096):
+                b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id)
+                logits = model(b.idx, pos=b.pos, attn_mask=b.attn_mask())
+                packed_sum += float(F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1),
+                                                    ignore_index=IGNORE, reduction="sum"))
+                n += b.n_targets
+                for e in set(b.doc.view(-1).tolist()) - {-1}:
+                    packed_logits[e] = logits[b.doc == e]
+            alone, alone_logits = _one_by_one(model, data, range(len(data)))
+        assert n == data.n_targets
+        assert abs(packed_sum / n - alone) < 1e-6 * alone
+        for e, lg in alone_logits.items():
+            torch.testing.assert_close(packed_logits[e], lg, atol=1e-5, rtol=1e-5)
+
+
+def test_single_example_rows_use_the_plain_causal_path(random_exprs):
+    data = _data(random_exprs, "cot", 5)
+    rows = [Row(512, (i,)) for i in range(len(data)) if data.lengths[i] - 1 <= 512]
+    b = collate(data.ids, data.loss, data.offsets, rows, data.vocab.pad_id)
+    assert b.one_per_row and b.attn_mask() is None
+
+
+def test_micro_batches_group_by_length_within_the_token_cap():
+    rows = [Row(128, (0,)), Row(256, (1,)), Row(128, (2,)), Row(128, (3,)), Row(512, (4,))]
+    groups = micro_batches(rows, 256)
+    assert [[r.examples[0] for r in g] for g in groups] == [[0, 2], [3], [1], [4]]
+
+
+def test_row_stream_is_seeded_and_resumable():
+    lengths = np.random.default_rng(1).integers(1, 60, size=500)
+    a = RowStream(lengths, 128, seed=3)
+    first = [a.take(1000) for _ in range(40)]  # several epochs
+    b = RowStream(lengths, 128, seed=3)
+    for _ in range(17):
+        b.take(1000)
+    c = RowStream(lengths, 128, seed=3)
+    c.load_state(b.state())
+    assert [c.take(1000) for _ in range(23)] == first[17:]
+    epoch0 = sorted(e for r in a.epoch_rows(0) for e in r.examples)
+    assert epoch0 == list(range(500)) and a.epoch_rows(0) != a.epoch_rows(1)
+    assert RowStream(lengths, 128, seed=4).epoch_rows(0) != a.epoch_rows(0)

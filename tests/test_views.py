@@ -1,0 +1,88 @@
+"""Training views: CoT and RM read the same executions; only what is visible and what is a target differ."""
+
+import numpy as np
+import pytest
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.expr import to_text
+from rlmlab.trace import execute
+from rlmlab.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_view
+from rlmlab.vocab import default_vocab
+
+WORKED = "add(sum_of_squares(2,3),double(4))"
+
+
+def test_worked_example_gives_11_rm_examples_with_loss_after_m():
+    ex = execute(WORKED)
+    examples = rm_view(ex)
+    assert len(examples) == 11
+    assert [e.loss_positions[0] for e in examples] == [14, 6, 12, 4, 15, 4, 18, 15, 17, 4, 20]
+    assert " ".join(examples[0].targets) == "x := <call> sum_of_squares ( 2 , 3 ) </call>"
+    assert " ".join(examples[7].targets) == "</return>"
+    assert " ".join(examples[-1].tokens) == ("add ( sum_of_squares ( 2 , 3 ) , double ( 4 ) ) x := 3 y := 8 "
+                                             "return <return> 1 </return>")
+
+
+def test_worked_example_cot_is_the_whole_trace_with_loss_after_the_prompt():
+    ex = execute(WORKED)
+    [example] = cot_view(ex)
+    assert example.tokens == ex.tokens and len(example.tokens) == 100
+    assert example.loss_positions == list(range(14, 100))
+
+
+def test_views_on_random_expressions(random_exprs):
+    for e in random_exprs[:300]:
+        ex = execute(e)
+        [cot] = cot_view(ex)
+        assert cot.loss_positions == list(range(ex.prompt_len, ex.trace_len))
+        rm = rm_view(ex)
+        assert len(rm) == ex.n_frames
+        for example, frame in zip(rm, ex.frames):
+            assert example.tokens == frame.tokens
+            assert example.loss_positions == list(range(frame.m, frame.width))
+        # The same target computation: RM's targets, frame after frame, are CoT's targets.
+        assert sum((x.targets for x in rm), ()) == cot.targets
+
+
+def test_registry_and_example_checks():
+    assert set(VIEWS) == {"cot", "rm"} and get_view("rm") is rm_view
+    with pytest.raises(ConfigError, match="unknown view"):
+        get_view("window")
+    with pytest.raises(ValueError):
+        Example(("a", "b"), (True, True))
+
+
+def test_view_data_matches_the_view_and_caches(tmp_path, random_exprs):
+    vocab = default_vocab()
+    texts = [to_text(e) for e in random_exprs[:40]]
+    for view in ("cot", "rm"):
+        data = build_view_data(texts, view, vocab, cache_dir=tmp_path)
+        expected = [(k, x) for k, t in enumerate(texts) for x in VIEWS[view](execute(t))]
+        assert len(data) == len(expected) and data.n_expressions == 40
+        for i, (k, x) in enumerate(expected):
+            assert data.decode(i) == x and data.source[i] == k
+        [cached] = tmp_path.glob(f"{view}-*.npz")
+        again = build_view_data(texts, view, vocab, cache_dir=tmp_path)
+        assert np.array_equal(again.ids, data.ids) and np.array_equal(again.offsets, data.offsets)
+        cached.write_bytes(b"damaged")  # a bad cache entry is rebuilt, not trusted
+        assert np.array_equal(build_view_data(texts, view, vocab, cache_dir=tmp_path).loss, data.loss)
+    assert build_view_data(texts, "rm", vocab, workers=2, chunk=7).ids.tolist() == \
+        build_view_data(texts, "rm", vocab).ids.tolist()
+
+
+def test_view_data_select_save_load(tmp_path):
+    data = build_view_data(["add(1,2)", WORKED, "less(3,4)"], "rm", default_vocab())
+    keep = data.lengths > 10
+    sub = data.select(keep)
+    assert len(sub) == int(keep.sum())
+    assert [sub.decode(i) for i in range(len(sub))] == [data.decode(i) for i in np.flatnonzero(keep)]
+    sub.save(tmp_path / "v.npz")
+    back = ViewData.load(tmp_path / "v.npz")
+    assert back.view == "rm" and np.array_equal(back.ids, sub.ids) and np.array_equal(back.source, sub.source)
+    with pytest.raises(DataError, match="no such file"):
+        ViewData.load(tmp_path / "missing.npz")
+
+
+def test_bad_expression_is_a_data_error():
+    with pytest.raises(DataError, match="expression 1"):
+        build_view_data(["add(1,2)", "add(1,"], "cot", default_vocab())
