@@ -1,0 +1,102 @@
+"""`rlmlab train`: train a CoT or RM model on a pool of expressions.
+
+    rlmlab train --view rm --preset small --data pool.parquet --out runs/rm-small --minutes 20
+    rlmlab train --out runs/rm-small --resume --minutes 40          # continue, same settings
+
+Settings: defaults < --config FILE (JSON or TOML) < --section.key=value < the flags below.
+Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from rlmlab.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
+from rlmlab.errors import CheckpointError, ConfigError
+from rlmlab.model import PRESETS
+from rlmlab.views import VIEWS
+
+OVERRIDE = "override:"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a CoT or RM model", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--view", choices=tuple(VIEWS), help="what the model reads (data.view; default rm)")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
+    p.add_argument("--data", metavar="PARQUET", help="training expressions: a pool from `rlmlab data pool` (data.train)")
+    p.add_argument("--val", metavar="PARQUET", help="validation expressions (data.val; default: split off --data)")
+    p.add_argument("--out", required=True, metavar="DIR", help="run folder (checkpoints, metrics.jsonl)")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file with sections model, data, train")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps (train.max_steps)")
+    p.add_argument("--minutes", type=float, help="wall-clock budget (train.max_minutes)")
+    p.add_argument("--seed", type=int, help="train.seed")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    for section, cls in SECTIONS.items():
+        group = p.add_argument_group(f"{section} settings")
+        docs = field_docs(cls)
+        for f in fields(cls):
+            text = f"{docs.get(f.name, '')} (default: {f.default!r})".replace("%", "%%")
+            group.add_argument(f"--{section}.{f.name}", dest=f"{OVERRIDE}{section}.{f.name}", metavar="V",
+                               default=argparse.SUPPRESS, help=text)
+    p.set_defaults(handler=run)
+
+
+def resolve_config(args) -> RunConfig:
+    """Defaults (or the resumed run's settings) < config file < dotted overrides < flags."""
+    cfg = RunConfig()
+    if args.resume:
+        meta_path = Path(args.out) / "last" / "checkpoint.json"
+        try:
+            cfg = apply_dict(cfg, json.loads(meta_path.read_text())["config"], where=str(meta_path))
+        except (OSError, ValueError, KeyError):
+            raise CheckpointError(f"{args.out}: no readable last checkpoint to resume") from None
+    if args.config:
+        cfg = load_config_file(args.config, cfg)
+    cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
+    flags = {"data": {"view": args.view, "train": args.data, "val": args.val},
+             "model": {"preset": args.preset},
+             "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
+    flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}
+    cfg = apply_dict(cfg, {s: d for s, d in flags.items() if d}, where="flags")
+    cfg.require_stop_rule()
+    return cfg
+
+
+def answer_validator(exprs: list[str], values: list[str]):
+    """Greedy final-answer accuracy on `exprs` through rlmlab.infer, as a `validate_fn`."""
+    try:
+        from rlmlab.infer import ModelPredictor, generate
+    except ImportError as e:
+        raise ConfigError(f"train.answer_eval needs rlmlab.infer ({e})") from None
+
+    def validate(model, vocab, view) -> dict[str, float]:
+        gens = generate(ModelPredictor(model), exprs, vocab, view)
+        right = sum(g.answer == v for g, v in zip(gens, values))
+        return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
+
+    return validate
+
+
+def run(args) -> int:
+    from rlmlab.train import prepare_data, train
+
+    cfg = resolve_config(args)
+    t0 = time.perf_counter()
+    split = prepare_data(cfg.data)
+    print(f"examples built in {time.perf_counter() - t0:.1f}s")
+    validate_fn = None
+    if cfg.train.answer_eval:
+        n = min(cfg.train.answer_eval, len(split.val_exprs))
+        validate_fn = answer_validator(split.val_exprs[:n], split.val_values[:n])
+    result = train(cfg, split.train, split.val, args.out, resume=args.resume, validate_fn=validate_fn,
+                   progress=not args.quiet)
+    best = (f"best val {result.select_metric} {result.best_score:.4f} at step {result.best_step}"
+            if result.best_score is not None else "no validation")
+    print(f"stopped at step {result.step} ({result.stop_reason}); {best}; run folder {result.run_dir}")
+    return 0

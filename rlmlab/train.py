@@ -1,0 +1,492 @@
+"""The training loop both learners share; the view is only in the data it is given.
+
+    split = prepare_data(cfg.data)                       # pool -> train/val examples of one view
+    result = train(cfg, split.train, split.val, "runs/x", validate_fn=...)
+
+One optimizer step takes a fixed token budget of packed rows (see `rlmlab.config` for what
+"batch" means), runs them through the model in micro-batches of one row length, and
+minimises the mean cross-entropy over the step's target tokens. AdamW decays 2-D weights
+only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio.
+
+Validation every `eval_every` steps: teacher-forced loss, per-token accuracy (argmax at every
+target position) and example accuracy (every target of an example right) on held-out examples
+of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
+final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
+checkpoint follows `train.select_metric`; training stops on max steps, the wall-clock
+budget, a validation plateau, or Ctrl-C (after finishing the step and saving).
+
+Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
+`last` checkpoint, so on CPU a resumed run computes the very losses of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlmlab.checkpoint import build_model, checkpoint_dir, load_optimizer_state, read_meta, rng_state, \
+    save_checkpoint, set_rng_state
+from rlmlab.config import RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
+from rlmlab.errors import CheckpointError, ConfigError, DataError
+from rlmlab.model import Transformer
+from rlmlab.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
+from rlmlab.views import ViewData, build_view_data
+from rlmlab.vocab import Vocab, default_vocab
+
+ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
+
+
+# --- data -------------------------------------------------------------------
+
+@dataclass
+class DataSplit:
+    """A view's training and validation examples, and the validation expressions themselves
+    (for greedy final-answer validation)."""
+
+    train: ViewData
+    val: ViewData
+    val_exprs: list[str]
+    val_values: list[str]
+
+
+def read_expressions(path: str | Path) -> tuple[list[str], list[str] | None]:
+    """Expressions (and values when the file has them) of a pool or expression-set parquet."""
+    from rlmlab.pool import read_pool
+
+    table = read_pool(path)
+    exprs = table.column("expr").to_pylist()
+    values = table.column("value").to_pylist() if "value" in table.column_names else None
+    return exprs, values
+
+
+def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
+    """Read the expressions, split off validation if needed, and build both views' examples."""
+    if data.train is None:
+        raise ConfigError("data.train: no training data given (--data pool.parquet)")
+    vocab = vocab or default_vocab()
+    exprs, values = read_expressions(data.train)
+    if data.val is not None:
+        val_exprs, val_values = read_expressions(data.val)
+        train_exprs = exprs
+    else:
+        if len(exprs) <= data.val_size:
+            raise DataError(f"{data.train}: {len(exprs)} expressions, too few to split off "
+                            f"data.val_size={data.val_size} for validation")
+        is_val = np.zeros(len(exprs), dtype=bool)
+        is_val[np.random.default_rng(data.val_seed).permutation(len(exprs))[:data.val_size]] = True
+        val_exprs = [e for e, v in zip(exprs, is_val) if v]
+        val_values = [x for x, v in zip(values, is_val) if v] if values is not None else None
+        train_exprs = [e for e, v in zip(exprs, is_val) if not v]
+    if data.train_size is not None:
+        if data.train_size > len(train_exprs):
+            raise DataError(f"data.train_size={data.train_size} but only {len(train_exprs)} training expressions")
+        train_exprs = train_exprs[:data.train_size]
+    if val_values is None:
+        from rlmlab.trace import execute
+
+        val_values = [execute(e).value_token for e in val_exprs]
+    import os
+
+    workers = data.workers or os.cpu_count() or 1
+    cache = data.resolved_cache_dir()
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache), val_exprs, val_values)
+
+
+def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
+    """Remove examples longer than the positional table (an example of n tokens reads n-1)."""
+    too_long = data.lengths - 1 > block_size
+    n = int(too_long.sum())
+    if n and not drop:
+        raise DataError(f"{n} {what} examples are longer than the model's block_size={block_size} "
+                        f"(longest {int(data.lengths.max()) - 1}); raise model.block_size or set data.drop_too_long")
+    if n == len(data):
+        raise DataError(f"every {what} example is longer than the model's block_size={block_size}")
+    return data.select(~too_long), n
+
+
+# --- optimisation -----------------------------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available")
+    return torch.device(name)
+
+
+def configure_optimizer(model: Transformer, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    # Weight decay on matrices (and embedding tables) only; biases and LayerNorm gains are not
+    # scales the model should be pulled away from.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, fused=device.type == "cuda")
+
+
+def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the floor."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    if horizon is None or horizon <= tc.warmup_steps:
+        return tc.lr
+    progress = min(1.0, (step - tc.warmup_steps) / (horizon - tc.warmup_steps))
+    floor = tc.lr * tc.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
+
+
+def autocast_for(device: torch.device):
+    # bf16 on CUDA (no loss scaling needed); CPU bf16 matmuls are far slower than fp32 there.
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy over the batch's targets, logits)."""
+    with autocast_for(device):
+        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attn_mask())  # (B, T, V)
+    logits = logits.float()
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
+                           reduction="sum")
+    return loss, logits
+
+
+@torch.no_grad()
+def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy."""
+    loss_sum, correct, n_targets = 0.0, 0, 0
+    wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
+    for b in batches:
+        b = b.to(device)
+        loss, logits = batch_loss(fwd, b, device)
+        is_target = b.targets != IGNORE
+        hit = (logits.argmax(-1) == b.targets) & is_target
+        loss_sum += float(loss)
+        correct += int(hit.sum())
+        n_targets += int(is_target.sum())
+        miss_doc = torch.where(is_target & ~hit, b.doc, n_examples)
+        wrong_example[miss_doc.view(-1)] = True
+    return {"loss": loss_sum / n_targets, "token_acc": correct / n_targets,
+            "example_acc": 1.0 - int(wrong_example[:n_examples].sum()) / n_examples}
+
+
+# --- the loop ---------------------------------------------------------------
+
+@dataclass
+class TrainerState:
+    """What the loop carries between steps beyond weights and optimizer (saved as JSON)."""
+
+    step: int = 0
+    elapsed_s: float = 0.0  # wall clock of all sessions, validation included
+    tokens: int = 0  # example positions trained on (padding excluded)
+    horizon: int | None = None  # schedule length estimated from a time budget
+    stream: dict = field(default_factory=lambda: {"epoch": 0, "cursor": 0})
+    select_metric: str | None = None
+    best_score: float | None = None
+    best_step: int | None = None
+    bad_evals: int = 0  # validations since the last improvement by more than min_delta
+    last_eval_step: int | None = None
+    dropped: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    stop_reason: str
+    select_metric: str | None
+    best_score: float | None
+    best_step: int | None
+    val: dict  # the last validation's metrics
+
+
+@contextmanager
+def _stop_on_sigint(echo):
+    """First Ctrl-C: finish the step, save and stop. Second: abort at once."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        echo("\ninterrupt: stopping after this step and saving (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, flushed as written."""
+
+    def __init__(self, path: Path, keep_until: int | None = None):
+        self.path = path
+        if keep_until is not None and path.exists():
+            # A run killed after its last save logged steps that the resumed run will redo.
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= keep_until]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(path)
+        self.f = open(path, "a")
+
+    def write(self, record: dict) -> None:
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _better(score: float, best: float | None, metric: str, margin: float = 0.0) -> bool:
+    if best is None:
+        return True
+    return score < best - margin if metric.endswith("loss") else score > best + margin
+
+
+def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+          resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
+          echo: Callable[[str], None] = print) -> TrainResult:
+    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
+    tc, run_dir = cfg.train, Path(run_dir)
+    cfg.require_stop_rule()
+    vocab, view = train_data.vocab, train_data.view
+    if (val_data.vocab, val_data.view) != (vocab, view):
+        raise DataError("training and validation examples differ in view or vocabulary")
+    if view != cfg.data.view:
+        raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {view}")
+    device = resolve_device(tc.device)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    model_cfg = cfg.model.build(view, len(vocab))
+    state = TrainerState()
+    train_data, state.dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                      "training")
+    val_data, state.dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                  "validation")
+
+    if resume:
+        ckpt = checkpoint_dir(run_dir, "last")
+        meta = read_meta(ckpt)
+        saved = RunConfig.from_dict(meta["config"])
+        fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE]
+        if fixed:
+            raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
+                              f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+        if meta["vocab"] != list(vocab.tokens) or meta["view"] != view:
+            raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
+        model = build_model(meta, ckpt, device)
+        if "trainer" not in meta:
+            raise CheckpointError(f"{ckpt}: no trainer state to resume from")
+        state = TrainerState(**{k: v for k, v in meta["trainer"].items() if k != "rng"})
+    else:
+        if any((run_dir / p).exists() for p in ("last", "best", "metrics.jsonl", ".last.old")):
+            raise ConfigError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(tc.seed)
+        model = Transformer(model_cfg).to(device)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+    optimizer = configure_optimizer(model, tc, device)
+    if resume:
+        load_optimizer_state(ckpt, meta, optimizer)
+        set_rng_state(meta["trainer"]["rng"])
+    fwd = torch.compile(model) if tc.compile else model
+
+    positions = train_data.lengths - 1
+    stream = RowStream(positions, cfg.data.row_len, tc.seed)
+    stream.load_state(state.stream)
+    step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+    val_rows = pack_rows(val_data.lengths - 1, cfg.data.row_len)
+    val_batches = [collate(val_data.ids, val_data.loss, val_data.offsets, mb, vocab.pad_id)
+                   for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+
+    n_params = model.num_params(include_positions=False)
+    echo(f"model: {cfg.model.preset} ({view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, width "
+         f"{model_cfg.n_embd}, {model_cfg.block_size} positions: {n_params / 1e6:.2f}M parameters "
+         f"(paper-style: distinct weights, tied embedding once, positional table excluded; "
+         f"{model.num_params() / 1e6:.2f}M with it)")
+    epoch_rows = stream.epoch_rows(0)
+    echo(f"data: {view} view, {len(train_data):,} training examples from {train_data.n_expressions:,} expressions "
+         f"({train_data.n_tokens:,} tokens, {train_data.n_targets:,} targets), {len(val_data):,} validation "
+         f"examples; rows of {cfg.data.row_len}+ positions, padding {padding_fraction(epoch_rows, positions):.1%}; "
+         f"{step_tokens:,} positions per step (batch {tc.batch_size} x {positions.mean():.1f})"
+         + (f"; dropped {state.dropped['train']} training / {state.dropped['val']} validation examples "
+            f"longer than {model_cfg.block_size}" if state.dropped["train"] or state.dropped["val"] else ""))
+    echo(f"device: {device}" + (" (bf16 autocast)" if device.type == "cuda" else " (fp32)")
+         + (", compiled" if tc.compile else "") + f"; run folder {run_dir}"
+         + (f"; resuming at step {state.step}" if resume else ""))
+
+    log = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.step if resume else None)
+    budget_s = tc.max_minutes * 60 if tc.max_minutes else None
+    session_start, session_step, eval_s, n_evals = time.perf_counter(), state.step, 0.0, 0
+    elapsed_before = state.elapsed_s
+    last_val: dict = {}
+    window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+    train_s_session = 0.0
+
+    def elapsed() -> float:
+        return elapsed_before + time.perf_counter() - session_start
+
+    def horizon() -> int | None:
+        return tc.decay_steps or tc.max_steps or state.horizon
+
+    def checkpoint(which: str, metrics: dict) -> None:
+        last = which == "last"
+        save_checkpoint(run_dir, which, model, vocab=vocab, view=view, config=cfg.to_dict(), step=state.step,
+                        metrics=metrics, optimizer=optimizer if last else None,
+                        trainer=asdict(state) | {"rng": rng_state(device)} if last else None)
+
+    def validate() -> dict:
+        nonlocal eval_s, n_evals
+        t0 = time.perf_counter()
+        model.eval()
+        metrics = evaluate(fwd, val_batches, len(val_data), device)
+        if validate_fn is not None:
+            # The hook may sample or use its own RNG; the training stream must not notice.
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+                extra = validate_fn(model, vocab, view)
+            metrics.update({k: float(v) for k, v in extra.items()})
+        model.train()
+        if state.select_metric is None:
+            state.select_metric = tc.select_metric if tc.select_metric != "auto" else \
+                ("answer_acc" if "answer_acc" in metrics else "loss")
+        name = state.select_metric
+        if name not in metrics:
+            raise ConfigError(f"train.select_metric={name!r} is not a validation metric (have: {', '.join(metrics)})")
+        improved = _better(metrics[name], state.best_score, name)
+        state.bad_evals = 0 if _better(metrics[name], state.best_score, name, tc.min_delta) else state.bad_evals + 1
+        state.last_eval_step = state.step
+        if improved:
+            state.best_score, state.best_step = metrics[name], state.step
+            checkpoint("best", _with_prefix(metrics, "val/") | {"tokens": state.tokens})
+        eval_s += time.perf_counter() - t0
+        n_evals += 1
+        log.write({"kind": "val", "step": state.step, **metrics, "best": improved, "elapsed_s": round(elapsed(), 3)})
+        return metrics
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=tc.max_steps, initial=state.step, unit="step", desc=f"train {view}", dynamic_ncols=True)
+    model.train()
+    stop_reason = None
+    try:
+        with _stop_on_sigint(echo) as interrupt:
+            while stop_reason is None:
+                t0 = time.perf_counter()
+                lr = lr_at(state.step, tc, horizon())
+                for g in optimizer.param_groups:
+                    g["lr"] = lr
+                rows = stream.take(step_tokens)
+                loss, n_tok, grad_norm = _step(fwd, model, optimizer, train_data, rows, vocab.pad_id, tc, device)
+                state.step += 1
+                state.tokens += n_tok
+                state.stream = stream.state()
+                dt = time.perf_counter() - t0
+                train_s_session += dt
+                window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + n_tok
+
+                if state.step % tc.log_every == 0:
+                    tok_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+                    log.write({"kind": "train", "step": state.step, "loss": window_loss / window_steps, "lr": lr,
+                               "grad_norm": grad_norm, "tokens": state.tokens, "tok_s": round(tok_s, 1),
+                               "epoch": round(state.stream["epoch"] + state.stream["cursor"] / max(1, len(epoch_rows)), 4),
+                               "elapsed_s": round(elapsed(), 3)})
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{window_loss / window_steps:.4f}", tok_s=f"{tok_s:,.0f}",
+                                        lr=f"{lr:.2e}", refresh=False)
+                    window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+                if bar is not None:
+                    bar.update(1)
+
+                if state.step % tc.eval_every == 0:
+                    last_val = validate()
+                if state.horizon is None and budget_s and not (tc.decay_steps or tc.max_steps) \
+                        and state.step >= tc.warmup_steps and state.step - session_step >= 50:
+                    state.horizon = _estimate_horizon(state, tc, budget_s - elapsed(), train_s_session,
+                                                      state.step - session_step, eval_s, n_evals, val_data)
+                    echo(f"schedule: {state.horizon} steps estimated to fit {tc.max_minutes} minutes")
+
+                if tc.max_steps is not None and state.step >= tc.max_steps:
+                    stop_reason = "max_steps"
+                elif budget_s is not None and elapsed() >= budget_s:
+                    stop_reason = "max_minutes"
+                elif tc.patience is not None and state.bad_evals >= tc.patience:
+                    stop_reason = "plateau"
+                elif interrupt["stop"]:
+                    stop_reason = "interrupted"
+                if stop_reason is None and state.step % tc.checkpoint_every == 0:
+                    state.elapsed_s = elapsed()
+                    checkpoint("last", _with_prefix(last_val, "val/") | {"tokens": state.tokens})
+            if state.last_eval_step != state.step:
+                last_val = validate()
+            state.elapsed_s = elapsed()
+            checkpoint("last", _with_prefix(last_val, "val/") | {"tokens": state.tokens})
+    finally:
+        if bar is not None:
+            bar.close()
+    log.write({"kind": "end", "step": state.step, "reason": stop_reason, "select_metric": state.select_metric,
+               "best_score": state.best_score, "best_step": state.best_step, "tokens": state.tokens,
+               "elapsed_s": round(state.elapsed_s, 3)})
+    log.close()
+    return TrainResult(run_dir, state.step, stop_reason, state.select_metric, state.best_score, state.best_step,
+                       last_val)
+
+
+def _step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig,
+          device: torch.device) -> tuple[float, int, float]:
+    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
+    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id) for mb in micro_batches(rows, tc.micro_batch_tokens)]
+    n_targets = sum(b.n_targets for b in batches)
+    total = torch.zeros((), device=device)
+    for b in batches:
+        loss, _ = batch_loss(fwd, b.to(device), device)
+        (loss / n_targets).backward()  # the step's mean over targets, however the rows are split
+        total += loss.detach()
+    clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
+
+
+def _estimate_horizon(state: TrainerState, tc: TrainConfig, remaining_s: float, train_s: float, steps: int,
+                      eval_s: float, n_evals: int, val_data: ViewData) -> int:
+    """Steps that fit the rest of the time budget at the measured pace, validations included."""
+    per_step = train_s / steps
+    if n_evals:
+        per_eval = eval_s / n_evals
+    else:  # not measured yet: a forward pass costs about a third of a training step per token
+        per_eval = per_step * (val_data.n_tokens / max(1, state.tokens / state.step)) / 3
+    per_step += per_eval / tc.eval_every
+    return state.step + max(0, int(remaining_s / per_step))
+
+
+def _with_prefix(d: dict, prefix: str) -> dict:
+    return {prefix + k: v for k, v in d.items()}
+
+
+def _get(cfg: RunConfig, key: str):
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)

@@ -1,0 +1,136 @@
+"""Checkpoints: safetensors + JSON, atomic, never unpickled; bad run folders are CheckpointErrors."""
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+import rlmlab.checkpoint as ck
+from rlmlab.checkpoint import load_run, save_checkpoint
+from rlmlab.errors import CheckpointError
+from rlmlab.model import Transformer, preset
+from rlmlab.vocab import default_vocab
+
+
+def _trained_model(seed=0):
+    torch.manual_seed(seed)
+    vocab = default_vocab()
+    model = Transformer(preset("tiny", "rm", len(vocab)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        model(torch.randint(0, len(vocab), (2, 9))).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, vocab
+
+
+def _save(run, which="last", seed=0, step=5):
+    model, opt, vocab = _trained_model(seed)
+    save_checkpoint(run, which, model, vocab=vocab, view="rm", config={"model": {"preset": "tiny"}}, step=step,
+                    metrics={"val/loss": 1.5}, optimizer=opt if which == "last" else None, trainer={"step": step})
+    return model, opt
+
+
+def test_round_trip(tmp_path):
+    model, opt = _save(tmp_path, "last")
+    _save(tmp_path, "best", step=3)
+    r = load_run(tmp_path, "last")
+    assert (r.view, r.step, r.metrics, r.config) == ("rm", 5, {"val/loss": 1.5}, {"model": {"preset": "tiny"}})
+    assert r.vocab == default_vocab() and not r.model.training
+    assert r.model.lm_head.weight is r.model.wte.weight  # tying survives
+    for (n, a), (_, b) in zip(model.state_dict().items(), r.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert load_run(tmp_path).step == 3  # best by default
+    assert sorted(os.listdir(tmp_path / "last")) == ["checkpoint.json", "model.safetensors", "optimizer.safetensors"]
+    assert sorted(os.listdir(tmp_path / "best")) == ["checkpoint.json", "model.safetensors"]
+
+    # optimizer state comes back exactly
+    meta = ck.read_meta(tmp_path / "last")
+    opt2 = torch.optim.AdamW(r.model.parameters(), lr=1e-2)
+    ck.load_optimizer_state(tmp_path / "last", meta, opt2)
+    a, b = opt.state_dict(), opt2.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    assert all(torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i])
+
+
+def test_loading_never_unpickles(tmp_path, monkeypatch):
+    _save(tmp_path, "last")
+
+    def forbidden(*a, **k):
+        raise AssertionError("unpickling")
+
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "Unpickler", forbidden)
+    assert load_run(tmp_path, "last").step == 5
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        raw = (tmp_path / "last" / name).read_bytes()
+        header_len = int.from_bytes(raw[:8], "little")
+        json.loads(raw[8:8 + header_len])  # a safetensors header, not a pickle
+    json.loads((tmp_path / "last" / "checkpoint.json").read_text())
+
+
+def test_corrupt_or_missing_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="no such run folder"):
+        load_run(tmp_path / "nope")
+    _save(tmp_path, "last")
+    with pytest.raises(CheckpointError, match=r"no 'best' checkpoint \(has: last\)"):
+        load_run(tmp_path, "best")
+    with pytest.raises(CheckpointError, match="which must be"):
+        load_run(tmp_path, "first")
+    weights = tmp_path / "last" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-3] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
+        load_run(tmp_path, "last")
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        load_run(tmp_path, "last")
+    (tmp_path / "last" / "checkpoint.json").write_text("{truncated")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_run(tmp_path, "last")
+
+
+def test_a_killed_save_leaves_a_complete_checkpoint(tmp_path, monkeypatch):
+    old, _ = _save(tmp_path, "last", seed=0, step=5)
+
+    # killed while writing the new files: the old checkpoint is untouched
+    real_fsync = ck._fsync
+
+    def die_on_dir_sync(path):
+        if path.name.startswith(".last.tmp"):
+            raise KeyboardInterrupt
+        real_fsync(path)
+
+    monkeypatch.setattr(ck, "_fsync", die_on_dir_sync)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, "last", seed=1, step=9)
+    monkeypatch.undo()
+    assert load_run(tmp_path, "last").step == 5
+
+    # killed between moving the old one aside and renaming the new one in: load finds the old one
+    real_rename = os.rename
+    calls = []
+
+    def die_on_second_rename(a, b):
+        calls.append(a)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_rename(a, b)
+
+    monkeypatch.setattr(ck.os, "rename", die_on_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, "last", seed=1, step=9)
+    monkeypatch.undo()
+    assert not (tmp_path / "last").exists()
+    r = load_run(tmp_path, "last")
+    assert r.step == 5 and torch.equal(r.model.wte.weight, old.wte.weight)
+
+    # the next save completes and cleans up what the killed ones left
+    _save(tmp_path, "last", seed=1, step=9)
+    assert load_run(tmp_path, "last").step == 9
+    assert sorted(os.listdir(tmp_path)) == ["last"]

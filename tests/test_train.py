@@ -1,0 +1,132 @@
+"""The training loop: learning, exact resume, stopping rules, checkpoint selection, and the CLI."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from rlmlab.checkpoint import load_run
+from rlmlab.cli import main
+from rlmlab.config import DataSettings, ModelSettings, RunConfig, TrainConfig
+from rlmlab.errors import ConfigError
+from rlmlab.expr import to_text
+from rlmlab.pool import build_pool, write_pool
+from rlmlab.sampler import ExpressionSampler
+from rlmlab.trace import trace_stats
+from rlmlab.train import lr_at, train
+from rlmlab.views import build_view_data
+from rlmlab.vocab import default_vocab
+
+
+@pytest.fixture(scope="module")
+def data():
+    """Short expressions (trace <= 150 tokens), both views, 30 held out."""
+    sampler, rng = ExpressionSampler(), random.Random(11)
+    exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if trace_stats(e).trace_len <= 150]
+    train_exprs, val_exprs = exprs[:-30], exprs[-30:]
+    vocab = default_vocab()
+    return {v: (build_view_data(train_exprs, v, vocab), build_view_data(val_exprs, v, vocab)) for v in ("rm", "cot")}
+
+
+def config(view="rm", dropout=None, **train) -> RunConfig:
+    t = dict(max_steps=16, warmup_steps=4, eval_every=8, log_every=1, batch_size=16, seed=7)
+    return RunConfig(ModelSettings(preset="tiny", dropout=dropout), DataSettings(view=view, row_len=128, cache_dir=""),
+                     TrainConfig(**{**t, **train}))
+
+
+def records(run, kind):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_lr_schedule():
+    t = TrainConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, t, 110) == pytest.approx(0.1) and lr_at(9, t, 110) == pytest.approx(1.0)
+    assert lr_at(60, t, 110) == pytest.approx(0.55) and lr_at(110, t, 110) == pytest.approx(0.1)
+    assert lr_at(500, t, 110) == pytest.approx(0.1) and lr_at(500, t, None) == 1.0
+
+
+def test_a_tiny_model_learns(data, tmp_path):
+    tr, va = data["rm"]
+    result = train(config(max_steps=40, lr=1e-2, warmup_steps=5, eval_every=20, batch_size=64), tr, va,
+                   tmp_path, progress=False, echo=lambda s: None)
+    losses = [r["loss"] for r in records(tmp_path, "train")]
+    assert len(losses) == 40 and result.stop_reason == "max_steps"
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
+    val = records(tmp_path, "val")
+    assert val[-1]["loss"] < val[0]["loss"] and val[-1]["token_acc"] > 0.5
+
+
+def test_resume_equals_uninterrupted(data, tmp_path):
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "a", **quiet)
+    train(config(dropout=0.1, max_steps=8, decay_steps=16), tr, va, tmp_path / "b", **quiet)
+    with pytest.raises(ConfigError, match="--resume cannot change train.lr"):
+        train(config(dropout=0.1, max_steps=16, decay_steps=16, lr=5e-4), tr, va, tmp_path / "b", resume=True, **quiet)
+    result = train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "b", resume=True, **quiet)
+    assert result.step == 16
+    a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
+    assert [r["step"] for r in b] == list(range(1, 17))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exactly, not approximately
+    wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
+    assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(config(), tr, va, tmp_path / "a", **quiet)
+
+
+def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data, tmp_path):
+    tr, va = data["cot"]
+    scores = iter([0.2, 0.6, 0.4])
+    seen = []
+
+    def validate(model, vocab, view):
+        seen.append((view, model.training, len(vocab)))
+        torch.rand(1000)  # a hook that draws random numbers must not change the training stream
+        return {"answer_acc": next(scores)}
+
+    quiet = dict(progress=False, echo=lambda s: None)
+    small = dict(dropout=0.1, max_steps=6, eval_every=2, batch_size=8)
+    result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet)
+    train(config("cot", **small), tr, va, tmp_path / "n", **quiet)
+    assert seen == [("cot", False, len(default_vocab()))] * 3
+    assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
+    best = load_run(tmp_path / "h")
+    assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.view == "cot"
+    assert [r["loss"] for r in records(tmp_path / "h", "train")] == [r["loss"] for r in records(tmp_path / "n", "train")]
+
+
+def test_stopping_rules(data, tmp_path):
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    r = train(config(max_steps=None, patience=2, min_delta=10.0, eval_every=2), tr, va, tmp_path / "p", **quiet)
+    assert (r.stop_reason, r.step) == ("plateau", 6)  # best still follows any improvement
+    r = train(config(max_steps=None, max_minutes=1e-6), tr, va, tmp_path / "m", **quiet)
+    assert (r.stop_reason, r.step) == ("max_minutes", 1)
+    assert load_run(tmp_path / "m", "last").step == 1
+    with pytest.raises(ConfigError, match="no stopping rule"):
+        train(config(max_steps=None), tr, va, tmp_path / "x", **quiet)
+    with pytest.raises(ConfigError, match="select_metric='bleu'"):
+        train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet)
+
+
+def test_cli_train_smoke(tmp_path, capsys):
+    pool = tmp_path / "pool.parquet"
+    write_pool(build_pool(150, 5, workers=1), pool)
+    out = tmp_path / "run"
+    args = ["train", "--view", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
+            "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
+            "--train.warmup_steps=2", "--train.batch_size=8", "--quiet"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "parameters (paper-style" in text and "stopped at step 4 (max_steps)" in text
+    run = load_run(out)
+    assert run.view == "cot" and run.config["model"]["preset"] == "tiny" and run.step in (2, 4)
+    assert sorted(p.name for p in out.iterdir()) == ["best", "config.json", "last", "metrics.jsonl"]
+    assert main(args) == 2  # the folder holds a run and --resume was not given
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", "6", "--quiet"]) == 0
+    assert load_run(out, "last").step == 6
+    assert main(args[:-1] + ["--train.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "rlmlab train: error: train.lr: expected float, got 'fast'"
