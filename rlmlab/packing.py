@@ -205,24 +205,22 @@ class RowStream:
             raise ValueError("no examples to stream")
         self.row_len, self.seed, self.window = row_len, seed, window
         self.epoch, self.cursor = 0, 0
-        self._rows: list[Row] | None = None
+        self._packed: tuple[int, list[Row]] | None = None
 
     def epoch_rows(self, epoch: int) -> list[Row]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
-        return pack_rows(self.lengths, self.row_len, order, self.window)
-
-    def _current(self) -> list[Row]:
-        if self._rows is None:
-            self._rows = self.epoch_rows(self.epoch)
-        return self._rows
+        """The rows of epoch `epoch`, in the order they are taken (the latest epoch is kept)."""
+        if self._packed is None or self._packed[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
+            self._packed = (epoch, pack_rows(self.lengths, self.row_len, order, self.window))
+        return self._packed[1]
 
     def take(self, budget: int) -> list[Row]:
         """The next rows, until they hold at least `budget` positions (padding included)."""
         out, got = [], 0
         while got < budget:
-            rows = self._current()
+            rows = self.epoch_rows(self.epoch)
             if self.cursor == len(rows):
-                self.epoch, self.cursor, self._rows = self.epoch + 1, 0, None
+                self.epoch, self.cursor = self.epoch + 1, 0
                 continue
             out.append(rows[self.cursor])
             got += rows[self.cursor].length
@@ -233,4 +231,4 @@ class RowStream:
         return {"epoch": self.epoch, "cursor": self.cursor}
 
     def load_state(self, state: dict) -> None:
-        self.epoch, self.cursor, self._rows = int(state["epoch"]), int(state["cursor"]), None
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -41,6 +42,7 @@ from rlmlab.config import RESUMABLE, DataSettings, RunConfig, TrainConfig, chang
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.model import Transformer
 from rlmlab.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
+from rlmlab.trace import execute
 from rlmlab.views import ViewData, build_view_data
 from rlmlab.vocab import Vocab, default_vocab
 
@@ -93,11 +95,7 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
             raise DataError(f"data.train_size={data.train_size} but only {len(train_exprs)} training expressions")
         train_exprs = train_exprs[:data.train_size]
     if val_values is None:
-        from rlmlab.trace import execute
-
         val_values = [execute(e).value_token for e in val_exprs]
-    import os
-
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
     return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache),
@@ -239,8 +237,7 @@ class MetricsLog:
         self.path = path
         if keep_until is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= keep_until]
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= keep_until]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             tmp.replace(path)
@@ -252,6 +249,14 @@ class MetricsLog:
 
     def close(self) -> None:
         self.f.close()
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def _better(score: float, best: float | None, metric: str, margin: float = 0.0) -> bool:
@@ -340,7 +345,8 @@ def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str
     budget_s = tc.max_minutes * 60 if tc.max_minutes else None
     session_start, session_step, eval_s, n_evals = time.perf_counter(), state.step, 0.0, 0
     elapsed_before = state.elapsed_s
-    last_val: dict = {}
+    # the latest validation, carried into `last` checkpoints' metrics
+    last_val: dict = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")} if resume else {}
     window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
     train_s_session = 0.0
 
@@ -390,9 +396,18 @@ def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str
 
         bar = tqdm(total=tc.max_steps, initial=state.step, unit="step", desc=f"train {view}", dynamic_ncols=True)
     model.train()
-    stop_reason = None
     try:
         with _stop_on_sigint(echo) as interrupt:
+            def should_stop() -> str | None:
+                if tc.max_steps is not None and state.step >= tc.max_steps:
+                    return "max_steps"
+                if budget_s is not None and elapsed() >= budget_s:
+                    return "max_minutes"
+                if tc.patience is not None and state.bad_evals >= tc.patience:
+                    return "plateau"
+                return "interrupted" if interrupt["stop"] else None
+
+            stop_reason = should_stop()  # a resumed run may have nothing left to do
             while stop_reason is None:
                 t0 = time.perf_counter()
                 lr = lr_at(state.step, tc, horizon())
@@ -428,14 +443,7 @@ def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str
                                                       state.step - session_step, eval_s, n_evals, val_data)
                     echo(f"schedule: {state.horizon} steps estimated to fit {tc.max_minutes} minutes")
 
-                if tc.max_steps is not None and state.step >= tc.max_steps:
-                    stop_reason = "max_steps"
-                elif budget_s is not None and elapsed() >= budget_s:
-                    stop_reason = "max_minutes"
-                elif tc.patience is not None and state.bad_evals >= tc.patience:
-                    stop_reason = "plateau"
-                elif interrupt["stop"]:
-                    stop_reason = "interrupted"
+                stop_reason = should_stop()
                 if stop_reason is None and state.step % tc.checkpoint_every == 0:
                     state.elapsed_s = elapsed()
                     checkpoint("last", _with_prefix(last_val, "val/") | {"tokens": state.tokens})
