@@ -269,203 +269,253 @@ def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str
           resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
           echo: Callable[[str], None] = print) -> TrainResult:
     """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
-    tc, run_dir = cfg.train, Path(run_dir)
-    cfg.require_stop_rule()
-    vocab, view = train_data.vocab, train_data.view
-    if (val_data.vocab, val_data.view) != (vocab, view):
-        raise DataError("training and validation examples differ in view or vocabulary")
-    if view != cfg.data.view:
-        raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {view}")
-    device = resolve_device(tc.device)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    return Trainer(cfg, train_data, val_data, run_dir, resume=resume, validate_fn=validate_fn, progress=progress,
+                   echo=echo).run()
 
-    model_cfg = cfg.model.build(view, len(vocab))
-    state = TrainerState()
-    train_data, state.dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                      "training")
-    val_data, state.dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                  "validation")
 
-    if resume:
-        ckpt = checkpoint_dir(run_dir, "last")
-        meta = read_meta(ckpt)
-        saved = RunConfig.from_dict(meta["config"])
-        fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE]
-        if fixed:
-            raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
-                              f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
-        if meta["vocab"] != list(vocab.tokens) or meta["view"] != view:
-            raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
-        model = build_model(meta, ckpt, device)
-        if "trainer" not in meta:
-            raise CheckpointError(f"{ckpt}: no trainer state to resume from")
-        state = TrainerState(**{k: v for k, v in meta["trainer"].items() if k != "rng"})
-    else:
-        if any((run_dir / p).exists() for p in ("last", "best", "metrics.jsonl", ".last.old")):
-            raise ConfigError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(tc.seed)
-        model = Transformer(model_cfg).to(device)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
-    optimizer = configure_optimizer(model, tc, device)
-    if resume:
-        load_optimizer_state(ckpt, meta, optimizer)
-        set_rng_state(meta["trainer"]["rng"])
-    fwd = torch.compile(model) if tc.compile else model
+class Trainer:
+    """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
 
-    positions = train_data.lengths - 1
-    stream = RowStream(positions, cfg.data.row_len, tc.seed)
-    stream.load_state(state.stream)
-    step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
-    val_rows = pack_rows(val_data.lengths - 1, cfg.data.row_len)
-    val_batches = [collate(val_data.ids, val_data.loss, val_data.offsets, mb, vocab.pad_id)
-                   for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+    def __init__(self, cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+                 resume: bool, validate_fn: ValidateFn | None, progress: bool, echo: Callable[[str], None]):
+        self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
+        self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
+        tc = self.tc
+        cfg.require_stop_rule()
+        self.vocab, self.view = train_data.vocab, train_data.view
+        if (val_data.vocab, val_data.view) != (self.vocab, self.view):
+            raise DataError("training and validation examples differ in view or vocabulary")
+        if self.view != cfg.data.view:
+            raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
+        self.device = device = resolve_device(tc.device)
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
 
-    n_params = model.num_params(include_positions=False)
-    echo(f"model: {cfg.model.preset} ({view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, width "
-         f"{model_cfg.n_embd}, {model_cfg.block_size} positions: {n_params / 1e6:.2f}M parameters "
-         f"(paper-style: distinct weights, tied embedding once, positional table excluded; "
-         f"{model.num_params() / 1e6:.2f}M with it)")
-    epoch_rows = stream.epoch_rows(0)
-    echo(f"data: {view} view, {len(train_data):,} training examples from {train_data.n_expressions:,} expressions "
-         f"({train_data.n_tokens:,} tokens, {train_data.n_targets:,} targets), {len(val_data):,} validation "
-         f"examples; rows of {cfg.data.row_len}+ positions, padding {padding_fraction(epoch_rows, positions):.1%}; "
-         f"{step_tokens:,} positions per step (batch {tc.batch_size} x {positions.mean():.1f})"
-         + (f"; dropped {state.dropped['train']} training / {state.dropped['val']} validation examples "
-            f"longer than {model_cfg.block_size}" if state.dropped["train"] or state.dropped["val"] else ""))
-    echo(f"device: {device}" + (" (bf16 autocast)" if device.type == "cuda" else " (fp32)")
-         + (", compiled" if tc.compile else "") + f"; run folder {run_dir}"
-         + (f"; resuming at step {state.step}" if resume else ""))
+        model_cfg = cfg.model.build(self.view, len(self.vocab))
+        self.state = TrainerState()
+        dropped = {}
+        self.train_data, dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                         "training")
+        self.val_data, dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                     "validation")
+        self.last_val: dict = {}  # the latest validation, carried into `last` checkpoints
+        if resume:
+            ckpt = checkpoint_dir(self.run_dir, "last")
+            meta = read_meta(ckpt)
+            saved = RunConfig.from_dict(meta["config"])
+            fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE]
+            if fixed:
+                raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
+                                  f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
+                raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
+            if "trainer" not in meta:
+                raise CheckpointError(f"{ckpt}: no trainer state to resume from")
+            self.model = build_model(meta, ckpt, device)
+            self.state = TrainerState(**{k: v for k, v in meta["trainer"].items() if k != "rng"})
+            self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
+        else:
+            if any((self.run_dir / p).exists() for p in ("last", "best", "metrics.jsonl", ".last.old")):
+                raise ConfigError(f"{self.run_dir} already holds a run: pass --resume to continue it, "
+                                  "or choose another --out")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            torch.manual_seed(tc.seed)
+            self.model = Transformer(model_cfg).to(device)
+            self.state.dropped = dropped
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+        self.optimizer = configure_optimizer(self.model, tc, device)
+        if resume:
+            load_optimizer_state(ckpt, meta, self.optimizer)
+            set_rng_state(meta["trainer"]["rng"])
+        self.fwd = torch.compile(self.model) if tc.compile else self.model
 
-    log = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.step if resume else None)
-    budget_s = tc.max_minutes * 60 if tc.max_minutes else None
-    session_start, session_step, eval_s, n_evals = time.perf_counter(), state.step, 0.0, 0
-    elapsed_before = state.elapsed_s
-    # the latest validation, carried into `last` checkpoints' metrics
-    last_val: dict = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")} if resume else {}
-    window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
-    train_s_session = 0.0
+        positions = self.train_data.lengths - 1
+        self.stream = RowStream(positions, cfg.data.row_len, tc.seed)
+        self.stream.load_state(self.state.stream)
+        self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+        val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_len)
+        self.val_batches = [collate(self.val_data.ids, self.val_data.loss, self.val_data.offsets, mb,
+                                    self.vocab.pad_id) for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+        self.rows_per_epoch = len(self.stream.epoch_rows(0))
+        self._describe(model_cfg, positions, resume)
 
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - session_start
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", keep_until=self.state.step if resume else None)
+        self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
+        self.session_start, self.session_step = time.perf_counter(), self.state.step
+        self.elapsed_before = self.state.elapsed_s
+        self.train_s = self.eval_s = 0.0  # this session's time in training steps and in validation
+        self.n_evals = 0
+        self.interrupted = False
 
-    def horizon() -> int | None:
-        return tc.decay_steps or tc.max_steps or state.horizon
+    def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
+        cfg, tc, st = self.cfg, self.tc, self.state
+        tr, va = self.train_data, self.val_data
+        self.echo(f"model: {cfg.model.preset} ({self.view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
+                  f"width {model_cfg.n_embd}, {model_cfg.block_size} positions: "
+                  f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
+                  f"weights, tied embedding once, positional table excluded; "
+                  f"{self.model.num_params() / 1e6:.2f}M with it)")
+        padding = padding_fraction(self.stream.epoch_rows(0), positions)
+        dropped = (f"; dropped {st.dropped['train']} training / {st.dropped['val']} validation examples longer "
+                   f"than {model_cfg.block_size}" if st.dropped.get("train") or st.dropped.get("val") else "")
+        self.echo(f"data: {self.view} view, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
+                  f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
+                  f"{cfg.data.row_len}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
+                  f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
+        self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
+                  + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
+                  + (f"; resuming at step {st.step}" if resume else ""))
 
-    def checkpoint(which: str, metrics: dict) -> None:
+    # --- clock and stopping ---
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.session_start
+
+    def horizon(self) -> int | None:
+        return self.tc.decay_steps or self.tc.max_steps or self.state.horizon
+
+    def should_stop(self) -> str | None:
+        tc, st = self.tc, self.state
+        if tc.max_steps is not None and st.step >= tc.max_steps:
+            return "max_steps"
+        if self.budget_s is not None and self.elapsed() >= self.budget_s:
+            return "max_minutes"
+        if tc.patience is not None and st.bad_evals >= tc.patience:
+            return "plateau"
+        return "interrupted" if self.interrupted else None
+
+    def maybe_fix_horizon(self) -> None:
+        """With only a time budget, fix the schedule's length once the pace is known."""
+        tc, st = self.tc, self.state
+        if st.horizon is not None or not self.budget_s or tc.decay_steps or tc.max_steps:
+            return
+        steps = st.step - self.session_step
+        if st.step < tc.warmup_steps or steps < 50:
+            return
+        per_step = self.train_s / steps
+        if self.n_evals:
+            per_eval = self.eval_s / self.n_evals
+        else:  # not measured yet: a forward pass costs about a third of a training step per position
+            per_eval = per_step * self.val_data.n_tokens / (st.tokens / st.step) / 3
+        per_step += per_eval / tc.eval_every
+        st.horizon = st.step + max(0, int((self.budget_s - self.elapsed()) / per_step))
+        self.echo(f"schedule: {st.horizon} steps estimated to fit {tc.max_minutes} minutes")
+
+    # --- checkpoints and validation ---
+
+    def save(self, which: str, metrics: dict) -> None:
         last = which == "last"
-        save_checkpoint(run_dir, which, model, vocab=vocab, view=view, config=cfg.to_dict(), step=state.step,
-                        metrics=metrics, optimizer=optimizer if last else None,
-                        trainer=asdict(state) | {"rng": rng_state(device)} if last else None)
+        if last:
+            self.state.elapsed_s = self.elapsed()
+        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+                        step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
+                        optimizer=self.optimizer if last else None,
+                        trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
 
-    def validate() -> dict:
-        nonlocal eval_s, n_evals
+    def validate(self) -> dict:
         t0 = time.perf_counter()
+        tc, st, model = self.tc, self.state, self.model
         model.eval()
-        metrics = evaluate(fwd, val_batches, len(val_data), device)
-        if validate_fn is not None:
+        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        if self.validate_fn is not None:
             # The hook may sample or use its own RNG; the training stream must not notice.
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-                extra = validate_fn(model, vocab, view)
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                extra = self.validate_fn(model, self.vocab, self.view)
             metrics.update({k: float(v) for k, v in extra.items()})
         model.train()
-        if state.select_metric is None:
-            state.select_metric = tc.select_metric if tc.select_metric != "auto" else \
+        if st.select_metric is None:
+            st.select_metric = tc.select_metric if tc.select_metric != "auto" else \
                 ("answer_acc" if "answer_acc" in metrics else "loss")
-        name = state.select_metric
+        name = st.select_metric
         if name not in metrics:
             raise ConfigError(f"train.select_metric={name!r} is not a validation metric (have: {', '.join(metrics)})")
-        improved = _better(metrics[name], state.best_score, name)
-        state.bad_evals = 0 if _better(metrics[name], state.best_score, name, tc.min_delta) else state.bad_evals + 1
-        state.last_eval_step = state.step
+        improved = _better(metrics[name], st.best_score, name)
+        st.bad_evals = 0 if _better(metrics[name], st.best_score, name, tc.min_delta) else st.bad_evals + 1
+        st.last_eval_step = st.step
         if improved:
-            state.best_score, state.best_step = metrics[name], state.step
-            checkpoint("best", _with_prefix(metrics, "val/") | {"tokens": state.tokens})
-        eval_s += time.perf_counter() - t0
-        n_evals += 1
-        log.write({"kind": "val", "step": state.step, **metrics, "best": improved, "elapsed_s": round(elapsed(), 3)})
+            st.best_score, st.best_step = metrics[name], st.step
+            self.save("best", metrics)
+        self.eval_s += time.perf_counter() - t0
+        self.n_evals += 1
+        self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved,
+                        "elapsed_s": round(self.elapsed(), 3)})
+        self.last_val = metrics
         return metrics
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    # --- the loop ---
 
-        bar = tqdm(total=tc.max_steps, initial=state.step, unit="step", desc=f"train {view}", dynamic_ncols=True)
-    model.train()
-    try:
-        with _stop_on_sigint(echo) as interrupt:
-            def should_stop() -> str | None:
-                if tc.max_steps is not None and state.step >= tc.max_steps:
-                    return "max_steps"
-                if budget_s is not None and elapsed() >= budget_s:
-                    return "max_minutes"
-                if tc.patience is not None and state.bad_evals >= tc.patience:
-                    return "plateau"
-                return "interrupted" if interrupt["stop"] else None
+    def run(self) -> TrainResult:
+        tc, st = self.tc, self.state
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
 
-            stop_reason = should_stop()  # a resumed run may have nothing left to do
-            while stop_reason is None:
-                t0 = time.perf_counter()
-                lr = lr_at(state.step, tc, horizon())
-                for g in optimizer.param_groups:
-                    g["lr"] = lr
-                rows = stream.take(step_tokens)
-                loss, n_tok, grad_norm = _step(fwd, model, optimizer, train_data, rows, vocab.pad_id, tc, device)
-                state.step += 1
-                state.tokens += n_tok
-                state.stream = stream.state()
-                dt = time.perf_counter() - t0
-                train_s_session += dt
-                window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + n_tok
-
-                if state.step % tc.log_every == 0:
-                    tok_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
-                    log.write({"kind": "train", "step": state.step, "loss": window_loss / window_steps, "lr": lr,
-                               "grad_norm": grad_norm, "tokens": state.tokens, "tok_s": round(tok_s, 1),
-                               "epoch": round(state.stream["epoch"] + state.stream["cursor"] / max(1, len(epoch_rows)), 4),
-                               "elapsed_s": round(elapsed(), 3)})
+            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.view}",
+                       dynamic_ncols=True)
+        window = {"loss": 0.0, "steps": 0, "tokens": 0, "start": time.perf_counter()}
+        self.model.train()
+        try:
+            with _stop_on_sigint(self.echo) as interrupt:
+                stop_reason = self.should_stop()  # a resumed run may have nothing left to do
+                while stop_reason is None:
+                    t0 = time.perf_counter()
+                    lr = lr_at(st.step, tc, self.horizon())
+                    for g in self.optimizer.param_groups:
+                        g["lr"] = lr
+                    loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
+                                                        self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
+                                                        self.device)
+                    st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
+                    self.train_s += time.perf_counter() - t0
+                    window["loss"] += loss
+                    window["steps"] += 1
+                    window["tokens"] += n_tok
+                    if st.step % tc.log_every == 0:
+                        self._log_train(window, lr, grad_norm, bar)
                     if bar is not None:
-                        bar.set_postfix(loss=f"{window_loss / window_steps:.4f}", tok_s=f"{tok_s:,.0f}",
-                                        lr=f"{lr:.2e}", refresh=False)
-                    window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
-                if bar is not None:
-                    bar.update(1)
+                        bar.update(1)
+                    if st.step % tc.eval_every == 0:
+                        self.validate()
+                    self.maybe_fix_horizon()
+                    self.interrupted = interrupt["stop"]
+                    stop_reason = self.should_stop()
+                    if stop_reason is None and st.step % tc.checkpoint_every == 0:
+                        self.save("last", self.last_val)
+                if st.last_eval_step != st.step:
+                    self.validate()
+                self.save("last", self.last_val)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
+                        "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
+                        "elapsed_s": round(st.elapsed_s, 3)})
+        self.log.close()
+        return TrainResult(self.run_dir, st.step, stop_reason, st.select_metric, st.best_score, st.best_step,
+                           self.last_val)
 
-                if state.step % tc.eval_every == 0:
-                    last_val = validate()
-                if state.horizon is None and budget_s and not (tc.decay_steps or tc.max_steps) \
-                        and state.step >= tc.warmup_steps and state.step - session_step >= 50:
-                    state.horizon = _estimate_horizon(state, tc, budget_s - elapsed(), train_s_session,
-                                                      state.step - session_step, eval_s, n_evals, val_data)
-                    echo(f"schedule: {state.horizon} steps estimated to fit {tc.max_minutes} minutes")
-
-                stop_reason = should_stop()
-                if stop_reason is None and state.step % tc.checkpoint_every == 0:
-                    state.elapsed_s = elapsed()
-                    checkpoint("last", _with_prefix(last_val, "val/") | {"tokens": state.tokens})
-            if state.last_eval_step != state.step:
-                last_val = validate()
-            state.elapsed_s = elapsed()
-            checkpoint("last", _with_prefix(last_val, "val/") | {"tokens": state.tokens})
-    finally:
+    def _log_train(self, window: dict, lr: float, grad_norm: float, bar) -> None:
+        st = self.state
+        tok_s = window["tokens"] / max(time.perf_counter() - window["start"], 1e-9)
+        loss = window["loss"] / window["steps"]
+        epoch = st.stream["epoch"] + st.stream["cursor"] / max(1, self.rows_per_epoch)
+        self.log.write({"kind": "train", "step": st.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                        "tokens": st.tokens, "tok_s": round(tok_s, 1), "epoch": round(epoch, 4),
+                        "elapsed_s": round(self.elapsed(), 3)})
         if bar is not None:
-            bar.close()
-    log.write({"kind": "end", "step": state.step, "reason": stop_reason, "select_metric": state.select_metric,
-               "best_score": state.best_score, "best_step": state.best_step, "tokens": state.tokens,
-               "elapsed_s": round(state.elapsed_s, 3)})
-    log.close()
-    return TrainResult(run_dir, state.step, stop_reason, state.select_metric, state.best_score, state.best_step,
-                       last_val)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        window.update(loss=0.0, steps=0, tokens=0, start=time.perf_counter())
 
 
-def _step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig,
-          device: torch.device) -> tuple[float, int, float]:
+def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
+               tc: TrainConfig, device: torch.device) -> tuple[float, int, float]:
     """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
-    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id) for mb in micro_batches(rows, tc.micro_batch_tokens)]
+    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id)
+               for mb in micro_batches(rows, tc.micro_batch_tokens)]
     n_targets = sum(b.n_targets for b in batches)
     total = torch.zeros((), device=device)
     for b in batches:
@@ -477,18 +527,6 @@ def _step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], p
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
-
-
-def _estimate_horizon(state: TrainerState, tc: TrainConfig, remaining_s: float, train_s: float, steps: int,
-                      eval_s: float, n_evals: int, val_data: ViewData) -> int:
-    """Steps that fit the rest of the time budget at the measured pace, validations included."""
-    per_step = train_s / steps
-    if n_evals:
-        per_eval = eval_s / n_evals
-    else:  # not measured yet: a forward pass costs about a third of a training step per token
-        per_eval = per_step * (val_data.n_tokens / max(1, state.tokens / state.step)) / 3
-    per_step += per_eval / tc.eval_every
-    return state.step + max(0, int(remaining_s / per_step))
 
 
 def _with_prefix(d: dict, prefix: str) -> dict:
