@@ -1,0 +1,139 @@
+"""`rlmlab eval RUN_DIR --data exprs`: greedy decoding of an expression set, scored.
+
+Writes `results.jsonl` (one line per expression: truth, prediction, validity, reason, trace
+statistics, per-token counts) and `summary.json`; prints a short table. `--oracle --view
+rm|cot` runs the true rule instead of a model, to check the drivers and the scoring on any
+expression set.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlmlab.checkpoint import load_run
+from rlmlab.errors import ConfigError
+from rlmlab.infer import VIEWS, Limits, ModelPredictor, oracle_predictor
+from rlmlab.score import evaluate, group_accuracy, read_expressions, write_results
+from rlmlab.vocab import Vocab
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="decode an expression set greedily and score it",
+                       description="Greedy decoding (RM: the stack driver; CoT: the flat decoder) of an "
+                       "expression set, scored by final-answer accuracy (95%% Wilson) and teacher-forced "
+                       "per-token accuracy (bootstrap over expressions).")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="training run folder (not with --oracle)")
+    p.add_argument("--data", required=True, help="pool parquet (an `expr` column) or a text file, one "
+                   "expression per line")
+    p.add_argument("--limit", type=int, default=None, help="first N expressions only")
+    p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>; with "
+                   "--oracle runs/oracle-<view>/eval/<data name>)")
+    p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
+    p.add_argument("--oracle", action="store_true", help="run the oracle predictor g* instead of a model")
+    p.add_argument("--view", choices=VIEWS, default=None, help="with --oracle: rm (stack driver) or "
+                   "cot (g* composed with the active-frame map, through the CoT decoder)")
+    p.add_argument("--no-per-token", action="store_true", help="skip teacher-forced per-token accuracy")
+    p.add_argument("--by", default=None, metavar="KEY", help="also print accuracy per value of a result "
+                   "field, e.g. max_depth or root")
+    p.add_argument("--max-depth", type=int, default=Limits.max_depth, help="stack depth limit")
+    p.add_argument("--max-new-tokens", type=int, default=Limits.max_new_tokens, help="generated tokens limit")
+    p.add_argument("--max-frame-tokens", type=int, default=None, help="active-frame width limit "
+                   "(default: none beyond the model's block size)")
+    p.add_argument("--traces", action="store_true", help="save each produced trace in results.jsonl")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run)
+
+
+def _check_args(args) -> None:
+    if args.oracle:
+        if args.run_dir is not None:
+            raise ConfigError("give RUN_DIR or --oracle, not both")
+        if args.view is None:
+            raise ConfigError("--oracle needs --view rm or --view cot")
+    else:
+        if args.run_dir is None:
+            raise ConfigError("give RUN_DIR (a training run folder), or --oracle --view rm|cot")
+        if args.view is not None:
+            raise ConfigError("--view goes with --oracle; a run's view is the one it was trained in")
+    for name in ("limit", "batch_size", "max_depth", "max_new_tokens", "max_frame_tokens", "threads"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+
+
+def run(args) -> int:
+    _check_args(args)
+    exprs, extra = read_expressions(args.data, args.limit)
+    stem = Path(args.data).stem
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model, header = None, {}
+    if args.oracle:
+        view, vocab = args.view, Vocab.from_library()
+        predictor = oracle_predictor(view, vocab)
+        out = Path(args.out or Path("runs") / f"oracle-{view}" / "eval" / stem)
+        header = {"predictor": "oracle"}
+    else:
+        run_ = load_run(args.run_dir, which=args.which)
+        view, vocab, model = run_.view, run_.vocab, run_.model
+        predictor = ModelPredictor(model)
+        out = Path(args.out or Path(args.run_dir) / "eval" / stem)
+        header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
+    limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
+
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(exprs), unit="expr", desc=f"eval {view}", dynamic_ncols=True)
+    try:
+        results, summary = evaluate(predictor, view, exprs, vocab, limits, args.batch_size,
+                                    model=None if args.no_per_token else model, extra=extra,
+                                    traces=args.traces, progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = {**header, "data": str(args.data), **summary,
+               "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
+                          "max_new_tokens": limits.max_new_tokens}}
+    res_path, sum_path = write_results(out, results, summary)
+    print(render(summary))
+    if args.by:
+        if args.by not in results[0]:
+            raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(results[0])})")
+        print(render_groups(group_accuracy(results, args.by), args.by))
+    print(f"wrote {res_path} and {sum_path}")
+    return 0
+
+
+def render(s: dict) -> str:
+    who = "oracle" if s["predictor"] == "oracle" else f"{s['run_dir']} ({s['which']}, step {s['step']})"
+    lo, hi = s["ci95"]
+    lines = [f"{s['n']} expressions from {s['data']}, view {s['view']}, {who}",
+             f"  final-answer accuracy  {100 * s['accuracy']:6.2f}%  95% CI [{100 * lo:.2f}, {100 * hi:.2f}]"
+             f"  ({s['correct']}/{s['n']})",
+             f"  valid traces           {100 * s['valid']:6.2f}%",
+             f"  exact traces           {100 * s['trace_exact']:6.2f}%"]
+    if "per_token" in s:
+        plo, phi = s["per_token_ci95"]
+        lines.append(f"  per-token (teacher-f.) {100 * s['per_token']:6.2f}%  95% CI [{100 * plo:.2f}, "
+                     f"{100 * phi:.2f}]  ({s['per_token_positions']:,} positions)")
+    lines.append(f"  decoding               {s['seconds']:.1f}s, {s['expr_per_s']:.1f} expr/s, "
+                 f"{s['tokens_per_s']:,.0f} generated tok/s")
+    for reason, n in list(s["invalid_reasons"].items())[:5]:
+        lines.append(f"  invalid: {n} x {reason}")
+    return "\n".join(lines)
+
+
+def render_groups(groups: list[dict], key: str) -> str:
+    lines = [f"  {key:>16}  {'n':>6}  {'accuracy':>8}  95% CI"]
+    for g in groups:
+        lo, hi = g["ci95"]
+        lines.append(f"  {json.dumps(g['group']):>16}  {g['n']:>6}  {100 * g['accuracy']:7.2f}%  "
+                     f"[{100 * lo:.1f}, {100 * hi:.1f}]")
+    return "\n".join(lines)
