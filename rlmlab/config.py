@@ -66,9 +66,10 @@ class DataSettings:
     """Seed of that split; independent of train.seed so that every seed sees the same split."""
     train_size: int | None = None
     """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
-    row_len: int = 512
-    """Base packed-row length; longer examples get rows of row_len * 2^k. Short rows keep the
-    dense attention mask cheap on CPU."""
+    row_len: int | None = None
+    """Base packed-row length; longer examples get rows of row_len * 2^k. Default: 128 for rm
+    (frames average ~30 tokens; a dense mask costs attention over the whole row, so short rows
+    train ~1.5x faster than 512 on CPU), 512 for cot."""
     drop_too_long: bool = True
     """Drop examples longer than the model's positional table (counted and reported); if false, fail."""
     cache_dir: str | None = None
@@ -83,6 +84,10 @@ class DataSettings:
         if self.view not in VIEWS:
             raise ConfigError(f"data.view: unknown view {self.view!r} (have: {', '.join(VIEWS)})")
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
+
+    @property
+    def row_length(self) -> int:
+        return self.row_len or (128 if self.view == "rm" else 512)
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":
