@@ -5,11 +5,12 @@ the next token (targets tokens[1:], -100 where the loss mask is off). Within a r
 example restarts its positions at 0 and attends only to itself (block-diagonal causal mask),
 so a packed row computes exactly what the examples would compute one by one.
 
-Rows have a base length `row_len`; an example longer than that opens a row of row_len * 2^k
-(the smallest that holds it) and the rest of that row is filled with other examples. The
-packer fills each row best-fit from a window of pending examples, which keeps padding at a
-few percent for both views. Short rows matter on CPU: a dense mask makes attention cost
-O(T^2) per row whatever the examples' lengths.
+Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
+keeps padding at a few percent. Short rows matter on CPU: a dense mask makes attention cost
+O(T^2) per row whatever the examples' lengths. An example longer than `row_len` gets a row
+of its own, rounded up to a multiple of 64 positions: such rows need no mask at all (plain
+causal attention, which skips the upper triangle), and long CoT traces are most of CoT's
+tokens.
 
 `RowStream` turns a dataset into an endless, seeded, resumable sequence of rows: epoch e
 shuffles the examples with seed (seed, e) and packs them; its state is (epoch, row cursor).
@@ -35,20 +36,21 @@ class Row:
     examples: tuple[int, ...]
 
 
+SOLO_ROUND = 64  # a row of its own is rounded up to a multiple of this many positions
+
+
 def row_length_for(n: int, row_len: int) -> int:
-    """The smallest row of row_len * 2^k positions that holds an example of n positions."""
-    T = row_len
-    while T < n:
-        T *= 2
-    return T
+    """The row an example of n positions opens: the base row, or its own rounded up."""
+    return row_len if n <= row_len else -(-n // SOLO_ROUND) * SOLO_ROUND
 
 
 def pack_rows(lengths: np.ndarray, row_len: int, order: np.ndarray | None = None, window: int = 2048) -> list[Row]:
     """Pack examples (of `lengths` positions each, taken in `order`) into rows.
 
-    Each row starts with the oldest pending example, then repeatedly takes the longest pending
-    example that still fits (oldest first among equal lengths) from a window of the next
-    `window` examples. Every example is placed exactly once.
+    Each row starts with the oldest pending example. One longer than `row_len` stays alone;
+    otherwise the row repeatedly takes the longest pending example that still fits (oldest
+    first among equal lengths) from a window of the next `window` examples. Every example is
+    placed exactly once.
     """
     lengths = np.asarray(lengths)
     order = np.arange(len(lengths)) if order is None else np.asarray(order)
@@ -95,7 +97,7 @@ def pack_rows(lengths: np.ndarray, row_len: int, order: np.ndarray | None = None
             arrival.popleft()
         head = take(lens[arrival.popleft()])  # the oldest pending is also the oldest of its length
         T = row_length_for(lens[head], row_len)
-        free = T - lens[head]
+        free = T - lens[head] if T == row_len else 0
         members = [head]
         refill()
         while present and present[0] <= free:

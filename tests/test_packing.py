@@ -16,8 +16,10 @@ def _data(random_exprs, view, n=300):
     return build_view_data([to_text(e) for e in random_exprs[:n]], view, default_vocab())
 
 
-def test_row_lengths_double_from_the_base():
-    assert [row_length_for(n, 128) for n in (1, 128, 129, 256, 257, 1000)] == [128, 128, 256, 256, 512, 1024]
+def test_long_examples_get_rows_of_their_own():
+    assert [row_length_for(n, 128) for n in (1, 128, 129, 192, 193, 1000)] == [128, 128, 192, 192, 256, 1024]
+    rows = pack_rows(np.array([100, 300, 20, 8, 1000]), 128)
+    assert [(r.length, r.examples) for r in rows] == [(128, (0, 2, 3)), (320, (1,)), (1024, (4,))]
 
 
 def test_every_example_once_and_padding_under_10_percent(random_exprs):
@@ -30,6 +32,7 @@ def test_every_example_once_and_padding_under_10_percent(random_exprs):
         assert placed == list(range(len(lengths)))
         assert all(lengths[list(r.examples)].sum() <= r.length for r in rows)
         assert all(r.length == row_length_for(int(lengths[r.examples[0]]), row_len) for r in rows)
+        assert all(len(r.examples) == 1 for r in rows if r.length > row_len)
         assert padding_fraction(rows, lengths) < 0.10, (view, row_len)
 
 
