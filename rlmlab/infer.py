@@ -38,7 +38,7 @@ import torch
 
 from rlmlab.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
 from rlmlab.frames import StackReplay, active_frame
-from rlmlab.trace import execute
+from rlmlab.trace import execute, trace_stats
 from rlmlab.vocab import Vocab
 
 VIEWS = ("cot", "rm")
@@ -509,19 +509,26 @@ def check_view(view: str) -> None:
 
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
              limits: Limits = Limits(), batch_size: int = 64,
-             progress: Callable[[int], None] | None = None) -> list[Generation]:
+             progress: Callable[[int], None] | None = None, longest_first: bool = True) -> list[Generation]:
     """Greedy-decode every expression in `view`, `batch_size` rows at a time; results in input order.
 
     `exprs` are written expressions (text or parsed); `progress(k)` is called as k rows finish.
+    With `longest_first` the expressions with the longest canonical traces enter the slots
+    first: rows are independent, so this changes no result, only shortens the run's tail (a
+    long trace started last would decode alone at the end).
     """
     check_view(view)
+    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    order = list(range(len(calls)))
+    if longest_first:
+        order.sort(key=lambda i: -trace_stats(calls[i]).trace_len)
     rm = view == "rm"
     block = predictor.block_size
     max_frame = limits.max_frame_tokens
     toks = vocab.tokens
     n_vocab = len(toks)
     results: list[Generation | None] = [None] * len(exprs)
-    todo = iter(range(len(exprs)))
+    todo = iter(order)
     n_slots = max(1, min(batch_size, len(exprs)))
     slots: list[_Row | None] = [None] * n_slots
     predictor.reset(n_slots)
@@ -577,8 +584,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
                 i = next(todo, None)
                 if i is None:
                     break
-                e = exprs[i]
-                slots[s] = _Row(i, s, e if isinstance(e, Call) else parse(e), vocab)
+                slots[s] = _Row(i, s, calls[i], vocab)
         live = [row for row in slots if row is not None]
         if not live:
             break

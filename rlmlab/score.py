@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from rlmlab.errors import DataError, RlmlabError
-from rlmlab.expr import Call, parse
-from rlmlab.infer import Generation, Limits, check_view, generate
+from rlmlab.expr import Call, parse, value_token
+from rlmlab.infer import Generation, Limits, ModelPredictor, check_view, generate
 from rlmlab.pool import read_pool
-from rlmlab.trace import Execution, execute
+from rlmlab.trace import Execution, execute, trace_stats
 from rlmlab.vocab import Vocab
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -42,7 +42,8 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The bounds at k = 0 and k = n are exactly 0 and 1; say so rather than 1 - 1e-16.
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
 
 
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], n_boot: int = 2000, level: float = 0.95,
@@ -106,6 +107,13 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
             correct[i] += int(hit[b, first - 1:last - 1].sum())
         start = end
     return list(zip(correct, total))
+
+
+# The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
+# asked for, and the data file's own columns such as a pool's id).
+RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "reason", "trace_len", "max_depth",
+                 "n_frames", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth", "pred_n_frames",
+                 "fed", "trace_exact", "diverge_at")
 
 
 def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
@@ -240,27 +248,35 @@ def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[C
     return exprs, extra
 
 
-def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None, batch_size: int = 64,
-             model=None, extra: Sequence[dict] | None = None, traces: bool = False, progress=None,
-             n_boot: int = 2000) -> tuple[list[dict], dict]:
-    """Greedy-decode `exprs` with `predictor` in `view` and score them.
-
-    Longest traces are scheduled first (rows are independent; this only shortens the tail of
-    the run). With `model`, teacher-forced per-token accuracy is added. Returns
-    (per-expression results in input order, summary).
-    """
+def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool = False,
+             progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
+    """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
+    teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""
     executions = [execute(e) for e in exprs]
-    order = sorted(range(len(exprs)), key=lambda i: -executions[i].trace_len)
     t0 = time.perf_counter()
-    gens_sorted = generate(predictor, [exprs[i] for i in order], vocab, view, limits or Limits(),
-                           batch_size, progress)
+    gens = generate(predictor, exprs, vocab, view, limits or Limits(), batch_size, progress)
     seconds = time.perf_counter() - t0
-    gens: list[Generation] = [None] * len(exprs)  # type: ignore[list-item]
-    for i, g in zip(order, gens_sorted):
-        gens[i] = g
     tf = per_token_counts(model, vocab, view, executions) if model is not None else None
     results = expression_results(gens, executions, tf, extra, traces)
     summary = summarize(results, n_boot)
     summary.update(view=view, seconds=seconds, expr_per_s=len(exprs) / seconds if seconds else None,
                    tokens_per_s=summary["generated_tokens"] / seconds if seconds else None)
     return results, summary
+
+
+def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int = 64, limits: Limits | None = None):
+    """A `validate_fn` for `rlmlab.train`: greedy final-answer accuracy on `exprs` ("answer_acc",
+    the metric "auto" checkpoint selection picks) and the share of valid traces ("answer_valid").
+    By default a row may generate twice the set's longest canonical trace, so that an untrained
+    model's runaway rows do not make early validations slow."""
+    stats = [trace_stats(e if isinstance(e, Call) else parse(e)) for e in exprs]
+    values = [value_token(s.value) for s in stats]
+    limits = limits or Limits(max_new_tokens=2 * max(s.trace_len for s in stats))
+
+    def validate(model, vocab: Vocab, view: str) -> dict:
+        gens = generate(ModelPredictor(model), exprs, vocab, view, limits, batch_size)
+        right = sum(g.valid and g.answer == v for g, v in zip(gens, values))
+        return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
+
+    return validate

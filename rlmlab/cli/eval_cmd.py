@@ -14,7 +14,7 @@ from pathlib import Path
 from rlmlab.checkpoint import load_run
 from rlmlab.errors import ConfigError
 from rlmlab.infer import VIEWS, Limits, ModelPredictor, oracle_predictor
-from rlmlab.score import evaluate, group_accuracy, read_expressions, write_results
+from rlmlab.score import RESULT_FIELDS, evaluate, group_accuracy, read_expressions, write_results
 from rlmlab.vocab import Vocab
 
 
@@ -67,6 +67,8 @@ def _check_args(args) -> None:
 def run(args) -> int:
     _check_args(args)
     exprs, extra = read_expressions(args.data, args.limit)
+    if args.by is not None and args.by not in RESULT_FIELDS + tuple(extra[0]):
+        raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(RESULT_FIELDS + tuple(extra[0]))})")
     stem = Path(args.data).stem
     if args.threads is not None:
         import torch
@@ -104,8 +106,6 @@ def run(args) -> int:
     res_path, sum_path = write_results(out, results, summary)
     print(render(summary))
     if args.by:
-        if args.by not in results[0]:
-            raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(results[0])})")
         print(render_groups(group_accuracy(results, args.by), args.by))
     print(f"wrote {res_path} and {sum_path}")
     return 0
