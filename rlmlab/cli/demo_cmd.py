@@ -1,30 +1,66 @@
-"""`rlmlab demo`: the README's main job on a small built-in default."""
+"""`rlmlab demo`: the README's main job: RM vs CoT on the paper's length split, in minutes.
+
+It rebuilds the seed-42 pool and the small preset's length split (L = 197), evaluates the
+checkpoints released with the project (trained by `rlmlab run length --preset small`) on a
+few expressions per bin, and prints the per-bin table and plot. `--retrain` trains both
+learners from scratch instead (the small preset's full budget: hours).
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import argparse
+import json
+from pathlib import Path
 
-from rlmlab.cli.trace_cmd import render
-from rlmlab.pool import build_pool
-from rlmlab.trace import execute
+from rlmlab.errors import DataError
+
+RELEASED = Path(__file__).resolve().parent.parent / "released" / "small-length-197"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="build a small pool and show a trace (seconds)")
-    p.add_argument("--n", type=int, default=20_000, help="pool size")
-    p.add_argument("--seed", type=int, default=42)
+    p = sub.add_parser("demo", help="RM vs CoT on the length split with the released small checkpoints "
+                       "(a few minutes)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    p.add_argument("--per-bin", type=int, default=40, help="evaluation expressions per bin (default 40)")
+    p.add_argument("--retrain", action="store_true", help="train both learners from scratch (small preset)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    import sys
+    from rlmlab.experiments import get_preset, run_experiment
+    from rlmlab.report import report
 
-    pool = build_pool(args.n, args.seed, progress=True)
-    print(f"\npool of {pool.num_rows} expressions, seed {args.seed}")
-    print(f"{'statistic':<16}{'mean':>8}{'median':>8}{'p90':>8}{'max':>8}")
-    for col in ("trace_len", "max_depth", "max_frame_width", "n_frames"):
-        v = np.asarray(pool.column(col))
-        print(f"{col:<16}{v.mean():>8.1f}{np.median(v):>8.0f}{np.percentile(v, 90):>8.0f}{v.max():>8d}")
-    print("\nthe paper's worked example:\n")
-    print(render(execute("add(sum_of_squares(2,3),double(4))"), sys.stdout.isatty()))
+    out = Path(args.out)
+    preset = get_preset("small")
+    if args.retrain:
+        run_experiment("length", preset, out, views=("rm", "cot"), progress=not args.quiet)
+    else:
+        if not (RELEASED / "rm" / "best" / "checkpoint.json").exists():
+            raise DataError(f"no released checkpoints in {RELEASED}; run `rlmlab demo --retrain`")
+        if args.per_bin < 1:
+            raise DataError("--per-bin must be at least 1")
+        _install_released(out, preset.length)
+        run_experiment("length", preset.with_overrides(per_bin_cap=args.per_bin), out, progress=not args.quiet)
+    dest = report(out)
+    print((dest / f"table-length-{preset.length}.md").read_text())
+    print(f"plot: {dest / f'bins-length-{preset.length}.png'}")
     return 0
+
+
+def _install_released(out: Path, threshold: int) -> None:
+    """Place the released checkpoints as finished runs of the experiment folder, so the
+    experiment runner only evaluates them."""
+    import shutil
+
+    for view in ("rm", "cot"):
+        run_dir = out / f"length-{threshold}" / view
+        if (run_dir / "done.json").exists():
+            continue
+        (run_dir / "best").mkdir(parents=True, exist_ok=True)
+        for name in ("checkpoint.json", "model.safetensors"):
+            shutil.copy(RELEASED / view / "best" / name, run_dir / "best" / name)
+        for name in ("metrics.jsonl",):
+            if (RELEASED / view / name).exists():
+                shutil.copy(RELEASED / view / name, run_dir / name)
+        (run_dir / "done.json").write_text(json.dumps({"released": str(RELEASED / view)}) + "\n")

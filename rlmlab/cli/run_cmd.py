@@ -1,0 +1,55 @@
+"""`rlmlab run iid|length|depth|shortcuts --preset NAME --out DIR`: one experiment, end to end.
+
+Builds the data, trains both learners, evaluates them and writes per-expression results and
+summaries; a re-run skips what is finished and resumes an interrupted training run.
+`rlmlab report DIR` turns the saved results into the paper's tables and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlmlab.errors import ConfigError
+from rlmlab.experiments import KINDS, LEARNERS, PRESETS, get_preset, run_experiment
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=KINDS, help="which experiment")
+    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
+    p.add_argument("--out", required=True, help="experiment folder (resumable)")
+    p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
+    p.add_argument("--views", default=",".join(LEARNERS), help="learners to run, comma-separated (default rm,cot)")
+    p.add_argument("--minutes", type=float, default=None, help="override the training budget per learner")
+    p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
+    p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    views = tuple(v.strip() for v in args.views.split(",") if v.strip())
+    unknown = [v for v in views if v not in LEARNERS]
+    if unknown or not views:
+        raise ConfigError(f"--views: unknown learner {', '.join(unknown) or '(none)'} (have: {', '.join(LEARNERS)})")
+    preset = get_preset(args.preset)
+    train = dict(preset.train)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError("--threads must be at least 1")
+        train["threads"] = args.threads
+    preset = preset.with_overrides(minutes=args.minutes, max_steps=args.max_steps, train=train)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "commands.jsonl", "a") as f:
+        f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
+                            + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                               if k in ("threshold", "views", "minutes", "max_steps", "threads", "ray_address")
+                               and v is not None]}) + "\n")
+    run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, ray_address=args.ray_address,
+                   progress=not args.quiet)
+    return 0

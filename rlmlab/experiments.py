@@ -1,0 +1,328 @@
+"""The paper's three experiments, end to end: data, training of both learners, evaluation.
+
+An experiment is a list of independent *jobs*; a job trains one learner (a view) on one data
+set and evaluates it on that experiment's evaluation sets. Every job writes into its own
+folder and skips what is already there (a finished run has `done.json`; an evaluation
+`results.jsonl` + `summary.json`), so re-running an experiment resumes it. Jobs run one
+after another here, or on a Ray cluster with `ray_address`.
+
+Layout of an experiment folder:
+
+    experiment.json               kind, preset, parameters (what `rlmlab report` reads)
+    data/                         the split or the shortcut data sets (parquet + JSON)
+    <job>/<view>/                 a training run (rlmlab train's run folder)
+    <job>/<view>/eval/<set>/      results.jsonl + summary.json of one evaluation set
+
+Tables and figures are pure functions of these files (`rlmlab.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+
+KINDS = ("length", "depth", "iid", "shortcuts")
+LEARNERS = ("rm", "cot")
+
+
+@dataclass(frozen=True)
+class ExperimentPreset:
+    """What one named preset runs: model, data sizes, training budget and evaluation sizes."""
+
+    name: str
+    """Preset name (smoke, small, paper)."""
+    model: str
+    """Model preset of `rlmlab.model.PRESETS`."""
+    pool_n: int = 500_000
+    """Expressions in the pool the splits are drawn from (paper: 500,000)."""
+    pool_seed: int = 42
+    """Seed of that pool (paper: 42)."""
+    length: int = 595
+    """Length threshold L of the length experiment (paper's representative: 595)."""
+    depth: int = 10
+    """Depth threshold K of the depth experiment (paper's representative: 10)."""
+    per_bin_cap: int = 310
+    """Evaluation expressions per bin (paper: 3,100 over 10 bins)."""
+    n_val: int = 1_000
+    """Validation expressions (teacher-forced loss, plateau, checkpoint selection)."""
+    n_train: int | None = None
+    """Cap on training expressions of threshold splits (None: every one below the threshold)."""
+    answer_eval: int = 300
+    """Validation expressions decoded greedily at each validation (final-answer accuracy selects
+    the best checkpoint)."""
+    minutes: float | None = None
+    """Wall-clock training budget per learner."""
+    max_steps: int | None = None
+    """Step budget per learner."""
+    patience: int | None = 10
+    """Stop after this many validations without improvement (the paper trains to a plateau)."""
+    eval_every: int = 500
+    """Steps between validations."""
+    train: dict = field(default_factory=dict)
+    """Extra `train.*` settings for both learners, e.g. {"warmup_steps": 200}."""
+    per_view: dict = field(default_factory=dict)
+    """Settings per learner: {"cot": {"train.batch_size": 32}, ...} (dotted keys)."""
+    iid_sizes: tuple[int, ...] = (100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000,
+                                  50_000, 100_000, 200_000, 300_000, 450_000)
+    """Nested training-set sizes of the IID sweep."""
+    iid_seeds: int = 3
+    """Seeds per size for the smaller sizes; sizes >= iid_one_seed_from get one."""
+    iid_one_seed_from: int = 100_000
+    """From this size on the IID sweep runs one seed (as the paper does for its largest sizes)."""
+    iid_n_test: int = 5_000
+    """IID test expressions (paper: 5,000)."""
+    shortcut_n_train: int = 10_000
+    """Training expressions per shortcut construction."""
+    shortcut_n_eval: int = 300
+    """IID and OOD evaluation expressions per construction (paper: 300 each)."""
+    eval_batch: int = 64
+    """Expressions decoded at once."""
+
+    def with_overrides(self, **kw) -> "ExperimentPreset":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+PRESETS: dict[str, ExperimentPreset] = {
+    # CI and tests: every stage of every experiment in seconds; the numbers mean nothing.
+    "smoke": ExperimentPreset(
+        name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
+        max_steps=3, patience=None, eval_every=2, train={"warmup_steps": 1, "batch_size": 4},
+        iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8),
+    # The paper's task and splits on this 2-core CPU: a 3-layer width-128 model, the paper's
+    # L = 197 and K = 5 thresholds (traces short enough to train on in hours), and a
+    # 2.5-hour budget per learner that stops earlier on a validation plateau.
+    "small": ExperimentPreset(
+        name="small", model="small", length=197, depth=5, minutes=150.0, patience=12, eval_every=300,
+        answer_eval=300, train={"warmup_steps": 300},
+        # ~8-10k tokens per step, as in shared/notes/cpu-feasibility.md: an RM frame averages
+        # ~30 tokens, a CoT trace below L=197 ~80.
+        per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
+        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, shortcut_n_train=10_000),
+    # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
+    # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
+    "paper": ExperimentPreset(
+        name="paper", model="paper", length=595, depth=10, patience=20, eval_every=1000, answer_eval=1000,
+        train={"warmup_steps": 2000}, per_view={"cot": {"train.batch_size": 32}}),
+}
+
+
+def get_preset(name: str) -> ExperimentPreset:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown experiment preset {name!r} (have: {', '.join(PRESETS)})")
+    return PRESETS[name]
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """Train one learner on one data set, then evaluate it on named evaluation sets."""
+
+    name: str
+    """Folder of the job inside the experiment folder (e.g. "length-197", "iid-N1000-s0")."""
+    view: str
+    """The learner: "rm" or "cot"."""
+    train: str
+    """Training expressions (parquet)."""
+    val: str
+    """Validation expressions (parquet)."""
+    evals: dict
+    """{set name: parquet path}; extra columns of the file (bin, signal, ...) go into each result."""
+    settings: dict
+    """Dotted run settings (`train.lr`, `model.preset`, ...), as `rlmlab train --section.key=value`."""
+    eval_batch: int = 64
+    """Expressions decoded at once."""
+
+    def run_dir(self, out: Path) -> Path:
+        return out / self.name / self.view
+
+
+def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
+    """Train (or resume, or skip when done) and evaluate; returns {set: summary}."""
+    from rlmlab.checkpoint import load_run
+    from rlmlab.config import RunConfig, apply_overrides
+    from rlmlab.infer import ModelPredictor
+    from rlmlab.score import answer_accuracy_fn, evaluate, read_expressions, write_results
+    from rlmlab.train import prepare_data, train
+
+    out = Path(out)
+    run_dir = job.run_dir(out)
+    done = run_dir / "done.json"
+    if not done.exists():
+        cfg = apply_overrides(RunConfig(), {**job.settings, "data.view": job.view, "data.train": job.train,
+                                            "data.val": job.val})
+        cfg.require_stop_rule()
+        split = prepare_data(cfg.data)
+        validate_fn = None
+        if cfg.train.answer_eval:
+            n = min(cfg.train.answer_eval, len(split.val_exprs))
+            validate_fn = answer_accuracy_fn(split.val_exprs[:n])
+        resume = (run_dir / "last" / "checkpoint.json").exists()
+        result = train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn,
+                       progress=progress)
+        done.write_text(json.dumps({"step": result.step, "stop_reason": result.stop_reason,
+                                    "select_metric": result.select_metric, "best_score": result.best_score,
+                                    "best_step": result.best_step}, indent=2) + "\n")
+    summaries = {}
+    loaded = None
+    for set_name, path in job.evals.items():
+        eval_dir = run_dir / "eval" / set_name
+        if (eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists():
+            summaries[set_name] = json.loads((eval_dir / "summary.json").read_text())
+            continue
+        loaded = loaded or load_run(run_dir, "best")
+        exprs, extra = read_expressions(path)
+        extra = _extra_columns(path, len(exprs)) or extra
+        results, summary = evaluate(ModelPredictor(loaded.model), loaded.view, exprs, loaded.vocab,
+                                    model=loaded.model, extra=extra, batch_size=job.eval_batch)
+        summary.update({"set": set_name, "view": loaded.view, "step": loaded.step, "data": str(path)})
+        write_results(eval_dir, results, summary)
+        summaries[set_name] = summary
+    return summaries
+
+
+def _extra_columns(path: str | Path, n: int) -> list[dict] | None:
+    """Columns of an evaluation file that results should carry (bins, signals, ids)."""
+    import pyarrow.parquet as pq
+
+    keep = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "signal")
+    table = pq.read_table(path)
+    cols = [c for c in keep if c in table.column_names]
+    if not cols:
+        return None
+    rows = table.select(cols).to_pylist()
+    if len(rows) != n:
+        raise DataError(f"{path}: {len(rows)} rows but {n} expressions")
+    return rows
+
+
+def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True) -> list[dict]:
+    """Run jobs locally in order, or spread them over a Ray cluster."""
+    if ray_address is None:
+        return [run_job(j, out, progress) for j in jobs]
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray-address needs Ray: pip install 'ray[default]'") from None
+    ray.init(address=ray_address)
+    remote = ray.remote(num_cpus=1)(run_job)
+    return ray.get([remote.remote(j, str(out), False) for j in jobs])
+
+
+# --- experiments ----------------------------------------------------------------------------
+
+def _settings(p: ExperimentPreset, view: str, seed: int = 1337) -> dict:
+    s = {"model.preset": p.model, "train.seed": seed, "train.eval_every": p.eval_every,
+         "train.answer_eval": p.answer_eval}
+    if p.minutes is not None:
+        s["train.max_minutes"] = p.minutes
+    if p.max_steps is not None:
+        s["train.max_steps"] = p.max_steps
+    if p.patience is not None:
+        s["train.patience"] = p.patience
+    s.update({f"train.{k}": v for k, v in p.train.items()})
+    s.update(p.per_view.get(view, {}))
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in s.items()}
+
+
+def _pool(p: ExperimentPreset, out: Path):
+    from rlmlab.pool import build_pool, read_pool, write_pool
+
+    path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
+    if not path.exists():
+        write_pool(build_pool(p.pool_n, p.pool_seed, progress=True), path)
+    return read_pool(path)
+
+
+def _write_meta(out: Path, kind: str, p: ExperimentPreset, extra: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": kind, "preset": asdict(p), **extra}
+    (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
+                   views=LEARNERS) -> list[Job]:
+    from rlmlab.splits import Split, threshold_split
+
+    threshold = threshold or (p.length if kind == "length" else p.depth)
+    data = out / "data" / f"{kind}-{threshold}"
+    if not (data / "split.json").exists():
+        split = threshold_split(_pool(p, out), kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+                                n_train=p.n_train)
+        split.save(data)
+    split = Split.load(data)
+    _write_meta(out, kind, p, {"threshold": threshold, "split": split.params})
+    return [Job(f"{kind}-{threshold}", v, str(data / "train.parquet"), str(data / "val.parquet"),
+                {"eval": str(data / "eval.parquet")}, _settings(p, v), p.eval_batch) for v in views]
+
+
+def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS) -> list[Job]:
+    import pyarrow.parquet as pq
+
+    from rlmlab.splits import Split, iid_split
+
+    data = out / "data" / "iid"
+    if not (data / "split.json").exists():
+        iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val).save(data)
+    split = Split.load(data)
+    _write_meta(out, "iid", p, {"split": split.params, "sizes": list(p.iid_sizes)})
+    jobs = []
+    for n in p.iid_sizes:
+        path = data / f"train-{n}.parquet"
+        if not path.exists():
+            pq.write_table(split.train_subset(n), path)
+        seeds = 1 if n >= p.iid_one_seed_from else p.iid_seeds
+        for seed in range(seeds):
+            for v in views:
+                # The paper's IID sweep uses no weight decay.
+                s = {**_settings(p, v, seed=1337 + seed), "train.weight_decay": "0.0"}
+                jobs.append(Job(f"iid-N{n}-s{seed}", v, str(path), str(data / "val.parquet"),
+                                {"test": str(data / "test.parquet")}, s, p.eval_batch))
+    return jobs
+
+
+def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -> list[Job]:
+    import pyarrow.parquet as pq
+
+    from rlmlab.shortcuts import CONSTRUCTIONS, ShortcutDataset, build_shortcut_dataset
+
+    names = list(names or CONSTRUCTIONS)
+    _write_meta(out, "shortcuts", p, {"constructions": names})
+    jobs = []
+    for name in names:
+        data = out / "data" / f"shortcut-{name}"
+        if not (data / "shortcut.json").exists():
+            build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
+                                   n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval).save(data)
+        ds = ShortcutDataset.load(data)
+        for part in ("iid", "ood"):
+            if not (data / f"{part}.parquet").exists():
+                pq.write_table(getattr(ds, part), data / f"{part}.parquet")
+        for v in views:
+            jobs.append(Job(f"shortcut-{name}", v, str(data / "train.parquet"), str(data / "val.parquet"),
+                            {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")}, _settings(p, v),
+                            p.eval_batch))
+    return jobs
+
+
+def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, threshold: int | None = None,
+                   views=LEARNERS, ray_address: str | None = None, progress: bool = True) -> list[Job]:
+    """Build the data, train both learners, evaluate; resumable. Returns the jobs it ran."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(KINDS)})")
+    p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
+    out = Path(out)
+    t0 = time.perf_counter()
+    if kind in ("length", "depth"):
+        jobs = plan_threshold(kind, p, out, threshold, views)
+    elif kind == "iid":
+        jobs = plan_iid(p, out, views)
+    else:
+        jobs = plan_shortcuts(p, out, views=views)
+    run_jobs(jobs, out, ray_address, progress)
+    print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
+    return jobs

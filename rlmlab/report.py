@@ -1,0 +1,346 @@
+"""Tables and figures of an experiment folder: pure functions of its saved results.
+
+`report(out)` reads `experiment.json` and each learner's `results.jsonl`, and writes
+`report/` with the paper's tables (Markdown and LaTeX, same rows and columns as the paper's
+Tables 2 and 3), figures (PNG and PDF) and `report.json` with every number shown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlmlab.errors import DataError
+from rlmlab.score import accuracy, bootstrap_ratio, read_results
+
+LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
+
+# The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
+PAPER_TABLE2 = {
+    ("length", 595): {"rm": [100.0, 100.0, 99.6, 99.3, 99.3, 99.6, 98.6, 95.7, 92.4, 76.4],
+                      "cot": [100.0, 100.0, 99.6, 79.0, 24.5, 14.2, 10.6, 6.2, 10.1, 9.7]},
+    ("depth", 10): {"rm": [100.0, 99.7, 99.6, 100.0, 99.6, 98.6, 98.4, 99.4, 98.6, 98.7],
+                    "cot": [100.0, 100.0, 99.3, 68.6, 71.6, 67.9, 63.1, 52.2, 48.2, 38.4]},
+}
+# The paper's Table 3: IID RM, IID CoT, OOD RM, OOD CoT accuracy and CoT shortcut rate (%).
+PAPER_TABLE3 = {
+    "copy_deep_return": (100.0, 100.0, 87.3, 7.0, 92.7),
+    "hidden_literal": (90.3, 99.7, 86.0, 0.3, 99.3),
+    "long_range_aggregate": (99.7, 100.0, 95.7, 10.3, 88.0),
+    "near_answer_aggregate": (100.0, 100.0, 99.7, 1.0, 79.7),
+    "position_weighted_aggregate": (100.0, 100.0, 97.0, 14.7, 69.7),
+    "position_parity": (100.0, 100.0, 99.7, 9.7, 90.3),
+}
+
+
+def _load_meta(out: Path) -> dict:
+    path = out / "experiment.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
+    except ValueError:
+        raise DataError(f"{path}: not valid JSON") from None
+
+
+def _results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    path = out / job / view / "eval" / set_name / "results.jsonl"
+    return read_results(path) if path.exists() else None
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _gap(a: float | None, b: float | None) -> str:
+    return "–" if a is None or b is None else f"{100 * (a - b):+.1f}"
+
+
+# --- length / depth -------------------------------------------------------------------------
+
+def threshold_rows(meta: dict, results: dict[str, list[dict] | None]) -> list[dict]:
+    """One dict per bin: label, IID/OOD, and per learner n, accuracy and Wilson interval."""
+    rows = []
+    for b in meta["split"]["bins"]:
+        row = {"bin": b["label"], "ood": b["ood"], "available": b["available"]}
+        for view, res in results.items():
+            if res is None:
+                continue
+            in_bin = [r for r in res if r.get("bin") == b["label"]]
+            row[view] = accuracy(in_bin) if in_bin else None
+            within = [r for r in in_bin if r.get("within_tmax")]
+            row[f"{view}_within_tmax"] = accuracy(within) if within else None
+        rows.append(row)
+    return rows
+
+
+def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[str]) -> tuple[str, str]:
+    unit = "L" if kind == "length" else "K"
+    labels = [r["bin"] for r in rows]
+    n_iid = sum(not r["ood"] for r in rows)
+    acc = {v: [r[v]["accuracy"] if r.get(v) else None for r in rows] for v in views}
+    md = [f"| **{kind.capitalize()}** bin (×{unit}, {unit}={threshold}) | "
+          + " | ".join(f"{lab}{' (IID)' if i < n_iid else ''}" for i, lab in enumerate(labels)) + " |",
+          "|---" * (len(labels) + 1) + "|"]
+    for v in views:
+        md.append(f"| {LEARNER_NAMES[v]} acc. (%) | " + " | ".join(_pct(a) for a in acc[v]) + " |")
+    if "rm" in acc and "cot" in acc:
+        md.append("| Gap (pt) | " + " | ".join(_gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
+    n = [max((r[v]["n"] for v in views if r.get(v)), default=0) for r in rows]
+    md.append("| n | " + " | ".join(str(k) for k in n) + " |")
+    paper = PAPER_TABLE2.get((kind, threshold))
+    if paper:
+        for v in views:
+            md.append(f"| paper {LEARNER_NAMES[v]} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
+
+    tex = [r"\begin{tabular}{@{}l*{%d}{c}!{\vrule}*{%d}{c}@{}}" % (n_iid, len(labels) - n_iid), r"\toprule",
+           rf"\textbf{{{kind.capitalize()}}} & \multicolumn{{{n_iid}}}{{c}}{{\textbf{{IID}}}} & "
+           rf"\multicolumn{{{len(labels) - n_iid}}}{{c}}{{\textbf{{OOD}}}} \\",
+           rf"\textbf{{Bin ($\times {unit}$)}} & " + " & ".join(_tex_label(x) for x in labels) + r" \\",
+           r"\midrule"]
+    for v in views:
+        tex.append(rf"\textbf{{{LEARNER_NAMES[v]} acc. (\%)}} & " + " & ".join(f"${_pct(a)}$" for a in acc[v]) + r" \\")
+    if "rm" in acc and "cot" in acc:
+        tex.append(r"\textbf{Gap (pt)} & " + " & ".join(f"${_gap(a, b)}$" for a, b in zip(acc["rm"], acc["cot"]))
+                   + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(md) + "\n", "\n".join(tex).replace("–", "--") + "\n"
+
+
+def _tex_label(label: str) -> str:
+    return "$" + label.replace("<=", r"\le").replace(">=", r"\ge").replace("-", "$--$") + "$"
+
+
+def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    xs = list(range(len(rows)))
+    colors = {"rm": "#1f5fa8", "cot": "#c0392b"}
+    for v in views:
+        pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v)]
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        a = [100 * p[1]["accuracy"] for p in pts]
+        lo = [100 * p[1]["ci95"][0] for p in pts]
+        hi = [100 * p[1]["ci95"][1] for p in pts]
+        ax.plot(x, a, "o-", color=colors.get(v), label=LEARNER_NAMES[v])
+        ax.fill_between(x, lo, hi, color=colors.get(v), alpha=0.2)
+    n_iid = sum(not r["ood"] for r in rows)
+    ax.axvline(n_iid - 0.5, color="gray", ls="--", lw=1)
+    ax.set_xticks(xs, [r["bin"] for r in rows], rotation=30)
+    ax.set_xlabel(f"bin (multiple of {'L' if kind == 'length' else 'K'}={threshold})")
+    ax.set_ylabel("final-answer accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.legend()
+    ax.set_title(f"{kind} split, {'L' if kind == 'length' else 'K'}={threshold}: accuracy per bin (95% Wilson)")
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        fig.savefig(path.with_suffix(f".{ext}"), dpi=150)
+    plt.close(fig)
+
+
+def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
+    """Validation answer accuracy and loss against wall-clock training minutes, per learner."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    drawn = False
+    for view, run_dir in runs.items():
+        mfile = run_dir / "metrics.jsonl"
+        if not mfile.exists():
+            continue
+        recs = []
+        for line in mfile.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except ValueError:
+                continue
+        val = [r for r in recs if r.get("kind") == "val"]
+        if not val:
+            continue
+        drawn = True
+        x = [r["elapsed_s"] / 60 for r in val]
+        if any("answer_acc" in r for r in val):
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=LEARNER_NAMES[view])
+        a2.plot(x, [r["loss"] for r in val], label=LEARNER_NAMES[view])
+    a1.set_xlabel("training minutes")
+    a1.set_ylabel("val final-answer acc (%)")
+    a2.set_xlabel("training minutes")
+    a2.set_ylabel("val loss (teacher-forced)")
+    a2.set_yscale("log")
+    for a in (a1, a2):
+        a.legend()
+    fig.tight_layout()
+    if drawn:
+        for ext in ("png", "pdf"):
+            fig.savefig(path.with_suffix(f".{ext}"), dpi=150)
+    plt.close(fig)
+    return drawn
+
+
+def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
+    kind, threshold = meta["kind"], int(meta["threshold"])
+    job = f"{kind}-{threshold}"
+    results = {v: _results(out, job, v, "eval") for v in ("rm", "cot")}
+    views = [v for v, r in results.items() if r is not None]
+    if not views:
+        raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
+    rows = threshold_rows(meta, results)
+    md, tex = threshold_tables(kind, threshold, rows, views)
+    t_max = meta["split"].get("t_max")
+    diag = []
+    for r in rows:
+        if r["ood"] and r.get("rm") and r.get("rm_within_tmax"):
+            diag.append(f"| {r['bin']} | {_pct(r['rm']['accuracy'])} (n={r['rm']['n']}) | "
+                        f"{_pct(r['rm_within_tmax']['accuracy'])} (n={r['rm_within_tmax']['n']}) |")
+    if diag and t_max is not None:
+        md += (f"\nFrame-width diagnostic: T_max = {t_max} (widest active frame on the training side); "
+               "RM accuracy on all OOD expressions of a bin vs those whose widest frame is within T_max:\n\n"
+               "| bin | RM, all | RM, w_max ≤ T_max |\n|---|---|---|\n" + "\n".join(diag) + "\n")
+    (dest / f"table-{job}.md").write_text(md)
+    (dest / f"table-{job}.tex").write_text(tex)
+    plot_bins(dest / f"bins-{job}", kind, threshold, rows, views)
+    plot_learning_curves(dest / f"curves-{job}", {v: out / job / v for v in views})
+    return {"job": job, "rows": rows, "t_max": t_max}
+
+
+# --- IID sweep ------------------------------------------------------------------------------
+
+def iid_points(out: Path, sizes: list[int]) -> list[dict]:
+    """Per (N, learner): final-answer accuracy and per-token accuracy over all seeds' test results."""
+    points = []
+    for n in sizes:
+        for view in ("rm", "cot"):
+            per_seed = []
+            seed = 0
+            while (out / f"iid-N{n}-s{seed}").exists():
+                res = _results(out, f"iid-N{n}-s{seed}", view, "test")
+                if res is not None:
+                    per_seed.append(res)
+                seed += 1
+            if not per_seed:
+                continue
+            flat = [r for res in per_seed for r in res]
+            p = {"N": n, "view": view, "seeds": len(per_seed), **accuracy(flat)}
+            if "tf_total" in flat[0]:
+                c = [r["tf_correct"] for r in flat]
+                t = [r["tf_total"] for r in flat]
+                p["per_token"] = sum(c) / sum(t)
+                p["per_token_ci95"] = list(bootstrap_ratio(c, t))
+            points.append(p)
+    return points
+
+
+def report_iid(out: Path, meta: dict, dest: Path) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = iid_points(out, meta["sizes"])
+    if not points:
+        raise DataError(f"{out}: no IID test results yet (run `rlmlab run iid` first)")
+    md = ["| N | learner | seeds | final answer (%) | 95% CI | per-token (%) | 95% CI |", "|---|---|---|---|---|---|---|"]
+    for p in points:
+        ci = p["ci95"]
+        tok = p.get("per_token")
+        tci = p.get("per_token_ci95")
+        md.append(f"| {p['N']} | {LEARNER_NAMES[p['view']]} | {p['seeds']} | {_pct(p['accuracy'])} | "
+                  f"{_pct(ci[0])}–{_pct(ci[1])} | {_pct(tok)} | "
+                  f"{'–' if tci is None else _pct(tci[0]) + '–' + _pct(tci[1])} |")
+    tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
+           r"\midrule"] + [f"{p['N']} & {LEARNER_NAMES[p['view']]} & {p['seeds']} & {_pct(p['accuracy'])} & "
+                           f"{_pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
+    (dest / "table-iid.md").write_text("\n".join(md) + "\n")
+    (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for view, color in (("rm", "#1f5fa8"), ("cot", "#c0392b")):
+        ps = [p for p in points if p["view"] == view]
+        if not ps:
+            continue
+        x = [p["N"] for p in ps]
+        a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=LEARNER_NAMES[view])
+        a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
+        if all("per_token" in p for p in ps):
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=LEARNER_NAMES[view])
+            a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
+                            color=color, alpha=0.2)
+    for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%)")):
+        a.set_xscale("log")
+        a.set_xlabel("training expressions N")
+        a.set_ylabel(title)
+        a.legend()
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        fig.savefig(dest / f"iid-sample-complexity.{ext}", dpi=150)
+    plt.close(fig)
+    return {"points": points}
+
+
+# --- shortcuts ------------------------------------------------------------------------------
+
+def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
+    from rlmlab.shortcuts import shortcut_rate
+
+    rows = []
+    for name in meta["constructions"]:
+        job = f"shortcut-{name}"
+        row = {"construction": name}
+        for view in ("rm", "cot"):
+            iid, ood = _results(out, job, view, "iid"), _results(out, job, view, "ood")
+            if iid is not None:
+                row[f"{view}_iid"] = accuracy(iid)
+            if ood is not None:
+                row[f"{view}_ood"] = accuracy(ood)
+                row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
+        rows.append(row)
+    if not any(len(r) > 1 for r in rows):
+        raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
+
+    def acc(r, key):
+        return r[key]["accuracy"] if key in r else None
+
+    md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
+          "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |", "|---" * 9 + "|"]
+    tex = [r"\begin{tabular}{@{}lcc!{\vrule}cccc@{}}", r"\toprule",
+           r"Construction & RM acc. & CoT acc. & RM acc. & CoT acc. & Gap (pt) & Shortcut rate \\", r"\midrule"]
+    for r in rows:
+        p = PAPER_TABLE3.get(r["construction"])
+        cells = [_pct(acc(r, "rm_iid")), _pct(acc(r, "cot_iid")), _pct(acc(r, "rm_ood")), _pct(acc(r, "cot_ood")),
+                 _gap(acc(r, "rm_ood"), acc(r, "cot_ood")), _pct(r.get("cot_shortcut_rate"))]
+        md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {_pct(r.get('rm_shortcut_rate'))} | "
+                  + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |")
+        tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
+    (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
+    return {"rows": rows}
+
+
+def report(out: str | Path) -> Path:
+    """Write `<out>/report/` from the saved results; returns that folder."""
+    out = Path(out)
+    meta = _load_meta(out)
+    dest = out / "report"
+    dest.mkdir(exist_ok=True)
+    kind = meta.get("kind")
+    if kind in ("length", "depth"):
+        data = report_threshold(out, meta, dest)
+    elif kind == "iid":
+        data = report_iid(out, meta, dest)
+    elif kind == "shortcuts":
+        data = report_shortcuts(out, meta, dest)
+    else:
+        raise DataError(f"{out}/experiment.json: unknown kind {kind!r}")
+    (dest / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    return dest
+
+
