@@ -237,7 +237,8 @@ def _conforms(value, tp) -> bool:
         return optional
     if typing.get_origin(base) is tuple:
         args = typing.get_args(base)
-        return isinstance(value, tuple) and len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args))
+        return isinstance(value, tuple) and len(value) == len(args) and \
+            all(_conforms(v, a) for v, a in zip(value, args))
     if base is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if base is int:

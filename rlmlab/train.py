@@ -42,7 +42,7 @@ from rlmlab.config import RESUMABLE, DataSettings, RunConfig, TrainConfig, chang
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.model import Transformer
 from rlmlab.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
-from rlmlab.trace import execute
+from rlmlab.pool import read_pool
 from rlmlab.views import ViewData, build_view_data
 from rlmlab.vocab import Vocab, default_vocab
 
@@ -59,17 +59,11 @@ class DataSplit:
     train: ViewData
     val: ViewData
     val_exprs: list[str]
-    val_values: list[str]
 
 
-def read_expressions(path: str | Path) -> tuple[list[str], list[str] | None]:
-    """Expressions (and values when the file has them) of a pool or expression-set parquet."""
-    from rlmlab.pool import read_pool
-
-    table = read_pool(path)
-    exprs = table.column("expr").to_pylist()
-    values = table.column("value").to_pylist() if "value" in table.column_names else None
-    return exprs, values
+def read_expressions(path: str | Path) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet."""
+    return read_pool(path).column("expr").to_pylist()
 
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
@@ -77,10 +71,9 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     vocab = vocab or default_vocab()
-    exprs, values = read_expressions(data.train)
+    exprs = read_expressions(data.train)
     if data.val is not None:
-        val_exprs, val_values = read_expressions(data.val)
-        train_exprs = exprs
+        val_exprs, train_exprs = read_expressions(data.val), exprs
     else:
         if len(exprs) <= data.val_size:
             raise DataError(f"{data.train}: {len(exprs)} expressions, too few to split off "
@@ -88,18 +81,15 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         is_val = np.zeros(len(exprs), dtype=bool)
         is_val[np.random.default_rng(data.val_seed).permutation(len(exprs))[:data.val_size]] = True
         val_exprs = [e for e, v in zip(exprs, is_val) if v]
-        val_values = [x for x, v in zip(values, is_val) if v] if values is not None else None
         train_exprs = [e for e, v in zip(exprs, is_val) if not v]
     if data.train_size is not None:
         if data.train_size > len(train_exprs):
             raise DataError(f"data.train_size={data.train_size} but only {len(train_exprs)} training expressions")
         train_exprs = train_exprs[:data.train_size]
-    if val_values is None:
-        val_values = [execute(e).value_token for e in val_exprs]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
     return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache), val_exprs, val_values)
+                     build_view_data(val_exprs, data.view, vocab, workers, cache), val_exprs)
 
 
 def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:

@@ -48,7 +48,8 @@ def test_bad_overrides(override, message):
 
 
 def test_config_files_json_and_toml(tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps({"train": {"lr": 5e-4, "betas": [0.9, 0.98]}, "model": {"preset": "tiny"}}))
+    config = {"train": {"lr": 5e-4, "betas": [0.9, 0.98]}, "model": {"preset": "tiny"}}
+    (tmp_path / "a.json").write_text(json.dumps(config))
     cfg = load_config_file(tmp_path / "a.json")
     assert cfg.train.lr == 5e-4 and cfg.train.betas == (0.9, 0.98) and cfg.model.preset == "tiny"
     (tmp_path / "b.toml").write_text('[train]\nwarmup_steps = 100\nmax_minutes = 5\n[data]\nview = "cot"\n')

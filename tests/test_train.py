@@ -93,7 +93,8 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
     assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
     best = load_run(tmp_path / "h")
     assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.view == "cot"
-    assert [r["loss"] for r in records(tmp_path / "h", "train")] == [r["loss"] for r in records(tmp_path / "n", "train")]
+    losses = {run: [r["loss"] for r in records(tmp_path / run, "train")] for run in ("h", "n")}
+    assert losses["h"] == losses["n"]
 
 
 def test_stopping_rules(data, tmp_path):
@@ -110,18 +111,29 @@ def test_stopping_rules(data, tmp_path):
         train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet)
 
 
-def test_cli_train_smoke(tmp_path, capsys):
+def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
+    import rlmlab.score
+
+    asked = []
+
+    def fake_answer_accuracy_fn(exprs):  # greedy decoding of an untrained model is slow; the plumbing is tested
+        asked.append(list(exprs))
+        return lambda model, vocab, view: {"answer_acc": 0.25, "answer_valid": 0.5}
+
+    monkeypatch.setattr(rlmlab.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
     pool = tmp_path / "pool.parquet"
     write_pool(build_pool(150, 5, workers=1), pool)
     out = tmp_path / "run"
     args = ["train", "--view", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
-            "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--quiet"]
+            "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--train.answer_eval=4", "--quiet"]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "parameters (paper-style" in text and "stopped at step 4 (max_steps)" in text
     run = load_run(out)
     assert run.view == "cot" and run.config["model"]["preset"] == "tiny" and run.step in (2, 4)
+    assert run.metrics["val/answer_acc"] == 0.25 and len(asked[0]) == 4
+    assert records(out, "end")[-1]["select_metric"] == "answer_acc"
     assert sorted(p.name for p in out.iterdir()) == ["best", "config.json", "last", "metrics.jsonl"]
     assert main(args) == 2  # the folder holds a run and --resume was not given
     assert "already holds a run" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from rlmlab.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
-from rlmlab.errors import CheckpointError, ConfigError
+from rlmlab.errors import CheckpointError
 from rlmlab.model import PRESETS
 from rlmlab.views import VIEWS
 
@@ -28,7 +28,8 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--view", choices=tuple(VIEWS), help="what the model reads (data.view; default rm)")
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
-    p.add_argument("--data", metavar="PARQUET", help="training expressions: a pool from `rlmlab data pool` (data.train)")
+    p.add_argument("--data", metavar="PARQUET",
+                   help="training expressions: a pool from `rlmlab data pool` (data.train)")
     p.add_argument("--val", metavar="PARQUET", help="validation expressions (data.val; default: split off --data)")
     p.add_argument("--out", required=True, metavar="DIR", help="run folder (checkpoints, metrics.jsonl)")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file with sections model, data, train")
@@ -68,21 +69,6 @@ def resolve_config(args) -> RunConfig:
     return cfg
 
 
-def answer_validator(exprs: list[str], values: list[str]):
-    """Greedy final-answer accuracy on `exprs` through rlmlab.infer, as a `validate_fn`."""
-    try:
-        from rlmlab.infer import ModelPredictor, generate
-    except ImportError as e:
-        raise ConfigError(f"train.answer_eval needs rlmlab.infer ({e})") from None
-
-    def validate(model, vocab, view) -> dict[str, float]:
-        gens = generate(ModelPredictor(model), exprs, vocab, view)
-        right = sum(g.answer == v for g, v in zip(gens, values))
-        return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
-
-    return validate
-
-
 def run(args) -> int:
     from rlmlab.train import prepare_data, train
 
@@ -92,8 +78,9 @@ def run(args) -> int:
     print(f"examples built in {time.perf_counter() - t0:.1f}s")
     validate_fn = None
     if cfg.train.answer_eval:
-        n = min(cfg.train.answer_eval, len(split.val_exprs))
-        validate_fn = answer_validator(split.val_exprs[:n], split.val_values[:n])
+        from rlmlab.score import answer_accuracy_fn
+
+        validate_fn = answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval])
     result = train(cfg, split.train, split.val, args.out, resume=args.resume, validate_fn=validate_fn,
                    progress=not args.quiet)
     best = (f"best val {result.select_metric} {result.best_score:.4f} at step {result.best_step}"
