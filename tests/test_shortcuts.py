@@ -1,0 +1,253 @@
+"""Shortcut constructions: S from the trace, the train/OOD coupling, validity checks, the metric."""
+
+import random
+
+import pytest
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.expr import evaluate, parse, to_text
+from rlmlab.shortcuts import (ABLATIONS, CONSTRUCTIONS, RootView, ShortcutConfig, ShortcutDataset,
+                              ShortcutSampler, ValidityLimits, answer_position, build_shortcut_dataset, child,
+                              check_identifiable, check_no_static_literal, check_not_one_to_one, frame_tree,
+                              get_construction, internal_returns, root_view, shortcut_rate, shortcut_summary)
+from rlmlab.trace import execute
+
+CONFIG = ShortcutConfig()
+SIZES = dict(n_train=120, n_val=20, n_iid=30, n_ood=80, config=CONFIG)
+
+
+class _Built(dict):
+    """Constructions and ablations at small size, built on first use (checks recorded, not
+    enforced), so no single test pays for all of them."""
+
+    def __missing__(self, name):
+        self[name] = build_shortcut_dataset(name, seed=1, check=False, **SIZES)
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def datasets():
+    return _Built()
+
+
+def rows(table):
+    return table.to_pylist()
+
+
+# --- reading the trace ---------------------------------------------------------------
+
+def test_frame_tree_and_internal_returns_on_a_small_trace():
+    ex = execute("add(accum_sum(2,0),7)")
+    tree = frame_tree(ex.tokens, ex.prompt_len)
+    assert tree.value == "0" and (tree.start, tree.end) == (11, len(ex.tokens))
+    z = child(tree, 0)
+    assert z.call == tuple("accum_sum ( 2 , 0 )".split()) and z.value == "3" and (z.start, z.end) == (21, 312)
+    assert internal_returns(ex.tokens, z) == [(117, 1), (137, 2), (229, 0), (249, 3), (305, 3)]
+    assert [ex.tokens[t] for t, _ in internal_returns(ex.tokens, z)] == ["1", "2", "0", "3", "3"]
+    assert answer_position(ex.tokens) == 317 and ex.tokens[317] == "0"
+    signals = {name: CONSTRUCTIONS[name].signal(ex.tokens, ex.prompt_len) for name in
+               ("long_range_aggregate", "near_answer_aggregate", "position_weighted_aggregate")}
+    assert signals == {"long_range_aggregate": "3",          # 1 + 2 + 0
+                       "near_answer_aggregate": "6",         # 0 + 3 + 3
+                       "position_weighted_aggregate": "9"}   # 229 mod 10
+    par = execute("is_even(add(accum_sum(2,0),7))")
+    assert CONSTRUCTIONS["position_parity"].signal(par.tokens, par.prompt_len) == \
+        ("True" if (len(par.tokens) - 2) % 2 == 0 else "False")
+
+
+def test_frame_tree_matches_every_frame_value_of_random_traces(random_exprs):
+    for e in random_exprs[:200]:
+        ex = execute(e)
+
+        def walk(frame):
+            assert frame.value == str(evaluate(parse(" ".join(frame.call))))
+            assert ex.tokens[frame.end - 1] == "</return>"
+            for c in frame.children:
+                assert frame.start <= c.start < c.end <= frame.end
+                walk(c)
+
+        walk(frame_tree(ex.tokens, ex.prompt_len))
+
+
+# --- the coupling ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [*CONSTRUCTIONS, *ABLATIONS])
+def test_signal_equals_answer_in_training_and_never_in_ood(datasets, name):
+    ds = datasets[name]
+    c = get_construction(name)
+    assert (ds.train.num_rows, ds.val.num_rows, ds.iid.num_rows, ds.ood.num_rows) == (120, 20, 30, 80)
+    for table, coupled in ((ds.train, True), (ds.val, True), (ds.iid, True), (ds.ood, False)):
+        for r in rows(table):
+            ex = execute(r["expr"])
+            assert r["signal"] == c.signal(ex.tokens, ex.prompt_len)  # stored S is the trace's S
+            assert r["value"] == ex.value_token
+            assert (r["signal"] == r["value"]) == coupled, r
+            assert r["trace_len"] == ex.trace_len <= CONFIG.max_trace_len
+    every = [r["expr"] for t in (ds.train, ds.val, ds.iid, ds.ood) for r in rows(t)]
+    assert len(set(every)) == len(every)  # no text twice, within or across sets
+
+
+@pytest.mark.parametrize("name", ["copy_deep_return", "hidden_literal", "long_range_aggregate",
+                                  "near_answer_aggregate", "position_weighted_aggregate"])
+def test_ood_only_resamples_the_compensating_argument(datasets, name):
+    """Putting the training value of Y back into an OOD example makes S equal the answer again."""
+    c = CONSTRUCTIONS[name]
+    for r in rows(datasets[name].ood):
+        e = parse(r["expr"])
+        ex = execute(e)
+        fixed = None
+        for y in map(str, range(10)):
+            trial = execute(e._replace(args=(e.args[0], y)))
+            if c.signal(trial.tokens, trial.prompt_len) == trial.value_token:
+                fixed = trial
+        assert fixed is not None and c.signal(fixed.tokens, fixed.prompt_len) == r["signal"]
+        assert fixed.trace_len == ex.trace_len
+
+
+def test_case1_signal_is_the_deep_return_and_train_y_compensates(datasets):
+    for r in rows(datasets["copy_deep_return"].train):
+        e = parse(r["expr"])
+        z = evaluate(e.args[0].args[0].args[0])
+        assert e.fn == "add" and e.args[0].fn == e.args[0].args[0].fn == "square"
+        assert e.args[0].args[0].args[0].fn in ("accum_sum", "factorial", "fibonacci")
+        assert r["signal"] == str(z) != "0" and e.args[1] == str((z - z ** 4) % 10)
+
+
+def test_parity_relationship_is_flipped_on_every_ood_example(datasets):
+    ds = datasets["position_parity"]
+    for table, flipped in ((ds.train, False), (ds.ood, True)):
+        for r in rows(table):
+            ex = execute(r["expr"])
+            even = (len(ex.tokens) - 2) % 2 == 0
+            assert ((r["value"] == "True") != even) == flipped
+            # the answer position does not depend on the digit Y: only Z fixes S
+            e = ex.expr
+            other = execute(e._replace(args=(e.args[0]._replace(args=(e.args[0].args[0], "5")),)))
+            assert other.trace_len == ex.trace_len
+    vals = [r["value"] for r in rows(ds.ood)]
+    assert 0.3 < vals.count("True") / len(vals) < 0.7
+
+
+def test_hidden_literal_is_hidden_from_the_root(datasets):
+    ds = datasets["hidden_literal"]
+    for table in (ds.train, ds.ood):
+        for r in rows(table):
+            e = parse(r["expr"])
+            helper = e.args[0].args[0].args[0]
+            w = helper.args[1]  # the accumulator argument
+            assert helper.fn in ("accum_sum", "factorial", "fibonacci") and not isinstance(w, str)
+            k = str(evaluate(w))
+            assert r["signal"] == k and k not in to_text(w)  # computed, not copied from a literal
+            assert e.args[1] != k and evaluate(e.args[0]) not in (0, int(k))  # Y and v are not k
+            ex = execute(e)
+            view = root_view(ex, k)
+            assert k not in view.payload  # neither v nor Y shows k to the root frame
+            assert k in ex.tokens[ex.prompt_len:]  # but the flat trace does
+
+
+# --- validity ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(CONSTRUCTIONS))
+def test_the_six_constructions_pass_the_validity_checks(datasets, name):
+    report = datasets[name].report
+    assert report["passed"], report
+
+
+def test_the_checks_reject_the_two_ablations(datasets):
+    sib = datasets["sibling_copy"].params["validity"]
+    checks = {c["name"]: c for c in sib["checks"]}
+    assert not sib["passed"] and not checks["identifiable"]["passed"]
+    assert "copy argument 1" in checks["identifiable"]["detail"]
+    one = {c["name"]: c for c in datasets["one_to_one_wrapper"].params["validity"]["checks"]}
+    assert not one["not_one_to_one"]["passed"] and one["not_one_to_one"]["value"] == 0.0
+    for name in ABLATIONS:
+        with pytest.raises(DataError, match="invalid shortcut construction"):
+            build_shortcut_dataset(name, n_train=60, n_val=5, n_iid=10, n_ood=40, seed=2, config=CONFIG)
+
+
+def _view(payload, answer, signal, literals=(), fn="add", pos=20):
+    return RootView(fn, tuple(payload), answer, pos, signal, tuple(literals))
+
+
+def test_checks_on_hand_made_views():
+    limits = ValidityLimits()
+    # a root view that maps to two answers is not identifiable
+    bad = [_view(("1", "2"), "3", "3"), _view(("1", "2"), "4", "4")]
+    assert not check_identifiable(bad, bad, limits).passed
+    # copying argument 0 fits training and OOD alike: harmless
+    same = [_view(("5", "0"), "5", "5"), _view(("6", "0"), "6", "6")]
+    assert check_identifiable(same, same, limits).passed
+    # S a function of the carrier (payload minus the compensating slot): one-to-one code
+    coded = [_view((str(3 * z % 10), "0"), str(z), str(z)) for z in range(10)]
+    assert not check_not_one_to_one(coded, coded, 1, limits).passed
+    assert check_not_one_to_one(coded, coded, 0, limits).passed  # the constant slot says nothing
+    # parity-like: S = is_even(payload) in training, flipped in OOD: S is no function of the view
+    even = {True: "True", False: "False"}
+    train = [_view((str(v),), even[v % 2 == 0], even[v % 2 == 0], fn="is_even") for v in range(10)]
+    ood = [_view((str(v),), even[v % 2 == 0], even[v % 2 == 1], fn="is_even") for v in range(5)]
+    res = check_not_one_to_one(train, ood, None, limits)
+    assert res.passed and res.value == 1.0 and "100.0% of OOD" in res.detail
+    assert not check_not_one_to_one(train, train[:5], None, limits).passed  # without the flip it is a code
+    # S written as a root literal on every example (a hidden literal with Y = k)
+    lit = [_view(("0", str(k)), str(k), str(k), [((0, 1), "0"), ((1,), str(k))]) for k in range(10)]
+    res = check_no_static_literal(lit, limits)
+    assert not res.passed and res.value == 1.0 and "root.arg1" in res.detail
+    def matching(m):  # 10 views whose literal at root.arg1 equals S on the first m
+        return [_view(("0", "0"), str(k), str(k), [((1,), str(k) if k < m else str((k + 1) % 10))])
+                for k in range(10)]
+
+    assert check_no_static_literal(matching(4), limits).passed
+    assert not check_no_static_literal(matching(5), limits).passed
+    with pytest.raises(ConfigError):
+        ValidityLimits(copy_fit=1.5)
+
+
+def test_datasets_are_deterministic_and_roundtrip(datasets, tmp_path):
+    a = datasets["long_range_aggregate"]
+    b = build_shortcut_dataset("long_range_aggregate", seed=1, check=False, **SIZES)
+    assert a.train.equals(b.train) and a.val.equals(b.val) and a.ood.equals(b.ood) and a.iid.equals(b.iid)
+    folder = a.save(tmp_path / "lra")
+    c = ShortcutDataset.load(folder)
+    assert c.name == a.name and c.params == a.params
+    assert c.train.equals(a.train) and c.val.equals(a.val) and c.iid.equals(a.iid) and c.ood.equals(a.ood)
+    with pytest.raises(DataError, match="no shortcut.json"):
+        ShortcutDataset.load(tmp_path / "missing")
+
+
+def test_sampler_is_a_function_of_its_rng():
+    c = CONSTRUCTIONS["copy_deep_return"]
+    draw = [ShortcutSampler(c, random.Random(9)).draw("ood") for _ in range(2)]
+    assert to_text(draw[0]) == to_text(draw[1])
+    with pytest.raises(ConfigError):
+        ShortcutSampler(c, random.Random(9)).draw("test")
+    with pytest.raises(ConfigError, match="unknown shortcut construction"):
+        get_construction("nope")
+    with pytest.raises(ConfigError):
+        ShortcutConfig(max_trace_len=0)
+
+
+# --- the metric -----------------------------------------------------------------------
+
+def test_shortcut_rate_on_hand_made_results():
+    results = [
+        {"prediction": "3", "signal": "3", "value": "5"},   # follows S
+        {"prediction": "5", "signal": "3", "value": "5"},   # correct
+        {"prediction": None, "signal": "3", "value": "5"},  # no answer
+        {"prediction": "7", "signal": "3", "value": "5"},   # neither
+        {"prediction": " True ", "signal": "True", "value": "False"},  # follows S (whitespace ignored)
+    ]
+    assert shortcut_rate(results) == pytest.approx(2 / 5)
+    assert shortcut_summary(results) == {"n": 5, "accuracy": pytest.approx(1 / 5),
+                                         "shortcut_rate": pytest.approx(2 / 5)}
+    assert shortcut_rate([{"pred": "1", "S": "1"}], prediction_key="pred", signal_key="S") == 1.0
+    with pytest.raises(DataError, match="undefined"):
+        shortcut_rate([])
+    with pytest.raises(DataError, match="lacks the key"):
+        shortcut_rate([{"prediction": "1"}])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CONSTRUCTIONS))
+def test_paper_sized_evaluation_sets_pass_the_checks(name):
+    ds = build_shortcut_dataset(name, n_train=3000, n_iid=300, n_ood=300, seed=0)
+    assert ds.report["passed"] and ds.ood.num_rows == 300
