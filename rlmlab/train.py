@@ -67,7 +67,8 @@ def read_expressions(path: str | Path) -> list[str]:
 
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
-    """Read the expressions, split off validation if needed, and build both views' examples."""
+    """Read the expressions, split off validation unless a file gives it, and build the
+    configured view's training and validation examples (cached, see `build_view_data`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     vocab = vocab or default_vocab()
@@ -114,7 +115,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def configure_optimizer(model: Transformer, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def configure_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.AdamW:
     # Weight decay on matrices (and embedding tables) only; biases and LayerNorm gains are not
     # scales the model should be pulled away from.
     params = [p for p in model.parameters() if p.requires_grad]
@@ -224,15 +225,16 @@ def _stop_on_sigint(echo):
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, keep_until: int | None = None):
+    def __init__(self, path: Path, resume_step: int | None = None):
+        """A new log, or with `resume_step` the existing one continued after that step."""
         self.path = path
-        if keep_until is not None and path.exists():
+        if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
-            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= keep_until]
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             tmp.replace(path)
-        self.f = open(path, "a")
+        self.f = open(path, "a" if resume_step is not None else "w")
 
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
@@ -309,7 +311,7 @@ class Trainer:
             self.state = TrainerState(**{k: v for k, v in meta["trainer"].items() if k != "rng"})
             self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
         else:
-            if any((self.run_dir / p).exists() for p in ("last", "best", "metrics.jsonl", ".last.old")):
+            if any((self.run_dir / p).exists() for p in ("last", "best", ".last.old")):
                 raise ConfigError(f"{self.run_dir} already holds a run: pass --resume to continue it, "
                                   "or choose another --out")
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -317,7 +319,7 @@ class Trainer:
             self.model = Transformer(model_cfg).to(device)
             self.state.dropped = dropped
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
-        self.optimizer = configure_optimizer(self.model, tc, device)
+        self.optimizer = configure_optimizer(self.model, tc)
         if resume:
             load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"]["rng"])
@@ -333,7 +335,7 @@ class Trainer:
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", keep_until=self.state.step if resume else None)
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start, self.session_step = time.perf_counter(), self.state.step
         self.elapsed_before = self.state.elapsed_s
@@ -479,13 +481,13 @@ class Trainer:
                 if st.last_eval_step != st.step:
                     self.validate()
                 self.save("last", self.last_val)
+            self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
+                            "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
+                            "elapsed_s": round(st.elapsed_s, 3)})
         finally:
             if bar is not None:
                 bar.close()
-        self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
-                        "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
-                        "elapsed_s": round(st.elapsed_s, 3)})
-        self.log.close()
+            self.log.close()
         return TrainResult(self.run_dir, st.step, stop_reason, st.select_metric, st.best_score, st.best_step,
                            self.last_val)
 

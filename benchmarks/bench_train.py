@@ -1,0 +1,144 @@
+"""Training throughput: useful tokens/s and model FLOPs utilisation against a measured fp32 peak.
+
+    python benchmarks/bench_train.py                         # small + paper, rm + cot, < 3 min
+    python benchmarks/bench_train.py --presets small --views rm --seconds 30
+
+Each configuration runs real optimizer steps of `rlmlab.train` (packed rows at the training
+row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
+pool sample (the IID distribution: CoT traces up to the block size), after a short warm-up
+step, for at least `--seconds` and at least one step. The peak is the best fp32 2048^3 matmul rate, measured
+before and after the runs; the higher one is used, so host noise can only lower the MFU.
+
+FLOPs of one example of n positions (inputs), fwd + bwd, counting only what the example needs:
+    6 * N * n  +  6 * n_layer * n_embd * n * (n + 1)
+N = non-embedding parameters (token and position tables excluded; the tied output projection
+is not counted either). The second term is causal attention: QK^T and AV cost 2 * n_embd FLOPs
+each per (query, key) pair and layer, position p has p + 1 keys (n(n+1)/2 pairs in all), and the
+backward pass costs twice the forward. Padding and the masked-out part of packed rows count
+for nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import print_facts  # noqa: E402
+
+from rlmlab.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.model import Transformer, preset  # noqa: E402
+from rlmlab.packing import RowStream, padding_fraction  # noqa: E402
+from rlmlab.pool import build_pool  # noqa: E402
+from rlmlab.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
+from rlmlab.views import build_view_data  # noqa: E402
+from rlmlab.vocab import default_vocab  # noqa: E402
+
+
+def matmul_peak(seconds: float = 3.0, n: int = 2048) -> float:
+    """Best fp32 GFLOP/s of an n^3 matmul over `seconds`."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
+    return best / 1e9
+
+
+def useful_flops(model: Transformer, n: np.ndarray) -> tuple[float, float]:
+    """(total, attention part) training FLOPs of examples with `n` positions each."""
+    c = model.cfg
+    N = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
+    n = n.astype(np.float64)
+    attention = 6.0 * c.n_layer * c.n_embd * float((n * (n + 1)).sum())
+    return 6.0 * N * float(n.sum()) + attention, attention
+
+
+def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
+    torch.manual_seed(0)
+    model = Transformer(preset(name, view, len(data.vocab)))
+    data, dropped = fit_to_block(data, model.cfg.block_size, True, "benchmark")
+    optimizer = configure_optimizer(model, tc)
+    positions = data.lengths - 1
+    stream = RowStream(positions, row_len, seed=0)
+    step_tokens = round(tc.batch_size * float(positions.mean()))
+    # Warm-up on an eighth of a step: first-call costs (allocations, kernel selection) are not training.
+    train_step(model, model, optimizer, data, stream.take(step_tokens // 8), data.vocab.pad_id, tc,
+               torch.device("cpu"))
+    steps, tokens, processed, flops, attention = 0, 0, 0, 0.0, 0.0
+    all_rows = []
+    t0 = time.perf_counter()
+    while steps == 0 or time.perf_counter() - t0 < seconds:
+        rows = stream.take(step_tokens)
+        _, n_tok, _ = train_step(model, model, optimizer, data, rows, data.vocab.pad_id, tc, torch.device("cpu"))
+        lens = positions[[e for r in rows for e in r.examples]]
+        f, a = useful_flops(model, lens)
+        steps, tokens, processed = steps + 1, tokens + n_tok, processed + sum(r.length for r in rows)
+        flops, attention = flops + f, attention + a
+        all_rows += rows
+    dt = time.perf_counter() - t0
+    return {"preset": name, "view": view, "row_len": row_len, "params": model.num_params(include_positions=False),
+            "steps": steps, "step_tokens": step_tokens, "tok_s": tokens / dt, "processed_tok_s": processed / dt,
+            "gflop_s": flops / dt / 1e9, "attention_share": attention / flops,
+            "padding": padding_fraction(all_rows, positions), "dropped": dropped,
+            "row_lengths": sorted({r.length for r in all_rows})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", default="small,paper")
+    ap.add_argument("--views", default="rm,cot")
+    ap.add_argument("--seconds", type=float, default=12.0, help="timed seconds per configuration (after warm-up)")
+    ap.add_argument("--pool", type=int, default=1000, help="expressions sampled with seed 42")
+    ap.add_argument("--max-trace", type=int, default=None, help="keep expressions with traces up to this length")
+    ap.add_argument("--row-len", type=int, default=None, help="base row length (default: the training default "
+                    "of each view)")
+    ap.add_argument("--batch-size", type=int, default=TrainConfig().batch_size)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print_facts()
+    t_start = time.perf_counter()
+    peak = matmul_peak()
+    print(f"fp32 matmul 2048^3 peak: {peak:.1f} GFLOP/s")
+
+    table = build_pool(args.pool, 42, workers=1)
+    exprs = table.column("expr").to_pylist()
+    if args.max_trace:
+        exprs = [e for e, n in zip(exprs, table.column("trace_len").to_pylist()) if n <= args.max_trace]
+    tc = TrainConfig(batch_size=args.batch_size, max_steps=1)
+    results = []
+    with tempfile.TemporaryDirectory() as cache:
+        data = {v: build_view_data(exprs, v, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                for v in args.views.split(",")}
+        for name in args.presets.split(","):
+            for view in args.views.split(","):
+                row_len = args.row_len or DataSettings(view=view).row_length
+                r = bench(name, view, data[view], args.seconds, tc, row_len)
+                results.append(r)
+                print(f"  {name:6s} {view:3s} {r['params'] / 1e6:5.2f}M  {r['tok_s']:8,.0f} useful tok/s  "
+                      f"{r['gflop_s']:6.1f} GFLOP/s  ({r['steps']} steps of {r['step_tokens']:,} positions, rows "
+                      f"{'/'.join(map(str, r['row_lengths']))}, padding {r['padding']:.1%}, attention "
+                      f"{r['attention_share']:.0%} of FLOPs, dropped {r['dropped']} too long)", flush=True)
+    peak = max(peak, matmul_peak())
+    print(f"peak used: {peak:.1f} GFLOP/s (best of before/after)")
+    print("| preset | view | params | row | useful tok/s | useful GFLOP/s | MFU | padding |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['preset']} | {r['view']} | {r['params'] / 1e6:.2f}M | {r['row_len']} | {r['tok_s']:,.0f} | "
+              f"{r['gflop_s']:.1f} | {r['gflop_s'] / peak:.0%} | {r['padding']:.1%} |")
+    print(f"total {time.perf_counter() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
