@@ -10,13 +10,11 @@ Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ..
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import fields
-from pathlib import Path
 
 from rlmlab.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
-from rlmlab.errors import CheckpointError
+from rlmlab.checkpoint import checkpoint_dir, read_meta
 from rlmlab.model import PRESETS
 from rlmlab.views import VIEWS
 
@@ -52,11 +50,8 @@ def resolve_config(args) -> RunConfig:
     """Defaults (or the resumed run's settings) < config file < dotted overrides < flags."""
     cfg = RunConfig()
     if args.resume:
-        meta_path = Path(args.out) / "last" / "checkpoint.json"
-        try:
-            cfg = apply_dict(cfg, json.loads(meta_path.read_text())["config"], where=str(meta_path))
-        except (OSError, ValueError, KeyError):
-            raise CheckpointError(f"{args.out}: no readable last checkpoint to resume") from None
+        ckpt = checkpoint_dir(args.out, "last")
+        cfg = apply_dict(cfg, read_meta(ckpt)["config"], where=str(ckpt))
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
