@@ -6,8 +6,8 @@
 Each configuration runs real optimizer steps of `rlmlab.train` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
 pool sample (the IID distribution: CoT traces up to the block size), after a short warm-up
-step, for at least `--seconds` and at least one step. The peak is the best fp32 2048^3 matmul rate, measured
-before and after the runs; the higher one is used, so host noise can only lower the MFU.
+step, for at least `--seconds` and at least one step. The peak is the best fp32 2048^3
+matmul rate measured before, between and after the runs, so host noise can only lower the MFU.
 
 FLOPs of one example of n positions (inputs), fwd + bwd, counting only what the example needs:
     6 * N * n  +  6 * n_layer * n_embd * n * (n + 1)
@@ -108,6 +108,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print_facts()
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+          "(anything else running lowers every figure below)")
     t_start = time.perf_counter()
     peak = matmul_peak()
     print(f"fp32 matmul 2048^3 peak: {peak:.1f} GFLOP/s")
@@ -124,6 +126,7 @@ def main() -> None:
         for name in args.presets.split(","):
             for view in args.views.split(","):
                 row_len = args.row_len or DataSettings(view=view).row_length
+                peak = max(peak, matmul_peak(1.0))
                 r = bench(name, view, data[view], args.seconds, tc, row_len)
                 results.append(r)
                 print(f"  {name:6s} {view:3s} {r['params'] / 1e6:5.2f}M  {r['tok_s']:8,.0f} useful tok/s  "
@@ -131,7 +134,8 @@ def main() -> None:
                       f"{'/'.join(map(str, r['row_lengths']))}, padding {r['padding']:.1%}, attention "
                       f"{r['attention_share']:.0%} of FLOPs, dropped {r['dropped']} too long)", flush=True)
     peak = max(peak, matmul_peak())
-    print(f"peak used: {peak:.1f} GFLOP/s (best of before/after)")
+    print(f"peak used: {peak:.1f} GFLOP/s (best of the measurements before, between and after the runs); "
+          f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
     print("| preset | view | params | row | useful tok/s | useful GFLOP/s | MFU | padding |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
