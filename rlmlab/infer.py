@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from rlmlab.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
 from rlmlab.frames import StackReplay, active_frame
@@ -68,16 +69,31 @@ class Predictor(Protocol):
 # --- KV cache -----------------------------------------------------------------------------
 
 
+class Group(NamedTuple):
+    """A span of a forward's flat token row that attends as a batch of its own: `rows` rows of
+    `T` tokens each (row-major). With `read` = hi the queries attend over positions [0, hi) of
+    their slots' cached frames (`slots` (rows,), or None for slots 0..rows-1 read as views),
+    written first; with `read` None the rows are packed new frames attending only among
+    themselves. mask (rows, 1, T, hi or T) bool, True = may attend."""
+
+    rows: int
+    T: int
+    read: int | None
+    slots: torch.Tensor | None
+    mask: torch.Tensor
+
+
 class KVCache:
     """Keys and values of `n_slots` rows for every layer, with per-slot frame stacks.
 
     Layout (2, n_layer, n_slots, n_head, capacity + 1, head_dim): k and v in one tensor so a
-    frame is parked or restored with one copy. The last time column is scratch: padding
-    tokens write there, never over live entries.
+    frame is parked or restored with one copy. A slot holds its current frame at positions
+    0..; the last time column is scratch, where padding tokens write.
 
-    Before each forward the caller sets a `plan`: where each new key goes, and what the
-    attention reads back. `update` (called by every attention layer) writes this forward's
-    keys/values and returns what to attend over.
+    One forward per decoding step: every token fed this step is one position of a single flat
+    row. Before the forward the caller sets a `plan`: where each token's key/value goes and
+    the `Group`s the row splits into; `attend` (called by every attention layer in place of
+    its own attention) stores the keys/values and attends group by group.
     """
 
     def __init__(self, n_layer: int, n_slots: int, n_head: int, head_dim: int, capacity: int = 128,
@@ -115,25 +131,33 @@ class KVCache:
         saved = self.parked[slot].pop()
         self.kv[:, :, slot, :, :saved.shape[3]] = saved
 
-    def plan(self, slots: torch.Tensor, pos: torch.Tensor, read: int | None = None,
-             rows: torch.Tensor | None = None) -> None:
-        """slots, pos: (b*T,) where each new key goes, batch rows then time (pos = `scratch` for
-        padding). read None: attend over this forward's keys only (fresh frames). read = hi:
-        attend over positions [0, hi) of `rows` (b,) after writing, or of slots 0..b-1 if rows
-        is None (a view, no copy); the caller's mask picks what each query sees."""
-        self._plan = (slots, pos, read, rows)
+    def plan(self, slots: torch.Tensor, pos: torch.Tensor, groups: list[Group]) -> None:
+        """slots, pos (N,): where each of the flat row's N tokens stores its key and value."""
+        self._plan = (slots, pos, groups)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slots, pos, read, rows = self._plan
-        b, nh, T, hs = k.shape
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        slots, pos, groups = self._plan
+        _, nh, N, hs = q.shape  # (1, nh, N, hs): one flat row
         K, V = self.kv[0, layer], self.kv[1, layer]  # (n_slots, nh, cap+1, hs)
-        K[slots, :, pos] = k.transpose(1, 2).reshape(b * T, nh, hs)
-        V[slots, :, pos] = v.transpose(1, 2).reshape(b * T, nh, hs)
-        if read is None:
-            return k, v
-        if rows is None:
-            return K[:b, :, :read], V[:b, :, :read]  # (b, nh, hi, hs) views
-        return K[rows, :, :read], V[rows, :, :read]
+        K[slots, :, pos] = k[0].transpose(0, 1)  # (N, nh, hs) at per-token (slot, position)
+        V[slots, :, pos] = v[0].transpose(0, 1)
+        out, start = [], 0
+        for g in groups:
+            n = g.rows * g.T
+
+            def rows(t):  # (1, nh, N, hs) -> this group's (rows, nh, T, hs)
+                return t[0, :, start:start + n].reshape(nh, g.rows, g.T, hs).transpose(0, 1)
+
+            if g.read is None:
+                keys, values = rows(k), rows(v)
+            elif g.slots is None:
+                keys, values = K[:g.rows, :, :g.read], V[:g.rows, :, :g.read]  # views, no copy
+            else:
+                keys, values = K[g.slots, :, :g.read], V[g.slots, :, :g.read]
+            y = F.scaled_dot_product_attention(rows(q), keys, values, attn_mask=g.mask)  # (rows, nh, T, hs)
+            out.append(y.transpose(0, 1).reshape(nh, n, hs))
+            start += n
+        return torch.cat(out, dim=1)[None] if len(out) > 1 else out[0][None]  # (1, nh, N, hs)
 
 
 # --- predictors ---------------------------------------------------------------------------
@@ -142,12 +166,12 @@ class KVCache:
 class ModelPredictor:
     """Greedy next tokens from a Transformer, for either view (the feeds carry the view).
 
-    With `use_cache` each step feeds only what is new. Most rows have one new token: one
-    forward over all slots, each attending to its own cached frame. Rows that start a frame
-    (a new expression, or an RM push) have the whole frame to read: these are packed, end
-    to end, into rows of about `pack` tokens for a second forward, each attending only
-    within its own frame. Without the cache every step recomputes every row from position 0:
-    the reference the cached path is checked against, and the benchmark's baseline.
+    With `use_cache` each step feeds only what is new, all in one forward. Most rows have one
+    new token, which attends to its slot's cached frame. Rows that start a frame (a new
+    expression, or an RM push) have the whole frame to read: their tokens are packed end to
+    end into rows of about `pack` tokens, each attending only within its own frame. Without
+    the cache every step recomputes every row from position 0: the reference the cached path
+    is checked against, and the benchmark's baseline.
     `logits` keeps the last step's next-token logits, one row per feed.
     """
 
@@ -188,7 +212,9 @@ class ModelPredictor:
 
     def _cached(self, feeds: Sequence[Feed]) -> torch.Tensor:
         cache, fed = self.cache, self.fed
-        one, fresh, more = [], [], []  # feed indices: one new token / a new frame / several after a kept prefix
+        # Grow first: the scratch column must stay put while this step's destinations are chosen.
+        cache.reserve(max(self.pack, max(len(f.seq) for f in feeds)))
+        one, fresh, more = [], [], []  # (index, feed): one new token / a new frame / several after a kept prefix
         for i, f in enumerate(feeds):
             if f.event == NEW:
                 cache.clear(f.slot)
@@ -197,113 +223,121 @@ class ModelPredictor:
             elif f.event == POP:
                 cache.unpark(f.slot)
             if len(f.seq) - f.keep == 1:
-                one.append(i)
+                one.append((i, f))
             else:
-                (fresh if f.keep == 0 else more).append(i)
+                (fresh if f.keep == 0 else more).append((i, f))
             fed[f.slot] = len(f.seq)
-        logits = torch.empty(len(feeds), self.cfg.vocab_size, dtype=self.dtype, device=self.device)
-        if fresh:
-            logits[fresh] = self._prefill([feeds[i] for i in fresh])
-        if more:
-            logits[more] = self._extend([feeds[i] for i in more])
+        flat = _Flat(cache.scratch, len(feeds))
+        groups = []
         if one:
-            logits[one] = self._decode([feeds[i] for i in one])
-        return logits
+            groups.append(self._decode(one, flat))
+        if more:
+            groups.append(self._extend(more, flat))
+        if fresh:
+            groups.append(self._prefill(fresh, flat))
+        cache.plan(self._tensor(flat.slots), self._tensor(flat.at), groups)
+        out = self.model(self._tensor(flat.tok)[None], self._tensor(flat.pos)[None], None, cache)[0]  # (N, V)
+        return out[self._tensor(flat.last)]  # (n, V)
 
-    def _decode(self, feeds: list[Feed]) -> torch.Tensor:
-        """One new token per row at position keep, attending to its frame's positions [0, keep]."""
-        cache = self.cache
-        slots = [f.slot for f in feeds]
+    def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """One new token per row, at position keep of its frame, attending to positions [0, keep]."""
+        slots = [f.slot for _, f in feeds]
         span = max(slots) + 1
-        hi = max(f.keep for f in feeds) + 1
-        cache.reserve(hi)
+        hi = max(f.keep for _, f in feeds) + 1
         if 2 * len(feeds) >= span:
-            # Run slots 0..span-1 on views of the cache; slots not decoding this step are padding
-            # that writes to the scratch column and attends to position 0.
-            tok, at, keep = [0] * span, [cache.scratch] * span, [0] * span
-            for f in feeds:
-                tok[f.slot], at[f.slot], keep[f.slot] = f.seq[-1], f.keep, f.keep
-            write, rows, pick = list(range(span)), None, self._tensor(slots)
+            # Run slots 0..span-1 on views of the cache; a slot not decoding this step is a
+            # padding row that writes to the scratch column and attends to position 0.
+            by_slot = {f.slot: (i, f) for i, f in feeds}
+            keep = []
+            for s in range(span):
+                if s in by_slot:
+                    i, f = by_slot[s]
+                    flat.add(f.seq[-1], f.keep, s, f.keep, i)
+                    keep.append(f.keep)
+                else:
+                    flat.add(0, 0, s, flat.scratch)
+                    keep.append(0)
+            read_slots = None
         else:
             # Few rows (the end of a run): gather them rather than run every slot.
-            tok = [f.seq[-1] for f in feeds]
-            at = keep = [f.keep for f in feeds]
-            write = slots
-            rows, pick = self._tensor(slots), None
-        idx = self._tensor(tok)[:, None]  # (b, 1)
-        pos = self._tensor(keep)[:, None]  # (b, 1): a frame's tokens start at position 0
-        mask = torch.arange(hi, device=self.device) <= pos  # (b, hi)
-        cache.plan(self._tensor(write), self._tensor(at), hi, rows)
-        out = self.model(idx, pos, mask[:, None, None, :], cache)[:, 0]  # (b, V)
-        return out if pick is None else out[pick]
+            for i, f in feeds:
+                flat.add(f.seq[-1], f.keep, f.slot, f.keep, i)
+            keep = [f.keep for _, f in feeds]
+            read_slots = self._tensor(slots)
+        mask = torch.arange(hi, device=self.device) <= self._tensor(keep)[:, None]  # (rows, hi)
+        return Group(len(keep), 1, hi, read_slots, mask[:, None, None, :])
 
-    def _prefill(self, feeds: list[Feed]) -> torch.Tensor:
-        """Whole new frames, packed end to end into rows of up to max(pack, longest) tokens;
-        a token attends to the tokens before it in its own frame only."""
-        cache = self.cache
-        width = max(self.pack, max(len(f.seq) for f in feeds))
-        cache.reserve(width)
-        packs: list[list[int]] = []  # feed indices per packed row
+    def _extend(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """Several new tokens after a kept prefix (a multi-token return payload): rows padded to
+        T, reading the prefix back from the cache."""
+        T = max(len(f.seq) - f.keep for _, f in feeds)
+        hi = max(len(f.seq) for _, f in feeds)
+        for i, f in feeds:
+            n = len(f.seq)
+            for j in range(f.keep, n):
+                flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+            for _ in range(T - (n - f.keep)):
+                flat.add(0, 0, f.slot, flat.scratch)
+        keep = self._tensor([f.keep for _, f in feeds])
+        # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
+        limit = keep[:, None] + torch.arange(T, device=self.device)  # (rows, T)
+        mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (rows, T, hi)
+        return Group(len(feeds), T, hi, self._tensor([f.slot for _, f in feeds]), mask[:, None])
+
+    def _prefill(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """Whole new frames packed end to end into rows of up to max(pack, longest) tokens; a
+        token attends to the tokens before it in its own frame only."""
+        width = max(self.pack, max(len(f.seq) for _, f in feeds))
+        packs: list[list[tuple[int, Feed]]] = []  # first fit, longest frames first
         used: list[int] = []
-        for i in sorted(range(len(feeds)), key=lambda i: -len(feeds[i].seq)):
-            n = len(feeds[i].seq)
-            for r in range(len(packs)):  # first fit, longest frames first
-                if used[r] + n <= width:
-                    packs[r].append(i)
-                    used[r] += n
+        for i, f in sorted(feeds, key=lambda item: -len(item[1].seq)):
+            for r in range(len(packs)):
+                if used[r] + len(f.seq) <= width:
+                    packs[r].append((i, f))
+                    used[r] += len(f.seq)
                     break
             else:
-                packs.append([i])
-                used.append(n)
+                packs.append([(i, f)])
+                used.append(len(f.seq))
         T = max(used)
-        tok, pos, seg, slots, at = [], [], [], [], []
-        last = [0] * len(feeds)
-        for r, members in enumerate(packs):
-            for i in members:
-                f = feeds[i]
+        seg = []  # per packed token: which frame of its row (-1: padding)
+        for members, n_used in zip(packs, used):
+            for k, (i, f) in enumerate(members):
                 n = len(f.seq)
-                last[i] = len(tok) + n - 1  # flat index of the frame's last token
-                tok += f.seq
-                pos += range(n)
-                seg += [i] * n
-                slots += [f.slot] * n
-                at += range(n)
-            pad = (r + 1) * T - len(tok)
-            tok += [0] * pad
-            pos += [0] * pad
-            seg += [-1] * pad
-            slots += [feeds[members[0]].slot] * pad
-            at += [cache.scratch] * pad
+                for j in range(n):
+                    flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+                seg += [k] * n
+            for _ in range(T - n_used):
+                flat.add(0, 0, members[0][1].slot, flat.scratch)
+            seg += [-1] * (T - n_used)
         seg_t = self._tensor(seg).view(len(packs), T)
         causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
         mask = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # (rows, T, T)
-        cache.plan(self._tensor(slots), self._tensor(at))
-        out = self.model(self._tensor(tok).view(-1, T), self._tensor(pos).view(-1, T), mask[:, None], cache)
-        return out.view(-1, out.shape[-1])[self._tensor(last)]  # (b, V)
+        return Group(len(packs), T, None, None, mask[:, None])
 
-    def _extend(self, feeds: list[Feed]) -> torch.Tensor:
-        """Several new tokens after a kept prefix (a multi-token return payload): right-padded
-        to T, reading the prefix back from the cache."""
-        cache = self.cache
-        n_new = [len(f.seq) - f.keep for f in feeds]
-        T = max(n_new)
-        hi = max(len(f.seq) for f in feeds)
-        cache.reserve(hi)
-        tok, pos, slots, at = [], [], [], []
-        for f, n in zip(feeds, n_new):
-            pad = T - n
-            tok.append(f.seq[f.keep:] + [0] * pad)
-            pos.append(list(range(f.keep, len(f.seq))) + [0] * pad)
-            slots += [f.slot] * T
-            at += list(range(f.keep, len(f.seq))) + [cache.scratch] * pad
-        keep = self._tensor([f.keep for f in feeds])
-        # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
-        limit = keep[:, None] + torch.arange(T, device=self.device)  # (b, T)
-        mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (b, T, hi)
-        cache.plan(self._tensor(slots), self._tensor(at), hi, self._tensor([f.slot for f in feeds]))
-        out = self.model(self._tensor(tok), self._tensor(pos), mask[:, None], cache)
-        last = self._tensor(n_new) - 1
-        return out[torch.arange(len(feeds), device=self.device), last]  # (b, V)
+
+class _Flat:
+    """The one flat row a cached step feeds: token, position in its frame, where its key/value
+    goes, and for each feed the index whose logits predict its next token."""
+
+    __slots__ = ("tok", "pos", "slots", "at", "last", "scratch")
+
+    def __init__(self, scratch: int, n_feeds: int):
+        self.tok: list[int] = []
+        self.pos: list[int] = []
+        self.slots: list[int] = []
+        self.at: list[int] = []
+        self.last = [0] * n_feeds
+        self.scratch = scratch
+
+    def add(self, tok: int, pos: int, slot: int, at: int, last_of: int | None = None) -> None:
+        """One token; `last_of`: the feed whose next token this token's logits predict."""
+        if last_of is not None:
+            self.last[last_of] = len(self.tok)
+        self.tok.append(tok)
+        self.pos.append(pos)
+        self.slots.append(slot)
+        self.at.append(at)
 
 
 class Oracle:

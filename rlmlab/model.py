@@ -5,8 +5,10 @@ attention through `scaled_dot_product_attention`. CoT and RM use this one class:
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn_mask`).
 
-A `cache` (see `rlmlab.infer`) may be passed to append this call's keys and values to
-earlier ones; the caller then gives the mask over all cached + new keys.
+A `cache` (see `rlmlab.infer.KVCache`) may be passed for decoding: each attention layer then
+hands it its queries, keys and values, and the cache stores the new keys/values and computes
+the attention over whatever its caller laid out (cached frames, freshly packed ones), masks
+included; `attn_mask` is not used then.
 """
 
 from __future__ import annotations
@@ -92,12 +94,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T
         drop = self.dropout if self.training else 0.0
-        if attn_mask is None:
-            if cache is not None and k.shape[2] != T:
-                raise ValueError("a cached forward needs an explicit attention mask")
+        if cache is not None:
+            y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
+        elif attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
@@ -150,8 +150,8 @@ class Transformer(nn.Module):
         return n if include_positions else n - self.wpe.weight.numel()
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
-        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, S) bool,
-        True = may attend (default causal). Returns logits (B, T, V)."""
+        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, T) bool,
+        True = may attend (default causal); cache: see the module docstring. Returns logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
             pos = torch.arange(T, device=idx.device).expand(B, T)

@@ -1,6 +1,7 @@
 import random
 
 import pytest
+import torch
 
 from rlmlab.sampler import ExpressionSampler
 
@@ -14,3 +15,13 @@ def sample_expressions(n: int, seed: int):
 def random_exprs():
     """1,000 expressions from the paper's generator (seed 0)."""
     return sample_expressions(1000, 0)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a shared machine a busy core
+    stalls every op of a two-thread run (10-30x slower); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

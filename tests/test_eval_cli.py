@@ -14,6 +14,8 @@ from rlmlab.pool import build_pool, write_pool
 from rlmlab.score import read_results
 from rlmlab.vocab import default_vocab
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _text_file(tmp_path, n=40, seed=41):
     path = tmp_path / "exprs.txt"

@@ -15,6 +15,8 @@ from rlmlab.trace import execute
 from rlmlab.vocab import default_vocab
 
 VOCAB = default_vocab()
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 WORKED = "add(sum_of_squares(2,3),double(4))"
 
 

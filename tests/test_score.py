@@ -8,10 +8,12 @@ from rlmlab.infer import Generation, ModelPredictor, generate, oracle_predictor
 from rlmlab.model import Transformer, preset
 from rlmlab.score import accuracy, answer_accuracy_fn, bootstrap_ratio, evaluate, expression_results, group_accuracy, \
     per_token_counts, read_results, summarize, wilson, write_results
-from rlmlab.trace import execute
+from rlmlab.trace import execute, trace_stats
 from rlmlab.vocab import default_vocab
 
 VOCAB = default_vocab()
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("k, n, lo, hi", [
@@ -110,7 +112,7 @@ def test_evaluate_with_the_oracle_is_perfect_and_with_a_model_counts_tokens():
 
 
 def test_answer_accuracy_fn_is_a_train_validate_hook():
-    exprs = sample_expressions(20, 34)
-    validate = answer_accuracy_fn(exprs, batch_size=8)
+    exprs = [e for e in sample_expressions(60, 34) if trace_stats(e).trace_len <= 100][:20]
+    validate = answer_accuracy_fn(exprs, batch_size=8)  # rows stop after 200 tokens
     got = validate(_model("cot"), VOCAB, "cot")
     assert set(got) == {"answer_acc", "answer_valid"} and 0.0 <= got["answer_acc"] <= got["answer_valid"] <= 1.0
