@@ -55,7 +55,8 @@ class ModelSettings:
 @dataclass(frozen=True)
 class DataSettings:
     view: str = "rm"
-    """What the model reads: "rm" (active frames) or "cot" (whole flattened trace)."""
+    """What the model reads: "rm" (active frames, lane-packed), "rm-frames" (active frames one by
+    one: same objective, more tokens) or "cot" (whole flattened trace)."""
     train: str | None = None
     """Training expressions: a pool parquet (`rlmlab data pool`) or any parquet with an `expr` column."""
     val: str | None = None
@@ -67,9 +68,9 @@ class DataSettings:
     train_size: int | None = None
     """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
     row_len: int | None = None
-    """Base packed-row length; longer examples get rows of row_len * 2^k. Default: 128 for rm
-    (frames average ~30 tokens; a dense mask costs attention over the whole row, so short rows
-    train ~1.5x faster than 512 on CPU), 512 for cot."""
+    """Base packed-row length; longer examples get rows of row_len * 2^k. Default: 128 for
+    rm-frames (frames average ~30 tokens; a dense mask costs attention over the whole row, so
+    short rows train ~1.5x faster than 512 on CPU), 512 for rm (a trace's lanes) and cot."""
     drop_too_long: bool = True
     """Drop examples longer than the model's positional table (counted and reported); if false, fail."""
     cache_dir: str | None = None
@@ -87,7 +88,7 @@ class DataSettings:
 
     @property
     def row_length(self) -> int:
-        return self.row_len or (128 if self.view == "rm" else 512)
+        return self.row_len or (128 if self.view == "rm-frames" else 512)
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":

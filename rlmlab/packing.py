@@ -127,10 +127,14 @@ class PackedBatch:
     n_targets: int  # loss-bearing positions
     n_tokens: int  # positions holding an example (the rest is padding)
     one_per_row: bool  # every row holds a single example starting at position 0
+    frame: torch.Tensor | None = None  # (B, T) lane-packed examples: frame id within the example
+    branch: torch.Tensor | None = None  # (B, T) lane-packed examples: pending call block id, -1 = trunk
 
     def to(self, device) -> "PackedBatch":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return PackedBatch(self.idx.to(device), self.targets.to(device), self.pos.to(device),
-                           self.doc.to(device), self.n_targets, self.n_tokens, self.one_per_row)
+                           self.doc.to(device), self.n_targets, self.n_tokens, self.one_per_row,
+                           move(self.frame), move(self.branch))
 
     def attn_mask(self) -> torch.Tensor | None:
         """(B, 1, T, T) bool, True = may attend: causal and within the same example.
@@ -140,16 +144,20 @@ class PackedBatch:
         None when a plain causal mask is exact (one example per row, padding only after it),
         which lets attention skip the upper triangle.
         """
-        if self.one_per_row:
+        if self.one_per_row and self.frame is None:
             return None
         T = self.doc.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=self.doc.device).tril()
         same = self.doc[:, :, None] == self.doc[:, None, :]  # (B, T, T)
+        if self.frame is not None:  # lanes: same frame, and a key on the trunk or the query's own branch
+            same &= self.frame[:, :, None] == self.frame[:, None, :]
+            same &= (self.branch[:, None, :] == -1) | (self.branch[:, :, None] == self.branch[:, None, :])
         return (same & causal).unsqueeze(1)
 
 
-def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int) -> PackedBatch:
-    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets as in `ViewData`."""
+def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,
+            layout: np.ndarray | None = None) -> PackedBatch:
+    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ViewData`."""
     T = rows[0].length
     if any(r.length != T for r in rows):
         raise ValueError("a packed batch holds rows of one length")
@@ -173,11 +181,18 @@ def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[R
     doc = np.full(B * T, -1, dtype=np.int64)
     idx[dst] = ids[src]
     targets[dst] = np.where(loss[src + 1], ids[src + 1].astype(np.int64), IGNORE)
-    pos[dst] = within
+    pos[dst] = within if layout is None else layout[src, 0]
     doc[dst] = np.repeat(ex, lens)
     as_t = lambda a: torch.from_numpy(a.reshape(B, T))  # noqa: E731
+    frame = branch = None
+    if layout is not None:
+        frame = np.full(B * T, -1, dtype=np.int64)
+        branch = np.full(B * T, -1, dtype=np.int64)
+        frame[dst] = layout[src, 1]
+        branch[dst] = layout[src, 2]
+        frame, branch = as_t(frame), as_t(branch)
     return PackedBatch(as_t(idx), as_t(targets), as_t(pos), as_t(doc), int((targets != IGNORE).sum()),
-                       len(within), bool(np.all(per_row == 1)))
+                       len(within), bool(np.all(per_row == 1)), frame, branch)
 
 
 def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:

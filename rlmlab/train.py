@@ -43,7 +43,7 @@ from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.model import Transformer
 from rlmlab.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
 from rlmlab.pool import read_pool
-from rlmlab.views import ViewData, build_view_data
+from rlmlab.views import ViewData, build_view_data, driver_view
 from rlmlab.vocab import Vocab, default_vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
@@ -94,12 +94,13 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
 
 
 def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
-    """Remove examples longer than the positional table (an example of n tokens reads n-1)."""
-    too_long = data.lengths - 1 > block_size
+    """Remove examples that read beyond the positional table (an example of n tokens reads n-1)."""
+    needed = data.positions_needed
+    too_long = needed > block_size
     n = int(too_long.sum())
     if n and not drop:
         raise DataError(f"{n} {what} examples are longer than the model's block_size={block_size} "
-                        f"(longest {int(data.lengths.max()) - 1}); raise model.block_size or set data.drop_too_long")
+                        f"(longest {int(needed.max())}); raise model.block_size or set data.drop_too_long")
     if n == len(data):
         raise DataError(f"every {what} example is longer than the model's block_size={block_size}")
     return data.select(~too_long), n
@@ -331,7 +332,8 @@ class Trainer:
         self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
         self.val_batches = [collate(self.val_data.ids, self.val_data.loss, self.val_data.offsets, mb,
-                                    self.vocab.pad_id) for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+                                    self.vocab.pad_id, self.val_data.layout)
+                            for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
@@ -417,7 +419,7 @@ class Trainer:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.no_grad():
-                extra = self.validate_fn(model, self.vocab, self.view)
+                extra = self.validate_fn(model, self.vocab, driver_view(self.view))
             metrics.update({k: float(v) for k, v in extra.items()})
         model.train()
         if st.select_metric is None:
@@ -507,7 +509,7 @@ class Trainer:
 def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
                tc: TrainConfig, device: torch.device) -> tuple[float, int, float]:
     """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
-    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id)
+    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout)
                for mb in micro_batches(rows, tc.micro_batch_tokens)]
     n_targets = sum(b.n_targets for b in batches)
     total = torch.zeros((), device=device)

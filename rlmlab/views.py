@@ -9,7 +9,9 @@ ends when the root's `</return>` closes it, which the inference driver detects b
 - "cot": one example per expression, the whole flattened trace; loss on every token after
   the written expression.
 - "rm": the active-frame examples (spec: shared/spec/trace-format.md); loss on the targets
-  after each frame's boundary m, never on the visible context.
+  after each frame's boundary m, never on the visible context. All examples of a trace are
+  lane-packed into one sequence (`rlmlab.lanes`), which computes exactly what they compute
+  one by one; "rm-frames" keeps them as separate examples (the reference, ~1.7x the tokens).
 
 New views (sliding window, lane-packed RM, ...) register in `VIEWS`; `build_view_data`,
 the packer and the trainer only see ids and masks.
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.lanes import lane_pack
 from rlmlab.trace import Execution, execute
 from rlmlab.vocab import Vocab
 
@@ -43,10 +46,16 @@ class Example:
 
     tokens: tuple[str, ...]
     loss: tuple[bool, ...]
+    layout: tuple[tuple[int, int, int], ...] | None = None
+    """Per token (position, frame, branch) for sequences that are not one causal example (the
+    lane-packed RM view): token i attends to j <= i of the same frame that is on the trunk
+    (branch -1) or on i's branch, at position `position`. None: plain causal, positions 0..n-1."""
 
     def __post_init__(self):
         if len(self.tokens) != len(self.loss):
             raise ValueError("an example needs one loss flag per token")
+        if self.layout is not None and len(self.layout) != len(self.tokens):
+            raise ValueError("an example's layout needs one entry per token")
         if self.loss and self.loss[0]:
             raise ValueError("the first token of an example has nothing to be predicted from")
 
@@ -68,12 +77,29 @@ def cot_view(ex: Execution) -> list[Example]:
     return [_suffix_example(ex.tokens, ex.prompt_len)]
 
 
-def rm_view(ex: Execution) -> list[Example]:
+def rm_frames_view(ex: Execution) -> list[Example]:
+    """The active-frame examples one by one: the reference form of the RM view."""
     return [_suffix_example(f.tokens, f.m) for f in ex.frames]
 
 
+def rm_lanes_view(ex: Execution) -> list[Example]:
+    """All active-frame examples of a trace in one lane-packed sequence (`rlmlab.lanes`): the
+    same targets and, exactly, the same logits as `rm_frames_view`, in ~1.5x instead of ~2.6x
+    the CoT view's tokens."""
+    lanes = lane_pack(ex.tokens, ex.prompt_len)
+    targets = {i + 1 for i, label in enumerate(lanes.labels) if label is not None}
+    return [Example(tuple(lanes.tokens), tuple(i in targets for i in range(len(lanes))),
+                    tuple(zip(lanes.pos, lanes.frame, lanes.branch)))]
+
+
 View = Callable[[Execution], list[Example]]
-VIEWS: dict[str, View] = {"cot": cot_view, "rm": rm_view}
+VIEWS: dict[str, View] = {"cot": cot_view, "rm": rm_lanes_view, "rm-frames": rm_frames_view}
+
+
+def driver_view(view: str) -> str:
+    """The inference driver a training view's model runs in: every RM packing decodes with the
+    stack driver, everything else as CoT."""
+    return "rm" if view == "rm" or view.startswith("rm-") else "cot"
 
 
 def get_view(name: str) -> View:
@@ -97,6 +123,7 @@ class ViewData:
     offsets: np.ndarray  # (n_examples + 1,) int64
     source: np.ndarray  # (n_examples,) int64 index of the source expression
     n_expressions: int
+    layout: np.ndarray | None = None  # (N_tokens, 3) int32 (position, frame, branch); see Example
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -120,7 +147,17 @@ class ViewData:
 
     def decode(self, i: int) -> Example:
         ids, loss = self.example(i)
-        return Example(tuple(self.vocab.decode(ids.tolist())), tuple(bool(x) for x in loss))
+        layout = None
+        if self.layout is not None:
+            layout = tuple(map(tuple, self.layout[self.offsets[i]:self.offsets[i + 1]].tolist()))
+        return Example(tuple(self.vocab.decode(ids.tolist())), tuple(bool(x) for x in loss), layout)
+
+    @property
+    def positions_needed(self) -> np.ndarray:
+        """Per example, the positional-table size it needs (largest position read + 1)."""
+        if self.layout is None:
+            return self.lengths - 1
+        return np.maximum.reduceat(self.layout[:, 0], self.offsets[:-1]) + 1
 
     def select(self, keep: np.ndarray) -> "ViewData":
         """The examples where `keep` (bool, one per example) is True, in their order."""
@@ -132,7 +169,8 @@ class ViewData:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return ViewData(self.view, self.vocab, self.ids[token_keep], self.loss[token_keep], offsets,
-                        self.source[keep], self.n_expressions)
+                        self.source[keep], self.n_expressions,
+                        None if self.layout is None else self.layout[token_keep])
 
     def save(self, path: str | Path) -> None:
         """Write to .npz atomically (a temporary file renamed into place)."""
@@ -142,8 +180,9 @@ class ViewData:
                            "n_expressions": self.n_expressions})
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
+            extra = {} if self.layout is None else {"layout": self.layout}
             np.savez(f, ids=self.ids, loss=self.loss, offsets=self.offsets, source=self.source,
-                     meta=np.array(meta))
+                     meta=np.array(meta), **extra)
         os.replace(tmp, path)
 
     @classmethod
@@ -153,6 +192,7 @@ class ViewData:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {k: z[k] for k in ("ids", "loss", "offsets", "source")}
+                layout = z["layout"] if "layout" in z.files else None
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
         except (OSError, ValueError, KeyError) as e:
@@ -161,10 +201,11 @@ class ViewData:
             raise DataError(f"{path}: format {meta.get('format')!r}, expected {VIEWDATA_FORMAT!r}")
         offsets = arrays["offsets"]
         if offsets[-1] != len(arrays["ids"]) or len(arrays["loss"]) != len(arrays["ids"]) \
-                or len(arrays["source"]) != len(offsets) - 1:
+                or len(arrays["source"]) != len(offsets) - 1 \
+                or (layout is not None and layout.shape != (len(arrays["ids"]), 3)):
             raise DataError(f"{path}: inconsistent array lengths")
         return cls(meta["view"], Vocab(meta["vocab"]), arrays["ids"], arrays["loss"], offsets,
-                   arrays["source"], int(meta["n_expressions"]))
+                   arrays["source"], int(meta["n_expressions"]), layout)
 
 
 def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tuple[np.ndarray, ...]:
@@ -175,6 +216,7 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tupl
     loss: list[bool] = []
     lengths: list[int] = []
     source: list[int] = []
+    layout: list[tuple[int, int, int]] = []
     for k, text in enumerate(texts):
         try:
             examples = view(execute(text))
@@ -185,8 +227,12 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tupl
             loss.extend(ex.loss)
             lengths.append(len(ex.tokens))
             source.append(first + k)
+            if ex.layout is not None:
+                layout.extend(ex.layout)
+    if layout and len(layout) != len(ids):
+        raise ValueError(f"view {view_name!r} gives a layout for some examples only")
     return (np.array(ids, dtype=np.uint16), np.array(loss, dtype=bool), np.array(lengths, dtype=np.int64),
-            np.array(source, dtype=np.int64))
+            np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
 def cache_key(exprs: Sequence[str], view: str, vocab: Vocab) -> str:
@@ -222,10 +268,10 @@ def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int 
         parts = [_encode_chunk(j) for j in jobs]
     if not parts:
         raise DataError("no expressions to build training examples from")
-    ids, loss, lengths, source = (np.concatenate(p) for p in zip(*parts))
+    ids, loss, lengths, source, layout = (np.concatenate(p) for p in zip(*parts))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = ViewData(view, vocab, ids, loss, offsets, source, len(exprs))
+    data = ViewData(view, vocab, ids, loss, offsets, source, len(exprs), layout if len(layout) else None)
     if cache_path is not None:
         data.save(cache_path)
     return data

@@ -23,7 +23,7 @@ def test_long_examples_get_rows_of_their_own():
 
 
 def test_every_example_once_and_padding_under_10_percent(random_exprs):
-    for view, row_len in (("rm", 256), ("rm", 512), ("cot", 512)):
+    for view, row_len in (("rm-frames", 256), ("rm-frames", 512), ("rm", 512), ("cot", 512)):
         data = _data(random_exprs, view)
         lengths = data.lengths - 1
         order = np.random.default_rng(0).permutation(len(lengths))
@@ -37,7 +37,7 @@ def test_every_example_once_and_padding_under_10_percent(random_exprs):
 
 
 def test_collate_layout_and_block_diagonal_mask(random_exprs):
-    data = _data(random_exprs, "rm", 60)
+    data = _data(random_exprs, "rm-frames", 60)
     rows = [r for r in pack_rows(data.lengths - 1, 128) if len(r.examples) > 2][:3]
     b = collate(data.ids, data.loss, data.offsets, rows, pad_id=0)
     mask = b.attn_mask()
@@ -79,7 +79,7 @@ def _one_by_one(model, data, examples):
 
 def test_packed_loss_equals_one_by_one_loss(random_exprs):
     torch.manual_seed(0)
-    for view in ("rm", "cot"):
+    for view in ("rm-frames", "cot"):
         data = _data(random_exprs, view, 40)
         data = data.select(data.lengths - 1 <= 1024)
         model = Transformer(preset("tiny", "cot", len(data.vocab))).eval()
@@ -128,3 +128,36 @@ def test_row_stream_is_seeded_and_resumable():
     epoch0 = sorted(e for r in a.epoch_rows(0) for e in r.examples)
     assert epoch0 == list(range(500)) and a.epoch_rows(0) != a.epoch_rows(1)
     assert RowStream(lengths, 128, seed=4).epoch_rows(0) != a.epoch_rows(0)
+
+
+def _step_loss_and_grads(model, data, row_len):
+    """Mean target loss over every example of `data` packed into rows, and its gradients."""
+    model.zero_grad()
+    total, n = 0.0, 0
+    rows = pack_rows(data.lengths - 1, row_len)
+    for mb in micro_batches(rows, 8192):
+        b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id, data.layout)
+        logits = model(b.idx, pos=b.pos, attn_mask=b.attn_mask())
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1), ignore_index=IGNORE,
+                               reduction="sum")
+        loss.backward()
+        total += float(loss)
+        n += b.n_targets
+    grads = torch.cat([p.grad.flatten() / n for p in model.parameters()])
+    return total / n, n, grads
+
+
+def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs):
+    """Lane packing (the default RM view) is the per-frame RM objective exactly: same targets,
+    same mean loss, same gradient, so one optimizer step from the same weights is the same."""
+    torch.manual_seed(0)
+    texts = [to_text(e) for e in random_exprs[:60]]
+    lanes = build_view_data(texts, "rm", default_vocab())
+    frames = build_view_data(texts, "rm-frames", default_vocab())
+    assert lanes.n_targets == frames.n_targets and lanes.n_tokens < 0.7 * frames.n_tokens
+    model = Transformer(preset("tiny", "rm", len(lanes.vocab)))
+    loss_l, n_l, grad_l = _step_loss_and_grads(model, lanes, 512)
+    loss_f, n_f, grad_f = _step_loss_and_grads(model, frames, 128)
+    assert n_l == n_f
+    assert abs(loss_l - loss_f) < 1e-5 * loss_f
+    torch.testing.assert_close(grad_l, grad_f, atol=1e-6, rtol=1e-4)

@@ -6,7 +6,7 @@ import pytest
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.expr import to_text
 from rlmlab.trace import execute
-from rlmlab.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_view
+from rlmlab.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_frames_view
 from rlmlab.vocab import default_vocab
 
 WORKED = "add(sum_of_squares(2,3),double(4))"
@@ -14,7 +14,7 @@ WORKED = "add(sum_of_squares(2,3),double(4))"
 
 def test_worked_example_gives_11_rm_examples_with_loss_after_m():
     ex = execute(WORKED)
-    examples = rm_view(ex)
+    examples = rm_frames_view(ex)
     assert len(examples) == 11
     assert [e.loss_positions[0] for e in examples] == [14, 6, 12, 4, 15, 4, 18, 15, 17, 4, 20]
     assert " ".join(examples[0].targets) == "x := <call> sum_of_squares ( 2 , 3 ) </call>"
@@ -35,7 +35,7 @@ def test_views_on_random_expressions(random_exprs):
         ex = execute(e)
         [cot] = cot_view(ex)
         assert cot.loss_positions == list(range(ex.prompt_len, ex.trace_len))
-        rm = rm_view(ex)
+        rm = rm_frames_view(ex)
         assert len(rm) == ex.n_frames
         for example, frame in zip(rm, ex.frames):
             assert example.tokens == frame.tokens
@@ -45,7 +45,7 @@ def test_views_on_random_expressions(random_exprs):
 
 
 def test_registry_and_example_checks():
-    assert set(VIEWS) == {"cot", "rm"} and get_view("rm") is rm_view
+    assert set(VIEWS) == {"cot", "rm", "rm-frames"} and get_view("rm-frames") is rm_frames_view
     with pytest.raises(ConfigError, match="unknown view"):
         get_view("window")
     with pytest.raises(ValueError):
@@ -55,7 +55,7 @@ def test_registry_and_example_checks():
 def test_view_data_matches_the_view_and_caches(tmp_path, random_exprs):
     vocab = default_vocab()
     texts = [to_text(e) for e in random_exprs[:40]]
-    for view in ("cot", "rm"):
+    for view in ("cot", "rm", "rm-frames"):
         data = build_view_data(texts, view, vocab, cache_dir=tmp_path)
         expected = [(k, x) for k, t in enumerate(texts) for x in VIEWS[view](execute(t))]
         assert len(data) == len(expected) and data.n_expressions == 40
@@ -86,3 +86,14 @@ def test_view_data_select_save_load(tmp_path):
 def test_bad_expression_is_a_data_error():
     with pytest.raises(DataError, match="expression 1"):
         build_view_data(["add(1,2)", "add(1,"], "cot", default_vocab())
+
+
+def test_lane_view_trains_on_exactly_the_frame_targets(random_exprs):
+    """The lane-packed RM view is one sequence per trace holding every frame's targets once."""
+    for e in random_exprs[:200]:
+        ex = execute(e)
+        [lanes] = get_view("rm")(ex)
+        frames = rm_frames_view(ex)
+        assert sorted(lanes.targets) == sorted(sum((f.targets for f in frames), ()))
+        assert len(lanes.tokens) <= sum(len(f.tokens) for f in frames)
+        assert max(p for p, _, _ in lanes.layout) < ex.max_frame_width
