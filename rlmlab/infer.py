@@ -18,9 +18,11 @@ trace lengths).
 
 Rows live in a fixed number of *slots* (continuous batching: a finished row's slot takes the
 next expression at once). The KV cache keeps one row of keys/values per slot holding the
-slot's current frame at positions 0.. (RM frames start at position 0, as in training); a push
-parks the parent's keys/values on a per-slot stack and a pop puts them back, so a return
-costs the returned payload only, never the parent's prefix.
+slot's current frame at positions 0.. (every frame starts at position 0, as in training); a
+push parks the parent's keys/values on a per-slot stack and a pop puts them back, so a return
+costs the returned payload only, never the parent's prefix. Each step is one forward over
+everything new: one token for most rows, whole frames (packed end to end) for rows that just
+pushed one or started.
 
 Whatever a predictor emits, the driver does not raise: an illegal token, a special token, a
 stack deeper than the limit, a frame or trace longer than the model can read or longer than
@@ -172,7 +174,9 @@ class ModelPredictor:
     end into rows of about `pack` tokens, each attending only within its own frame. Without
     the cache every step recomputes every row from position 0: the reference the cached path
     is checked against, and the benchmark's baseline.
-    `logits` keeps the last step's next-token logits, one row per feed.
+    `logits` keeps the last step's next-token logits, one row per feed. Inference only: the
+    cached path applies no dropout. Cache memory is 8 x n_layer x n_slots x n_embd bytes per
+    position of the longest row decoded (CoT: the longest trace; RM: the widest frame).
     """
 
     def __init__(self, model, use_cache: bool = True, pack: int = 256):
@@ -493,12 +497,12 @@ class Limits:
     two learners' outputs end for the same reasons."""
 
     max_depth: int = 64
-    """Frames on the stack (the root is depth 1); the pool's deepest expression has 23."""
+    """Frames on the stack (the root is depth 1); the paper's generator reaches about 23."""
     max_frame_tokens: int | None = None
     """Tokens of the active frame, visible plus generated (None: no limit beyond what the
     predictor can read, its block size)."""
     max_new_tokens: int = 32768
-    """Generated trace tokens (the pool's longest trace has about 5,000)."""
+    """Generated trace tokens (the paper's generator's longest traces have about 5,000)."""
 
 
 @dataclass
@@ -506,7 +510,8 @@ class Generation:
     """One expression's decoding outcome."""
 
     expr: str
-    tokens: list[str]  # the flattened trace produced, written expression first
+    tokens: list[str]  # the flattened trace produced, written expression first; an invalid row
+    # ends with the token that stopped it (an id outside the vocabulary shows as "<id N>")
     prompt_len: int
     answer: str | None  # the root's returned payload, space-joined, if the root returned
     valid: bool
@@ -588,15 +593,15 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
             return ""
         if len(row.out) > limits.max_new_tokens:
             return f"more than {limits.max_new_tokens} generated tokens"
+        if event == "push" and r.depth > limits.max_depth:
+            return f"deeper than {limits.max_depth} frames"
+        if max_frame is not None and len(r.top) > max_frame:
+            return f"active frame longer than {max_frame} tokens"
         row.keep = len(row.seq)
         row.event = None
-        if not rm:
-            row.seq.append(t)
-        elif event is None:
+        if not rm or event is None:
             row.seq.append(t)
         elif event == "push":
-            if r.depth > limits.max_depth:
-                return f"deeper than {limits.max_depth} frames"
             start = len(r.stack[-2].tokens)  # the parent keeps its tokens before <call>
             q = row.seq[start + 1:]
             del row.seq[start:]
@@ -608,8 +613,6 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
             row.keep = len(parent)
             parent.extend(a)
             row.seq, row.event = parent, POP
-        if max_frame is not None and len(r.top) > max_frame:
-            return f"active frame longer than {max_frame} tokens"
         return None
 
     while True:

@@ -244,12 +244,13 @@ def test_each_kind_of_bad_output_is_named(tokens, reason, view):
 
 def test_limits_end_runaway_rows():
     recurse = "x := <call> square ( 2 ) </call>".split()
-    g = generate(Script(recurse * 100), ["square(2)"], VOCAB, "rm", Limits(max_depth=10))[0]
-    assert g.reason == "deeper than 10 frames" and g.max_depth == 11
+    for view in ("rm", "cot"):  # limits apply to the produced trace whatever the view
+        g = generate(Script(recurse * 100), ["square(2)"], VOCAB, view, Limits(max_depth=10))[0]
+        assert g.reason == "deeper than 10 frames" and g.max_depth == 11
+        g = generate(Script(["x"]), ["square(2)"], VOCAB, view, Limits(max_frame_tokens=12))[0]
+        assert g.reason == "active frame longer than 12 tokens"
     g = generate(Script(["x"]), ["square(2)"], VOCAB, "rm", Limits(max_new_tokens=30))[0]
     assert g.reason == "more than 30 generated tokens" and g.n_generated == 31
-    g = generate(Script(["x"]), ["square(2)"], VOCAB, "rm", Limits(max_frame_tokens=12))[0]
-    assert g.reason == "active frame longer than 12 tokens"
     g = generate(Script(["x"], block_size=16), ["square(2)"], VOCAB, "rm")[0]
     assert g.reason == "active frame of 17 tokens exceeds the model's block size 16"
     g = generate(Script(["x"], block_size=16), ["square(2)"], VOCAB, "cot")[0]
