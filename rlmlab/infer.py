@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from rlmlab.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
 from rlmlab.frames import StackReplay, active_frame
 from rlmlab.trace import execute, trace_stats
+from rlmlab.errors import ConfigError
 from rlmlab.vocab import Vocab
 
 VIEWS = ("cot", "rm")
@@ -464,9 +465,8 @@ class OnActiveFrame:
 
 def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
     """The oracle for a view: g* on the active frame (RM), or g* o Pi_rec on the trace (CoT)."""
-    check_view(view)
     oracle = Oracle(vocab, library)
-    return oracle if view == "rm" else OnActiveFrame(oracle.next_id, vocab)
+    return oracle if observation(view) == "rm" else OnActiveFrame(oracle.next_id, vocab)
 
 
 class TeacherForced:
@@ -541,9 +541,15 @@ class _Row:
         self.fed = 0
 
 
-def check_view(view: str) -> None:
-    if view not in VIEWS:
-        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+def observation(view: str) -> str:
+    """What a learner reads: "cot" (the whole trace) or "rm" (the active frame). Training
+    variants of RM ("rm-frames", the lane-packed "rm") differ in how examples are packed, not
+    in what the model reads, so every "rm-..." view decodes as "rm"."""
+    if view in VIEWS:
+        return view
+    if view.startswith("rm-"):
+        return "rm"
+    raise ConfigError(f"unknown view {view!r} (the drivers decode cot, rm and its rm-... variants)")
 
 
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
@@ -556,12 +562,11 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
     first: rows are independent, so this changes no result, only shortens the run's tail (a
     long trace started last would decode alone at the end).
     """
-    check_view(view)
+    rm = observation(view) == "rm"
     calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:
         order.sort(key=lambda i: -trace_stats(calls[i]).trace_len)
-    rm = view == "rm"
     block = predictor.block_size
     max_frame = limits.max_frame_tokens
     toks = vocab.tokens

@@ -26,7 +26,7 @@ import torch
 
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.expr import Call, parse, value_token
-from rlmlab.infer import Generation, Limits, ModelPredictor, check_view, generate
+from rlmlab.infer import Generation, Limits, ModelPredictor, generate, observation
 from rlmlab.pool import read_pool
 from rlmlab.trace import Execution, execute, trace_stats
 from rlmlab.vocab import Vocab
@@ -74,12 +74,12 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
     length and batched up to `max_tokens` padded tokens. An eligible position the model cannot
     read (beyond its block size) counts as wrong, as it would be in generation.
     """
-    check_view(view)
+    cot = observation(view) == "cot"
     block = model.cfg.block_size
     device = next(model.parameters()).device
     rows: list[tuple[int, list[int], int]] = []  # (expression, token ids, first eligible index)
     for i, ex in enumerate(executions):
-        if view == "cot":
+        if cot:
             rows.append((i, vocab.encode(ex.tokens), ex.prompt_len))
         else:
             rows.extend((i, vocab.encode(f.tokens), f.m) for f in ex.frames)

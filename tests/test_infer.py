@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import sample_expressions
+from rlmlab.errors import ConfigError
 from rlmlab.frames import active_frame
 from rlmlab.infer import NO_TOKEN, Limits, ModelPredictor, OnActiveFrame, Oracle, TeacherForced, generate, \
     oracle_predictor
@@ -260,3 +261,10 @@ def test_limits_end_runaway_rows():
                          ["x", ":=", "4", "return", "<return>", "6", "</return>"] * 8, block_size=16),
                   ["square(2)"], VOCAB, "rm")[0]
     assert ok.valid and ok.max_depth == 9 and len(ok.tokens) > 16
+
+
+def test_rm_training_variants_decode_as_rm_and_unknown_views_are_user_errors():
+    g = generate(oracle_predictor("rm-frames", VOCAB), [WORKED], VOCAB, "rm-frames")[0]
+    assert g.valid and g.answer == "1"
+    with pytest.raises(ConfigError, match="unknown view 'window'"):
+        generate(Oracle(VOCAB), [WORKED], VOCAB, "window")
