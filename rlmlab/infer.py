@@ -218,7 +218,7 @@ class ModelPredictor:
     def _cached(self, feeds: Sequence[Feed]) -> torch.Tensor:
         cache, fed = self.cache, self.fed
         # Grow first: the scratch column must stay put while this step's destinations are chosen.
-        cache.reserve(max(self.pack, max(len(f.seq) for f in feeds)))
+        cache.reserve(max(len(f.seq) for f in feeds))
         one, fresh, more = [], [], []  # (index, feed): one new token / a new frame / several after a kept prefix
         for i, f in enumerate(feeds):
             if f.event == NEW:
@@ -372,7 +372,7 @@ class Oracle:
         self.table: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
 
     def reset(self, n_slots: int) -> None:
-        pass
+        """Stateless per row: its tables only grow."""
 
     def __call__(self, feeds: Sequence[Feed]) -> list[int]:
         return [self.next_id(tuple(f.seq)) for f in feeds]

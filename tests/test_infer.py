@@ -208,7 +208,7 @@ class Fuzz:
                                                                          "</return>")] * 6
 
     def reset(self, n_slots):
-        pass
+        """No per-row state."""
 
     def __call__(self, feeds):
         return [self.rng.choice(self.pool) for _ in feeds]
