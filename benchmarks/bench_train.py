@@ -10,12 +10,13 @@ step, for at least `--seconds` and at least one step. The peak is the best fp32 
 matmul rate measured before, between and after the runs, so host noise can only lower the MFU.
 
 FLOPs of one example of n positions (inputs), fwd + bwd, counting only what the example needs:
-    6 * N * n  +  6 * n_layer * n_embd * n * (n + 1)
+    6 * N * n  +  12 * n_layer * n_embd * P
 N = non-embedding parameters (token and position tables excluded; the tied output projection
-is not counted either). The second term is causal attention: QK^T and AV cost 2 * n_embd FLOPs
-each per (query, key) pair and layer, position p has p + 1 keys (n(n+1)/2 pairs in all), and the
-backward pass costs twice the forward. Padding and the masked-out part of packed rows count
-for nothing.
+is not counted either); P = the (query, key) pairs the example's attention mask allows:
+n(n+1)/2 for a causal example (CoT, rm-frames), fewer for a lane-packed RM trace (rm), whose
+frames see only themselves. QK^T and AV cost 2 * n_embd FLOPs each per pair and layer, and the
+backward pass twice the forward. Padding and the masked-out part of packed rows count for
+nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.model import Transformer, preset  # noqa: E402
-from rlmlab.packing import RowStream, padding_fraction  # noqa: E402
+from rlmlab.packing import Row, RowStream, collate, micro_batches, padding_fraction  # noqa: E402
 from rlmlab.pool import build_pool  # noqa: E402
 from rlmlab.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
 from rlmlab.views import build_view_data  # noqa: E402
@@ -54,13 +55,25 @@ def matmul_peak(seconds: float = 3.0, n: int = 2048) -> float:
     return best / 1e9
 
 
-def useful_flops(model: Transformer, n: np.ndarray) -> tuple[float, float]:
-    """(total, attention part) training FLOPs of examples with `n` positions each."""
+def useful_flops(model: Transformer, data, rows: list[Row]) -> tuple[float, float]:
+    """(total, attention part) training FLOPs of the examples in `rows`, from the (query, key)
+    pairs their attention masks allow: n(n+1)/2 for a plain causal example of n positions,
+    fewer for a lane-packed RM trace, whose frames see only themselves."""
     c = model.cfg
     N = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
-    n = n.astype(np.float64)
-    attention = 6.0 * c.n_layer * c.n_embd * float((n * (n + 1)).sum())
-    return 6.0 * N * float(n.sum()) + attention, attention
+    tokens, pairs = 0, 0
+    for mb in micro_batches(rows, 16384):
+        b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id, data.layout)
+        real = b.doc >= 0  # (B, T)
+        tokens += int(real.sum())
+        mask = b.attn_mask()
+        if mask is None:  # one example per row from position 0: plain causal
+            n = real.sum(1)
+            pairs += int((n * (n + 1) // 2).sum())
+        else:
+            pairs += int(mask[:, 0][real].sum())
+    attention = 12.0 * c.n_layer * c.n_embd * pairs
+    return 6.0 * N * tokens + attention, attention
 
 
 def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
@@ -74,29 +87,26 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
     # Warm-up on an eighth of a step: first-call costs (allocations, kernel selection) are not training.
     train_step(model, model, optimizer, data, stream.take(step_tokens // 8), data.vocab.pad_id, tc,
                torch.device("cpu"))
-    steps, tokens, processed, flops, attention = 0, 0, 0, 0.0, 0.0
-    all_rows = []
+    steps, tokens, processed, timed_rows = 0, 0, 0, []
     t0 = time.perf_counter()
     while steps == 0 or time.perf_counter() - t0 < seconds:
         rows = stream.take(step_tokens)
         _, n_tok, _ = train_step(model, model, optimizer, data, rows, data.vocab.pad_id, tc, torch.device("cpu"))
-        lens = positions[[e for r in rows for e in r.examples]]
-        f, a = useful_flops(model, lens)
         steps, tokens, processed = steps + 1, tokens + n_tok, processed + sum(r.length for r in rows)
-        flops, attention = flops + f, attention + a
-        all_rows += rows
+        timed_rows += rows
     dt = time.perf_counter() - t0
+    flops, attention = useful_flops(model, data, timed_rows)
     return {"preset": name, "view": view, "row_len": row_len, "params": model.num_params(include_positions=False),
             "steps": steps, "step_tokens": step_tokens, "tok_s": tokens / dt, "processed_tok_s": processed / dt,
             "gflop_s": flops / dt / 1e9, "attention_share": attention / flops,
-            "padding": padding_fraction(all_rows, positions), "dropped": dropped,
-            "row_lengths": sorted({r.length for r in all_rows})}
+            "padding": padding_fraction(timed_rows, positions), "dropped": dropped,
+            "row_lengths": sorted({r.length for r in timed_rows})}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
-    ap.add_argument("--views", default="rm,cot")
+    ap.add_argument("--views", default="rm,cot", help="any of rm (lane-packed), rm-frames, cot")
     ap.add_argument("--seconds", type=float, default=12.0, help="timed seconds per configuration (after warm-up)")
     ap.add_argument("--pool", type=int, default=1000, help="expressions sampled with seed 42")
     ap.add_argument("--max-trace", type=int, default=None, help="keep expressions with traces up to this length")

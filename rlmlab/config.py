@@ -68,7 +68,7 @@ class DataSettings:
     train_size: int | None = None
     """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
     row_len: int | None = None
-    """Base packed-row length; longer examples get rows of row_len * 2^k. Default: 128 for
+    """Base packed-row length; a longer example gets a row of its own. Default: 128 for
     rm-frames (frames average ~30 tokens; a dense mask costs attention over the whole row, so
     short rows train ~1.5x faster than 512 on CPU), 512 for rm (a trace's lanes) and cot."""
     drop_too_long: bool = True
