@@ -87,7 +87,9 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
     total = [0] * len(executions)
     for i, ids, first in rows:
         total[i] += len(ids) - first
-    rows = [r for r in rows if r[2] < block]  # a row whose targets all lie beyond the block scores 0
+    # Token j is predicted from positions [0, j): with a block of B positions tokens up to B
+    # can be scored; a row whose first target lies beyond that scores 0 of its total.
+    rows = [r for r in rows if r[2] <= block]
     rows.sort(key=lambda r: min(len(r[1]), block))
     start = 0
     while start < len(rows):
@@ -95,15 +97,16 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
         while end < len(rows) and (end + 1 - start) * min(len(rows[end][1]), block) <= max_tokens:
             end += 1
         batch = rows[start:end]
-        T = min(max(len(r[1]) for r in batch), block)
+        T = min(max(len(r[1]) for r in batch), block)  # positions read
         idx = torch.zeros(len(batch), T, dtype=torch.long)
+        tgt = torch.full((len(batch), T), -1, dtype=torch.long)  # tgt[:, j-1] = token j
         for b, (_, ids, _) in enumerate(batch):
-            n = min(len(ids), T)
+            n, m = min(len(ids), T), min(len(ids) - 1, T)
             idx[b, :n] = torch.tensor(ids[:n])
-        pred = model(idx.to(device)).argmax(-1).cpu()  # (b, T): pred[:, j] guesses token j + 1
-        hit = (pred[:, :-1] == idx[:, 1:])  # (b, T-1): hit[:, j-1] scores token j
+            tgt[b, :m] = torch.tensor(ids[1:m + 1])
+        hit = model(idx.to(device)).argmax(-1).cpu() == tgt  # (b, T): hit[:, j-1] scores token j
         for b, (i, ids, first) in enumerate(batch):
-            last = min(len(ids), T)  # tokens [first, last) are read and scored
+            last = min(len(ids), T + 1)  # tokens [first, last) are scored
             correct[i] += int(hit[b, first - 1:last - 1].sum())
         start = end
     return list(zip(correct, total))
