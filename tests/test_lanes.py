@@ -35,7 +35,7 @@ def test_lane_targets_are_the_frame_examples_targets():
 def test_lane_logits_equal_per_frame_logits_and_loss():
     model = _model()
     worst = 0.0
-    for ex in _traces(120, 12):
+    for ex in _traces(40, 12):
         lanes = lane_pack(ex.tokens, ex.prompt_len)
         idx, pos, labels = lanes.encode(VOCAB)
         with torch.no_grad():
@@ -64,7 +64,7 @@ def test_lane_tokens_are_about_1_5x_the_cot_trace():
 
 def test_simulator_equals_rm_on_the_active_frame_of_every_prefix():
     model = _model(1)
-    for ex in _traces(25, 14):
+    for ex in _traces(6, 14):
         got = simulate_rm(model, VOCAB, ex.tokens, ex.prompt_len)
         assert len(got) == ex.trace_len - ex.prompt_len + 1
         for t in range(ex.prompt_len, ex.trace_len + 1):
