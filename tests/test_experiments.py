@@ -1,0 +1,52 @@
+"""The experiment runner and the report, end to end in smoke form (tiny model, a few steps)."""
+
+import json
+
+import pytest
+
+from rlmlab.cli import main
+from rlmlab.errors import DataError
+from rlmlab.experiments import get_preset, plan_shortcuts, run_jobs
+from rlmlab.report import report
+
+
+def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
+    out = tmp_path / "length"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
+    for view in ("rm", "cot"):
+        assert (out / "length-96" / view / "done.json").exists()
+        results = [json.loads(x) for x in (out / "length-96" / view / "eval" / "eval" / "results.jsonl").open()]
+        assert len(results) == 40 and {r["bin"] for r in results} == {b["label"] for b in
+                                                                      json.loads((out / "experiment.json").read_text())
+                                                                      ["split"]["bins"]}
+    stamp = (out / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0  # resumes: no work
+    assert (out / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime == stamp
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-length-96.md").read_text()
+    assert "RM acc. (%)" in table and "CoT acc. (%)" in table and "Gap (pt)" in table
+    for name in ("bins-length-96.png", "bins-length-96.pdf", "table-length-96.tex", "report.json"):
+        assert (out / "report" / name).exists()
+    rows = json.loads((out / "report" / "report.json").read_text())["rows"]
+    assert sum(r["rm"]["n"] for r in rows if r.get("rm")) == 40
+
+
+def test_iid_and_shortcut_experiments_smoke(tmp_path):
+    out = tmp_path / "iid"
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    points = json.loads((report(out) / "report.json").read_text())["points"]
+    assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
+    assert all(0 <= p["per_token"] <= 1 for p in points)
+
+    out = tmp_path / "shortcuts"
+    jobs = plan_shortcuts(get_preset("smoke"), out, names=["copy_deep_return", "position_parity"])
+    run_jobs(jobs, out, progress=False)
+    rows = json.loads((report(out) / "report.json").read_text())["rows"]
+    assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
+    assert all(0 <= r["cot_shortcut_rate"] <= 1 and r["rm_ood"]["n"] == 6 for r in rows)
+
+
+def test_report_and_run_errors(tmp_path):
+    with pytest.raises(DataError, match="no experiment.json"):
+        report(tmp_path)
+    assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--views", "xx"]) == 2
