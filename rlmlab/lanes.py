@@ -116,6 +116,15 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
         owner_slots.append(add(stack[0], t, root.trunk_len, -1, False))
         root.trunk_len += 1
 
+    def commit(f: int, toks: list[str]) -> tuple[int, int]:
+        """Append input tokens (a child's call payload, or a returned value) to frame f's trunk;
+        returns the last one's slot, whose state is the new active frame."""
+        fl = lane_of_frame[f]
+        for tok in toks:
+            slot = add(f, tok, fl.trunk_len, -1, False)
+            fl.trunk_len += 1
+        return slot
+
     def cut(fl: _FrameLane) -> None:
         examples.append(fl.segment)
         fl.segment = []
@@ -139,11 +148,7 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
             fl.branch = -1
             child = new_frame()
             stack.append(child)
-            cl = lane_of_frame[child]
-            for q in payload:
-                last = add(child, q, cl.trunk_len, -1, False)
-                cl.trunk_len += 1
-            owner_slots.append(last)
+            owner_slots.append(commit(child, payload))
             continue
         if t == CALL:
             fl.branch = n_branches
@@ -162,12 +167,7 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
             payload = [tok for tok, _, b, _ in per_frame_tokens[f][start:-1] if b == -1]
             cut(fl)
             stack.pop()
-            p = stack[-1]
-            pl = lane_of_frame[p]
-            for a in payload:
-                last = add(p, a, pl.trunk_len, -1, False)
-                pl.trunk_len += 1
-            owner_slots.append(last)
+            owner_slots.append(commit(stack[-1], payload))
             continue
         owner_slots.append(slot)
     for f in reversed(stack):  # segments still open (the root's last one, or a prefix's)
