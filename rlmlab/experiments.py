@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
 
 KINDS = ("length", "depth", "iid", "shortcuts")
 LEARNERS = ("rm", "cot")
@@ -41,11 +42,11 @@ class ExperimentPreset:
     """Expressions in the pool the splits are drawn from (paper: 500,000)."""
     pool_seed: int = 42
     """Seed of that pool (paper: 42)."""
-    length: int = 595
+    length: int = REPRESENTATIVE["length"]
     """Length threshold L of the length experiment (paper's representative: 595)."""
-    depth: int = 10
+    depth: int = REPRESENTATIVE["depth"]
     """Depth threshold K of the depth experiment (paper's representative: 10)."""
-    per_bin_cap: int = 310
+    per_bin_cap: int = PER_BIN_CAP
     """Evaluation expressions per bin (paper: 3,100 over 10 bins)."""
     n_val: int = 1_000
     """Validation expressions (teacher-forced loss, plateau, checkpoint selection)."""
@@ -66,8 +67,7 @@ class ExperimentPreset:
     """Extra `train.*` settings for both learners, e.g. {"warmup_steps": 200}."""
     per_view: dict = field(default_factory=dict)
     """Settings per learner: {"cot": {"train.batch_size": 32}, ...} (dotted keys)."""
-    iid_sizes: tuple[int, ...] = (100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000,
-                                  50_000, 100_000, 200_000, 300_000, 450_000)
+    iid_sizes: tuple[int, ...] = IID_SIZES
     """Nested training-set sizes of the IID sweep."""
     iid_seeds: int = 3
     """Seeds per size for the smaller sizes; sizes >= iid_one_seed_from get one."""
