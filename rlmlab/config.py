@@ -68,9 +68,9 @@ class DataSettings:
     train_size: int | None = None
     """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
     row_len: int | None = None
-    """Base packed-row length; a longer example gets a row of its own. Default: 128 for
-    rm-frames (frames average ~30 tokens; a dense mask costs attention over the whole row, so
-    short rows train ~1.5x faster than 512 on CPU), 512 for rm (a trace's lanes) and cot."""
+    """Base packed-row length; a longer example gets a row of its own. Default: 128 for the RM
+    views (an active-frame example averages ~30 tokens, a frame's lanes ~35; a dense mask costs
+    attention over the whole row, so short rows train ~1.5x faster than 512 on CPU), 512 for cot."""
     drop_too_long: bool = True
     """Drop examples longer than the model's positional table (counted and reported); if false, fail."""
     cache_dir: str | None = None
@@ -88,7 +88,9 @@ class DataSettings:
 
     @property
     def row_length(self) -> int:
-        return self.row_len or (128 if self.view == "rm-frames" else 512)
+        from rlmlab.views import driver_view
+
+        return self.row_len or (128 if driver_view(self.view) == "rm" else 512)
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":

@@ -9,9 +9,10 @@ ends when the root's `</return>` closes it, which the inference driver detects b
 - "cot": one example per expression, the whole flattened trace; loss on every token after
   the written expression.
 - "rm": the active-frame examples (spec: shared/spec/trace-format.md); loss on the targets
-  after each frame's boundary m, never on the visible context. All examples of a trace are
-  lane-packed into one sequence (`rlmlab.lanes`), which computes exactly what they compute
-  one by one; "rm-frames" keeps them as separate examples (the reference, ~1.7x the tokens).
+  after each frame's boundary m, never on the visible context. The examples of each frame
+  instance are lane-packed into one sequence (`rlmlab.lanes`), which computes exactly what
+  they compute one by one; "rm-frames" keeps them as separate examples (the reference, ~1.7x
+  the tokens).
 
 New views (sliding window, lane-packed RM, ...) register in `VIEWS`; `build_view_data`,
 the packer and the trainer only see ids and masks.
@@ -83,13 +84,27 @@ def rm_frames_view(ex: Execution) -> list[Example]:
 
 
 def rm_lanes_view(ex: Execution) -> list[Example]:
-    """All active-frame examples of a trace in one lane-packed sequence (`rlmlab.lanes`): the
-    same targets and, exactly, the same logits as `rm_frames_view`, in ~1.5x instead of ~2.6x
-    the CoT view's tokens."""
+    """The active-frame examples of a trace lane-packed (`rlmlab.lanes`): one example per frame
+    instance, holding its trunk once and each pending call block once. Same targets and,
+    exactly, the same logits as `rm_frames_view`, in ~1.5x instead of ~2.6x the CoT view's
+    tokens.
+
+    A frame's tokens never attend to another frame's, so each frame's lane is its own example:
+    the packer puts lanes of many frames (and traces) into short rows, where a dense mask costs
+    little, instead of one long row per trace whose mask is mostly zeros.
+    """
     lanes = lane_pack(ex.tokens, ex.prompt_len)
     targets = {i + 1 for i, label in enumerate(lanes.labels) if label is not None}
-    return [Example(tuple(lanes.tokens), tuple(i in targets for i in range(len(lanes))),
-                    tuple(zip(lanes.pos, lanes.frame, lanes.branch)))]
+    out, start = [], 0
+    for end in range(1, len(lanes) + 1):
+        if end < len(lanes) and lanes.frame[end] == lanes.frame[start]:
+            continue
+        # Frames are laid out one after another; a frame's first token is an input (its call
+        # payload), so no target ever crosses from one frame's lane into the next.
+        out.append(Example(tuple(lanes.tokens[start:end]), tuple(i in targets for i in range(start, end)),
+                           tuple(zip(lanes.pos[start:end], lanes.frame[start:end], lanes.branch[start:end]))))
+        start = end
+    return out
 
 
 View = Callable[[Execution], list[Example]]

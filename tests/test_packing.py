@@ -141,7 +141,7 @@ def _step_loss_and_grads(model, data, row_len):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1), ignore_index=IGNORE,
                                reduction="sum")
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
         n += b.n_targets
     grads = torch.cat([p.grad.flatten() / n for p in model.parameters()])
     return total / n, n, grads

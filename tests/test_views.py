@@ -89,11 +89,15 @@ def test_bad_expression_is_a_data_error():
 
 
 def test_lane_view_trains_on_exactly_the_frame_targets(random_exprs):
-    """The lane-packed RM view is one sequence per trace holding every frame's targets once."""
+    """The lane-packed RM view is one sequence per frame instance (the root and one per call),
+    holding every active-frame example's targets once, in fewer tokens."""
     for e in random_exprs[:200]:
         ex = execute(e)
-        [lanes] = get_view("rm")(ex)
+        lanes = get_view("rm")(ex)
         frames = rm_frames_view(ex)
-        assert sorted(lanes.targets) == sorted(sum((f.targets for f in frames), ()))
-        assert len(lanes.tokens) <= sum(len(f.tokens) for f in frames)
-        assert max(p for p, _, _ in lanes.layout) < ex.max_frame_width
+        assert len(lanes) == 1 + ex.tokens.count("<call>")
+        assert all(len({f for _, f, _ in lane.layout}) == 1 for lane in lanes)
+        assert len({lane.layout[0][1] for lane in lanes}) == len(lanes)
+        assert sorted(sum((lane.targets for lane in lanes), ())) == sorted(sum((f.targets for f in frames), ()))
+        assert sum(len(lane.tokens) for lane in lanes) <= sum(len(f.tokens) for f in frames)
+        assert max(p for lane in lanes for p, _, _ in lane.layout) < ex.max_frame_width
