@@ -225,7 +225,11 @@ def _settings(p: ExperimentPreset, view: str, seed: int = 1337) -> dict:
     if p.patience is not None:
         s["train.patience"] = p.patience
     s.update({f"train.{k}": v for k, v in p.train.items()})
-    s.update(p.per_view.get(view, {}))
+    # A view without settings of its own (rm-frames, a new observation function) takes those of
+    # the learner whose driver it decodes with.
+    from rlmlab.views import driver_view
+
+    s.update(p.per_view.get(view, p.per_view.get(driver_view(view), {})))
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in s.items()}
 
 

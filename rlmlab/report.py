@@ -15,6 +15,19 @@ from rlmlab.score import accuracy, bootstrap_ratio, read_results
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
 
+
+def learner_name(view: str) -> str:
+    """Table label of a learner: the paper's names for its two, the view name for any other."""
+    return LEARNER_NAMES.get(view, view)
+
+
+def learners(out: Path, jobs: list[str]) -> list[str]:
+    """The learners (views) with a run folder in any of `jobs`: RM and CoT first, then the rest
+    by name, so that a third view run with `rlmlab run --views` gets its own rows."""
+    found = {d.name for job in jobs if (out / job).is_dir() for d in (out / job).iterdir()
+             if (d / "eval").is_dir()}
+    return [v for v in LEARNER_NAMES if v in found] + sorted(found - set(LEARNER_NAMES))
+
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
 PAPER_TABLE2 = {
     ("length", 595): {"rm": [100.0, 100.0, 99.6, 99.3, 99.3, 99.6, 98.6, 95.7, 92.4, 76.4],
@@ -83,7 +96,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
           + " | ".join(f"{lab}{' (IID)' if i < n_iid else ''}" for i, lab in enumerate(labels)) + " |",
           "|---" * (len(labels) + 1) + "|"]
     for v in views:
-        md.append(f"| {LEARNER_NAMES[v]} acc. (%) | " + " | ".join(_pct(a) for a in acc[v]) + " |")
+        md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(_pct(a) for a in acc[v]) + " |")
     if "rm" in acc and "cot" in acc:
         md.append("| Gap (pt) | " + " | ".join(_gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
     n = [max((r[v]["n"] for v in views if r.get(v)), default=0) for r in rows]
@@ -91,7 +104,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
     paper = PAPER_TABLE2.get((kind, threshold))
     if paper:
         for v in views:
-            md.append(f"| paper {LEARNER_NAMES[v]} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
+            md.append(f"| paper {learner_name(v)} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
 
     tex = [r"\begin{tabular}{@{}l*{%d}{c}!{\vrule}*{%d}{c}@{}}" % (n_iid, len(labels) - n_iid), r"\toprule",
            rf"\textbf{{{kind.capitalize()}}} & \multicolumn{{{n_iid}}}{{c}}{{\textbf{{IID}}}} & "
@@ -99,7 +112,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
            rf"\textbf{{Bin ($\times {unit}$)}} & " + " & ".join(_tex_label(x) for x in labels) + r" \\",
            r"\midrule"]
     for v in views:
-        tex.append(rf"\textbf{{{LEARNER_NAMES[v]} acc. (\%)}} & " + " & ".join(f"${_pct(a)}$" for a in acc[v]) + r" \\")
+        tex.append(rf"\textbf{{{learner_name(v)} acc. (\%)}} & " + " & ".join(f"${_pct(a)}$" for a in acc[v]) + r" \\")
     if "rm" in acc and "cot" in acc:
         tex.append(r"\textbf{Gap (pt)} & " + " & ".join(f"${_gap(a, b)}$" for a, b in zip(acc["rm"], acc["cot"]))
                    + r" \\")
@@ -128,8 +141,8 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
         a = [100 * p[1]["accuracy"] for p in pts]
         lo = [100 * p[1]["ci95"][0] for p in pts]
         hi = [100 * p[1]["ci95"][1] for p in pts]
-        ax.plot(x, a, "o-", color=colors.get(v), label=LEARNER_NAMES[v])
-        ax.fill_between(x, lo, hi, color=colors.get(v), alpha=0.2)
+        line, = ax.plot(x, a, "o-", color=colors.get(v), label=learner_name(v))
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
     n_iid = sum(not r["ood"] for r in rows)
     ax.axvline(n_iid - 0.5, color="gray", ls="--", lw=1)
     ax.set_xticks(xs, [r["bin"] for r in rows], rotation=30)
@@ -169,8 +182,8 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
         drawn = True
         x = [r["elapsed_s"] / 60 for r in val]
         if any("answer_acc" in r for r in val):
-            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=LEARNER_NAMES[view])
-        a2.plot(x, [r["loss"] for r in val], label=LEARNER_NAMES[view])
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view))
+        a2.plot(x, [r["loss"] for r in val], label=learner_name(view))
     a1.set_xlabel("training minutes")
     a1.set_ylabel("val final-answer acc (%)")
     a2.set_xlabel("training minutes")
@@ -189,7 +202,7 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
 def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
     kind, threshold = meta["kind"], int(meta["threshold"])
     job = f"{kind}-{threshold}"
-    results = {v: _results(out, job, v, "eval") for v in ("rm", "cot")}
+    results = {v: _results(out, job, v, "eval") for v in learners(out, [job])}
     views = [v for v, r in results.items() if r is not None]
     if not views:
         raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
@@ -217,8 +230,9 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
 def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     """Per (N, learner): final-answer accuracy and per-token accuracy over all seeds' test results."""
     points = []
+    views = learners(out, [d.name for d in out.iterdir() if d.name.startswith("iid-N")])
     for n in sizes:
-        for view in ("rm", "cot"):
+        for view in views:
             per_seed = []
             seed = 0
             while (out / f"iid-N{n}-s{seed}").exists():
@@ -253,24 +267,27 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         ci = p["ci95"]
         tok = p.get("per_token")
         tci = p.get("per_token_ci95")
-        md.append(f"| {p['N']} | {LEARNER_NAMES[p['view']]} | {p['seeds']} | {_pct(p['accuracy'])} | "
+        md.append(f"| {p['N']} | {learner_name(p['view'])} | {p['seeds']} | {_pct(p['accuracy'])} | "
                   f"{_pct(ci[0])}–{_pct(ci[1])} | {_pct(tok)} | "
                   f"{'–' if tci is None else _pct(tci[0]) + '–' + _pct(tci[1])} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
-           r"\midrule"] + [f"{p['N']} & {LEARNER_NAMES[p['view']]} & {p['seeds']} & {_pct(p['accuracy'])} & "
+           r"\midrule"] + [f"{p['N']} & {learner_name(p['view'])} & {p['seeds']} & {_pct(p['accuracy'])} & "
                            f"{_pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for view, color in (("rm", "#1f5fa8"), ("cot", "#c0392b")):
+    colors = {"rm": "#1f5fa8", "cot": "#c0392b"}
+    for view in dict.fromkeys(p["view"] for p in points):
+        color = colors.get(view)
         ps = [p for p in points if p["view"] == view]
         if not ps:
             continue
         x = [p["N"] for p in ps]
-        a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=LEARNER_NAMES[view])
+        line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=learner_name(view))
+        color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=LEARNER_NAMES[view])
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=learner_name(view))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
     for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%)")):
@@ -291,10 +308,11 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
     from rlmlab.shortcuts import shortcut_rate
 
     rows = []
+    views = learners(out, [f"shortcut-{name}" for name in meta["constructions"]])
     for name in meta["constructions"]:
         job = f"shortcut-{name}"
         row = {"construction": name}
-        for view in ("rm", "cot"):
+        for view in views:
             iid, ood = _results(out, job, view, "iid"), _results(out, job, view, "ood")
             if iid is not None:
                 row[f"{view}_iid"] = accuracy(iid)

@@ -30,6 +30,13 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     rows = json.loads((out / "report" / "report.json").read_text())["rows"]
     assert sum(r["rm"]["n"] for r in rows if r.get("rm")) == 40
 
+    # A third learner (any training view) joins the same experiment and gets its own table row.
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm-frames"]) == 0
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-length-96.md").read_text()
+    assert [line.split(" |")[0] for line in table.splitlines() if "acc. (%)" in line] == \
+        ["| RM acc. (%)", "| CoT acc. (%)", "| rm-frames acc. (%)"]
+
 
 def test_iid_and_shortcut_experiments_smoke(tmp_path):
     out = tmp_path / "iid"

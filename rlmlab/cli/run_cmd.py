@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.experiments import KINDS, LEARNERS, PRESETS, get_preset, run_experiment
+from rlmlab.views import get_view
 
 
 def register(sub) -> None:
@@ -22,7 +23,9 @@ def register(sub) -> None:
     p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
-    p.add_argument("--views", default=",".join(LEARNERS), help="learners to run, comma-separated (default rm,cot)")
+    p.add_argument("--views", default=",".join(LEARNERS),
+                   help="learners to run, comma-separated training views (default rm,cot; any view of "
+                        "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
     p.add_argument("--minutes", type=float, default=None, help="override the training budget per learner")
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
@@ -33,9 +36,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     views = tuple(v.strip() for v in args.views.split(",") if v.strip())
-    unknown = [v for v in views if v not in LEARNERS]
-    if unknown or not views:
-        raise ConfigError(f"--views: unknown learner {', '.join(unknown) or '(none)'} (have: {', '.join(LEARNERS)})")
+    if not views:
+        raise ConfigError("--views: no learner given")
+    for v in views:
+        get_view(v)  # one-line ConfigError naming an unknown view
+        if "/" in v:
+            raise ConfigError(f"--views: {v!r} cannot name a run folder")
     preset = get_preset(args.preset)
     train = dict(preset.train)
     if args.threads is not None:
