@@ -56,7 +56,8 @@ class ModelSettings:
 class DataSettings:
     view: str = "rm"
     """What the model reads: "rm" (active frames, lane-packed), "rm-frames" (active frames one by
-    one: same objective, more tokens) or "cot" (whole flattened trace)."""
+    one: same objective, more tokens), "cot" (whole flattened trace), "window:K" (the last K
+    tokens) or "reduce" (completed calls collapsed to their values); docs/observation.md."""
     train: str | None = None
     """Training expressions: a pool parquet (`rlmlab data pool`) or any parquet with an `expr` column."""
     val: str | None = None
@@ -80,10 +81,12 @@ class DataSettings:
 
     def __post_init__(self):
         _typecheck(self, "data")
-        from rlmlab.views import VIEWS
+        from rlmlab.views import get_view
 
-        if self.view not in VIEWS:
-            raise ConfigError(f"data.view: unknown view {self.view!r} (have: {', '.join(VIEWS)})")
+        try:
+            get_view(self.view)
+        except ConfigError as e:
+            raise ConfigError(f"data.view: {e}") from None
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
 
     @property

@@ -1,4 +1,4 @@
-"""Greedy decoding for both learners: one driver, two observation functions.
+"""Greedy decoding for every learner: one driver, any observation function.
 
 `generate(predictor, exprs, vocab, view)` runs many expressions at once. Each expression is a
 *row*: its flattened trace grows one token per step, and a `StackReplay` keeps the frame
@@ -8,6 +8,8 @@ the predictor is the view's observation of that trace:
 - CoT: the whole flattened trace so far;
 - RM: the active (top) frame only. On `</call>` the payload q becomes a new frame; on
   `</return>` with a parent below, the frame is popped and its payload appended to the parent.
+- any other observation of `rlmlab.observe` ("window:K", "reduce"): its `Tracker` says how
+  the observation and the reusable cache prefix (`Feed.keep`) change on each token.
 
 A *predictor* maps a batch of rows to next-token ids. Two kinds share the interface:
 `ModelPredictor` (a Transformer, with or without a KV cache) and `Oracle` (the true rule g*,
@@ -42,21 +44,18 @@ import torch.nn.functional as F
 from rlmlab.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
 from rlmlab.frames import StackReplay, active_frame
 from rlmlab.trace import execute, trace_stats
-from rlmlab.errors import ConfigError
+from rlmlab.observe import NEW, OBSERVATIONS, POP, PUSH, Tracker, observer
 from rlmlab.vocab import Vocab
 
-VIEWS = ("cot", "rm")
+VIEWS = OBSERVATIONS  # what `generate` decodes in: "cot", "rm", "window:K", "reduce"
 NO_TOKEN = -1  # a predictor's "I have no next token" (the oracle off the canonical path)
-
-# Frame events a feed carries, so that a cache can follow the row's frame stack.
-NEW, PUSH, POP = "new", "push", "pop"
 
 
 class Feed(NamedTuple):
     """What a predictor sees of one row this step."""
 
     slot: int  # the row's slot: stable for the row's lifetime, reused by the next row
-    seq: list[int]  # the observation: CoT the trace so far, RM the active frame (read-only)
+    seq: list[int]  # the observation: CoT the trace so far, RM the active frame, ... (read-only)
     keep: int  # leading tokens of seq already fed to this slot's current frame and still valid
     event: str | None  # NEW row in the slot, PUSH of a new frame, POP back to the parent, or None
 
@@ -464,7 +463,10 @@ class OnActiveFrame:
 
 
 def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
-    """The oracle for a view: g* on the active frame (RM), or g* o Pi_rec on the trace (CoT)."""
+    """The oracle for a view: g* on the active frame (RM), or g* o Pi_rec of whatever the view
+    shows (CoT, reduction: Pi_rec of the observation is Pi_rec of the trace, so it reproduces
+    canonical traces; a window shorter than the trace hides the frame's start, so there it is
+    g* o Pi_rec of the window, not the true rule)."""
     oracle = Oracle(vocab, library)
     return oracle if observation(view) == "rm" else OnActiveFrame(oracle.next_id, vocab)
 
@@ -526,30 +528,24 @@ class Generation:
 
 
 class _Row:
-    __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "seq", "keep", "event", "parents", "fed")
+    __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
         self.replay = StackReplay(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
-        self.seq = vocab.encode(prompt)  # the observation (both views start from the written call)
-        self.keep = 0
-        self.event: str | None = NEW
-        self.parents: list[list[int]] = []  # RM: the suspended frames below the top, as ids
+        self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the view
         self.fed = 0
 
 
 def observation(view: str) -> str:
-    """What a learner reads: "cot" (the whole trace) or "rm" (the active frame). Training
-    variants of RM ("rm-frames", the lane-packed "rm") differ in how examples are packed, not
-    in what the model reads, so every "rm-..." view decodes as "rm"."""
-    if view in VIEWS:
-        return view
-    if view.startswith("rm-"):
-        return "rm"
-    raise ConfigError(f"unknown view {view!r} (the drivers decode cot, rm and its rm-... variants)")
+    """The canonical name of what a learner reads (`rlmlab.observe.observer`): "cot" (the whole
+    trace), "rm" (the active frame), "window:K", "reduce". Training variants of RM
+    ("rm-frames", the lane-packed "rm") differ in how examples are packed, not in what the
+    model reads, so every "rm-..." view decodes as "rm"."""
+    return observer(view).name
 
 
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
@@ -562,7 +558,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
     first: rows are independent, so this changes no result, only shortens the run's tail (a
     long trace started last would decode alone at the end).
     """
-    rm = observation(view) == "rm"
+    obs = observer(view)
     calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:
@@ -602,22 +598,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
             return f"deeper than {limits.max_depth} frames"
         if max_frame is not None and len(r.top) > max_frame:
             return f"active frame longer than {max_frame} tokens"
-        row.keep = len(row.seq)
-        row.event = None
-        if not rm or event is None:
-            row.seq.append(t)
-        elif event == "push":
-            start = len(r.stack[-2].tokens)  # the parent keeps its tokens before <call>
-            q = row.seq[start + 1:]
-            del row.seq[start:]
-            row.parents.append(row.seq)
-            row.seq, row.keep, row.event = q, 0, PUSH
-        else:  # pop: the child's seq ends with <return> a; the parent gets a
-            parent = row.parents.pop()
-            a = row.seq[len(row.seq) - (len(r.top) - len(parent)):]
-            row.keep = len(parent)
-            parent.extend(a)
-            row.seq, row.event = parent, POP
+        row.obs.advance(t, event, r)
         return None
 
     while True:
@@ -626,20 +607,21 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab)
+                slots[s] = _Row(i, s, calls[i], vocab, obs)
         live = [row for row in slots if row is not None]
         if not live:
             break
         done = 0
         feeds = []
         for row in live:
-            if block is not None and len(row.seq) > block:
-                what = "active frame" if rm else "trace"
-                finish(row, f"{what} of {len(row.seq)} tokens exceeds the model's block size {block}")
+            o = row.obs
+            if block is not None and len(o.seq) > block:
+                what = {"rm": "active frame", "cot": "trace"}.get(obs.name, "observation")
+                finish(row, f"{what} of {len(o.seq)} tokens exceeds the model's block size {block}")
                 done += 1
                 continue
-            feeds.append(Feed(row.slot, row.seq, row.keep, row.event))
-            row.fed += len(row.seq) - row.keep
+            feeds.append(Feed(row.slot, o.seq, o.keep, o.event))
+            row.fed += len(o.seq) - o.keep
         if feeds:
             for f, t in zip(feeds, predictor(feeds)):
                 row = slots[f.slot]

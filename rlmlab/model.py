@@ -73,9 +73,17 @@ PRESETS: dict[str, dict[str, dict]] = {
 
 
 def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
+    """The preset's sizes for a view: the "rm" column for views with short contexts (active
+    frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
-    base = PRESETS[name]["cot" if view == "cot" else "rm"]
+    from rlmlab.observe import observer
+
+    obs = observer(view)
+    base = dict(PRESETS[name][obs.family])
+    if obs.context_bound is not None:
+        # A window of K tokens must fit the positional table whatever the preset.
+        base["block_size"] = max(base["block_size"], obs.context_bound)
     return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
 
 

@@ -8,7 +8,8 @@ be recomputed from a results file without rerunning a model.
   trace counts as wrong. 95% Wilson score intervals (paper appendix, "Evaluation").
 - Per-token accuracy (paper appendix, IID setup): at every eligible position the model reads
   the true prefix and its argmax is compared with the true next token. CoT: the positions
-  after the prompt of the flattened trace; RM: the targets of every active-frame example.
+  after the prompt of the flattened trace; RM: the targets of every active-frame example;
+  any other observation (`rlmlab.observe`): the targets of its training examples.
   The interval is a bootstrap over expressions, not over tokens.
 """
 
@@ -26,7 +27,8 @@ import torch
 
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.expr import Call, parse, value_token
-from rlmlab.infer import Generation, Limits, ModelPredictor, generate, observation
+from rlmlab.infer import Generation, Limits, ModelPredictor, generate
+from rlmlab.observe import observer
 from rlmlab.pool import read_pool
 from rlmlab.trace import Execution, execute, trace_stats
 from rlmlab.vocab import Vocab
@@ -74,15 +76,15 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
     length and batched up to `max_tokens` padded tokens. An eligible position the model cannot
     read (beyond its block size) counts as wrong, as it would be in generation.
     """
-    cot = observation(view) == "cot"
+    obs = observer(view)
     block = model.cfg.block_size
     device = next(model.parameters()).device
     rows: list[tuple[int, list[int], int]] = []  # (expression, token ids, first eligible index)
     for i, ex in enumerate(executions):
-        if cot:
-            rows.append((i, vocab.encode(ex.tokens), ex.prompt_len))
-        else:
+        if obs.name == "rm":  # the executor has already cut the active-frame examples
             rows.extend((i, vocab.encode(f.tokens), f.m) for f in ex.frames)
+        else:  # the observation's examples: CoT one per trace, a window one per target, ...
+            rows.extend((i, vocab.encode(toks), m) for toks, m in obs.examples(ex.tokens, ex.prompt_len))
     correct = [0] * len(executions)
     total = [0] * len(executions)
     for i, ids, first in rows:

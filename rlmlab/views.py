@@ -14,7 +14,11 @@ ends when the root's `</return>` closes it, which the inference driver detects b
   they compute one by one; "rm-frames" keeps them as separate examples (the reference, ~1.7x
   the tokens).
 
-New views (sliding window, lane-packed RM, ...) register in `VIEWS`; `build_view_data`,
+- any other observation function of `rlmlab.observe` by name, with its parameter:
+  "window:K" (the last K tokens), "reduce" (PENCIL-style reduction): the examples that
+  `Observation.examples` cuts, plain causal (docs/observation.md).
+
+Packings with a layout register in `VIEWS`; `get_view` resolves every name. `build_view_data`,
 the packer and the trainer only see ids and masks.
 
 `ViewData` is a view's examples for a whole expression list, flattened into numpy arrays
@@ -35,6 +39,7 @@ import numpy as np
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.lanes import lane_pack
+from rlmlab.observe import Observation, observer
 from rlmlab.trace import Execution, execute
 from rlmlab.vocab import Vocab
 
@@ -112,15 +117,30 @@ VIEWS: dict[str, View] = {"cot": cot_view, "rm": rm_lanes_view, "rm-frames": rm_
 
 
 def driver_view(view: str) -> str:
-    """The inference driver a training view's model runs in: every RM packing decodes with the
-    stack driver, everything else as CoT."""
-    return "rm" if view == "rm" or view.startswith("rm-") else "cot"
+    """The observation a training view's model decodes with (`rlmlab.infer.generate`'s view):
+    every RM packing decodes with the stack driver ("rm"), any other view with its own
+    observation ("cot", "window:K", "reduce")."""
+    return observer(view).name
+
+
+def observation_view(obs: Observation) -> View:
+    """The training view of an observation function: its examples, loss on the targets."""
+
+    def view(ex: Execution) -> list[Example]:
+        return [_suffix_example(toks, m) for toks, m in obs.examples(ex.tokens, ex.prompt_len)]
+
+    view.__name__ = view.__qualname__ = f"{obs.name}_view"
+    return view
 
 
 def get_view(name: str) -> View:
-    if name not in VIEWS:
-        raise ConfigError(f"unknown view {name!r} (have: {', '.join(VIEWS)})")
-    return VIEWS[name]
+    """The training view called `name`: a registered packing (`VIEWS`) or an observation
+    function with its parameter ("window:256", "reduce"). Unknown: a one-line ConfigError."""
+    if name in VIEWS:
+        return VIEWS[name]
+    if isinstance(name, str) and name.startswith("rm-"):
+        raise ConfigError(f"unknown view {name!r}: the RM packings are {', '.join(v for v in VIEWS if v.startswith('rm'))}")
+    return observation_view(observer(name))
 
 
 @dataclass(frozen=True)
@@ -226,7 +246,7 @@ class ViewData:
 def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
     view_name, vocab_tokens, first, texts = args
-    view, vocab = VIEWS[view_name], Vocab(vocab_tokens)
+    view, vocab = get_view(view_name), Vocab(vocab_tokens)
     ids: list[int] = []
     loss: list[bool] = []
     lengths: list[int] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlmlab.checkpoint import load_run
 from rlmlab.errors import ConfigError
-from rlmlab.infer import VIEWS, Limits, ModelPredictor, oracle_predictor
+from rlmlab.infer import Limits, ModelPredictor, observation, oracle_predictor
 from rlmlab.score import RESULT_FIELDS, evaluate, group_accuracy, read_expressions, write_results
 from rlmlab.vocab import Vocab
 
@@ -32,8 +32,9 @@ def register(sub) -> None:
                    "--oracle runs/oracle-<view>/eval/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
     p.add_argument("--oracle", action="store_true", help="run the oracle predictor g* instead of a model")
-    p.add_argument("--view", choices=VIEWS, default=None, help="with --oracle: rm (stack driver) or "
-                   "cot (g* composed with the active-frame map, through the CoT decoder)")
+    p.add_argument("--view", default=None, metavar="VIEW", help="with --oracle: rm (stack driver), "
+                   "cot (g* composed with the active-frame map, through the CoT decoder), reduce or window:K "
+                   "(g* o Pi_rec of what that observation shows)")
     p.add_argument("--no-per-token", action="store_true", help="skip teacher-forced per-token accuracy")
     p.add_argument("--by", default=None, metavar="KEY", help="also print accuracy per value of a result "
                    "field, e.g. max_depth or root")
@@ -53,6 +54,7 @@ def _check_args(args) -> None:
             raise ConfigError("give RUN_DIR or --oracle, not both")
         if args.view is None:
             raise ConfigError("--oracle needs --view rm or --view cot")
+        observation(args.view)  # an unknown view or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
             raise ConfigError("give RUN_DIR (a training run folder), or --oracle --view rm|cot")

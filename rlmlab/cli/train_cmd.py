@@ -24,7 +24,9 @@ OVERRIDE = "override:"
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a CoT or RM model", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--view", choices=tuple(VIEWS), help="what the model reads (data.view; default rm)")
+    p.add_argument("--view", metavar="VIEW", help="what the model reads (data.view; default rm): "
+                   f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
+                   "K tokens), reduce (completed calls collapsed to their values)")
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
     p.add_argument("--data", metavar="PARQUET",
                    help="training expressions: a pool from `rlmlab data pool` (data.train)")
