@@ -32,10 +32,21 @@ class GeneratorConfig:
 
 
 class ExpressionSampler:
-    def __init__(self, library: Library | None = None, config: GeneratorConfig = GeneratorConfig()):
+    """Expressions from the paper's generator; `roots` restricts the root function (uniform over
+    those names; default: the whole library), as the shortcut constructions do."""
+
+    def __init__(self, library: Library | None = None, config: GeneratorConfig = GeneratorConfig(),
+                 roots: list[str] | None = None):
+        from rlmlab.errors import ConfigError
+
         self.library = library or default_library()
         self.config = config
-        self.roots = [f.name for f in self.library]
+        names = [f.name for f in self.library]
+        if roots is not None:
+            unknown = [r for r in roots if r not in names]
+            if unknown or not roots:
+                raise ConfigError(f"roots: unknown function {', '.join(unknown) or '(none given)'}")
+        self.roots = list(roots) if roots is not None else names
         self.by_type = {INT: self.library.returning(INT), BOOL: self.library.returning(BOOL)}
 
     def sample(self, rng: random.Random) -> Call:

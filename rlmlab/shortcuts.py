@@ -315,10 +315,10 @@ class ShortcutSampler:
         self.library = default_library()
         self._buckets: dict[object, deque] = defaultdict(deque)
         self._z_by_value: dict[int, deque] = defaultdict(deque)
-        self._z_sampler = ExpressionSampler(self.library, config.generator)
-        self._z_sampler.roots = list(TAIL_RECURSIVE)  # Z: a tail-recursive root, generator arguments
-        self._int_sampler = ExpressionSampler(self.library, config.generator)
-        self._int_sampler.roots = [f.name for f in self.library if f.return_type == INT]
+        # Z: a tail-recursive root with generator arguments.
+        self._z_sampler = ExpressionSampler(self.library, config.generator, roots=list(TAIL_RECURSIVE))
+        self._int_sampler = ExpressionSampler(self.library, config.generator,
+                                              roots=[f.name for f in self.library if f.return_type == INT])
 
     def draw(self, split: Side) -> Call:
         if split not in ("train", "ood"):

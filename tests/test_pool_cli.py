@@ -98,3 +98,17 @@ def test_cli_plain_output_is_uncolored_when_piped():
     assert proc.returncode == 0 and "\033[" not in proc.stdout
     assert "F5   d=1  m=15  add ( square ( double ( 2 ) ) , 1 ) x := 6 | y := 1 return <return> 7 </return>" \
         in proc.stdout
+
+
+def test_sampler_restricts_roots_and_rejects_unknown_ones():
+    import random
+
+    from rlmlab.errors import ConfigError
+    from rlmlab.sampler import ExpressionSampler
+
+    sampler, rng = ExpressionSampler(roots=["factorial", "clamp"]), random.Random(3)
+    roots = [sampler.sample(rng).fn for _ in range(400)]
+    assert set(roots) == {"factorial", "clamp"} and 150 < roots.count("clamp") < 250
+    for bad in (["no_such_fn"], []):
+        with pytest.raises(ConfigError, match="roots: unknown function"):
+            ExpressionSampler(roots=bad)
