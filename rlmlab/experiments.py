@@ -82,6 +82,29 @@ class ExperimentPreset:
     eval_batch: int = 64
     """Expressions decoded at once."""
 
+    def __post_init__(self):
+        from rlmlab.config import RunConfig, apply_overrides
+        from rlmlab.model import PRESETS as MODEL_PRESETS
+
+        where = f"experiment preset {self.name!r}"
+        if self.model not in MODEL_PRESETS:
+            raise ConfigError(f"{where}: unknown model preset {self.model!r} (have: {', '.join(MODEL_PRESETS)})")
+        for name in ("pool_n", "per_bin_cap", "n_val", "answer_eval", "eval_every", "iid_seeds",
+                     "iid_n_test", "shortcut_n_train", "shortcut_n_eval", "eval_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+        for name in ("n_train", "max_steps", "patience", "minutes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{where}: {name} must be positive, got {value!r}")
+        if not self.iid_sizes or any(n < 1 for n in self.iid_sizes) or list(self.iid_sizes) != sorted(self.iid_sizes):
+            raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
+        # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
+        apply_overrides(RunConfig(), {f"train.{k}": json.dumps(v) for k, v in self.train.items()})
+        for view, settings in self.per_view.items():
+            apply_overrides(RunConfig(), {k: json.dumps(v) for k, v in settings.items()})
+
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 

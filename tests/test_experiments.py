@@ -57,3 +57,21 @@ def test_report_and_run_errors(tmp_path):
     with pytest.raises(DataError, match="no experiment.json"):
         report(tmp_path)
     assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--views", "xx"]) == 2
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"model": "huge"}, "unknown model preset 'huge'"),
+    ({"n_val": 0}, "n_val must be a positive integer"),
+    ({"minutes": -5.0}, "minutes must be positive"),
+    ({"iid_sizes": (300, 100)}, "iid_sizes must be increasing"),
+    ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
+    ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
+])
+def test_experiment_presets_are_validated_on_construction(bad, message):
+    from rlmlab.errors import ConfigError
+    from rlmlab.experiments import ExperimentPreset
+
+    with pytest.raises(ConfigError, match=message):
+        ExperimentPreset(**{"name": "t", "model": "tiny", **bad})
+    with pytest.raises(ConfigError, match=message):  # overriding a valid preset is checked the same way
+        get_preset("smoke").with_overrides(**bad)
