@@ -13,7 +13,7 @@ import sys
 from rlmlab.errors import RlmlabError
 
 # Subcommand modules, in the order `rlmlab --help` lists them.
-COMMANDS = ("demo", "run", "report", "trace", "data", "train", "eval")
+COMMANDS = ("demo", "run", "report", "trace", "data", "train", "eval", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,104 @@
+"""`rlmlab probe RUN_DIR --data exprs`: the invariance probe of a trained model (rlmlab.probe).
+
+Writes `results.jsonl` (one line per expression: prediction points, non-invariant points,
+witnesses, subproblems, non-invariant answers, the data file's columns) and `summary.json`
+(the rates overall and per group, 95% Wilson intervals); prints a short table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlmlab.errors import ConfigError
+
+GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="measure a model's non-invariance under the active-frame map",
+                       description="At every prediction point of every canonical trace, the model's greedy "
+                       "token on the complete prefix against the one on its active frame alone; and for every "
+                       "subproblem of its own greedy trace, the value returned in context against the value "
+                       "returned when the subproblem is posed alone (docs/observation.md).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="training run folder")
+    p.add_argument("--data", required=True, help="pool parquet (an `expr` column; its other columns can "
+                   "group the rates) or a text file, one expression per line")
+    p.add_argument("--limit", type=int, default=None, help="first N expressions only")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/probe/<data name>)")
+    p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
+    p.add_argument("--by", action="append", default=None, metavar="COLUMN", help="group the rates by a "
+                   f"column of the data (repeatable; default: those of {', '.join(GROUP_COLUMNS)} it has)")
+    p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens limit per decoding")
+    p.add_argument("--positions-only", action="store_true", help="skip the answer level (no decoding)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(handler=run)
+
+
+def _columns(path: Path, n: int) -> list[dict]:
+    """Per expression, the data file's columns other than `expr` (JSON-safe scalars only)."""
+    if path.suffix != ".parquet":
+        return [{} for _ in range(n)]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path).slice(0, n)
+    keep = [c for c in table.column_names if c != "expr"
+            and not (table.schema.field(c).type.num_fields or str(table.schema.field(c).type).startswith("list"))]
+    cols = {c: table.column(c).to_pylist() for c in keep}
+    return [{c: cols[c][i] for c in keep} for i in range(n)]
+
+
+def run(args) -> int:
+    from rlmlab.checkpoint import load_run
+    from rlmlab.infer import Limits, ModelPredictor
+    from rlmlab.probe import probe, summarize_probe
+    from rlmlab.score import read_expressions
+
+    for name in ("limit", "batch_size", "max_new_tokens", "threads"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    exprs, _ = read_expressions(args.data, args.limit)
+    extra = _columns(Path(args.data), len(exprs))
+    by = args.by if args.by is not None else [c for c in GROUP_COLUMNS if c in extra[0]]
+    for c in by:
+        if c not in extra[0]:
+            raise ConfigError(f"--by {c}: no such column in {args.data} (have: {', '.join(extra[0]) or 'none'})")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    run_ = load_run(args.run_dir, which=args.which)
+    limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
+    rows = probe(ModelPredictor(run_.model), run_.view, exprs, run_.vocab, extra, limits, args.batch_size,
+                 answers=not args.positions_only)
+    groups = summarize_probe(rows, by)
+    out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "view": run_.view,
+               "data": str(args.data), "groups": groups}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(render(summary))
+    print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
+    return 0
+
+
+def _pct(rate, ci) -> str:
+    if rate is None:
+        return f"{'-':>7}  {'':>15}"
+    return f"{100 * rate:6.2f}%  [{100 * ci[0]:5.2f}, {100 * ci[1]:5.2f}]"
+
+
+def render(s: dict) -> str:
+    lines = [f"invariance probe of {s['run_dir']} ({s['which']}, step {s['step']}, view {s['view']}) on {s['data']}",
+             f"  {'group':>22}  {'exprs':>5}  {'position non-inv.':>26}  {'answer non-inv.':>26}  subproblems"]
+    for g in s["groups"]:
+        name = "all" if g["group_by"] is None else f"{g['group_by']}={g['group']}"
+        pos = _pct(g.get("position_rate"), g.get("position_ci95"))
+        ans = _pct(g.get("answer_rate"), g.get("answer_ci95")) if "answer_rate" in g else f"{'-':>26}"
+        lines.append(f"  {name:>22}  {g['n_expressions']:>5}  {pos:>26}  {ans:>26}  {g.get('subproblems', '-')}")
+    return "\n".join(lines)
