@@ -61,6 +61,18 @@ def _results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None
     return read_results(path) if path.exists() else None
 
 
+def _probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    """The groups of `rlmlab probe`'s summary for a learner's evaluation set, if it was probed
+    (`rlmlab probe <out>/<job>/<view> --data <the set's parquet>` writes `<view>/probe/<set>/`)."""
+    path = out / job / view / "probe" / set_name / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())["groups"]
+    except (ValueError, KeyError):
+        raise DataError(f"{path}: not a probe summary") from None
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
@@ -71,8 +83,12 @@ def _gap(a: float | None, b: float | None) -> str:
 
 # --- length / depth -------------------------------------------------------------------------
 
-def threshold_rows(meta: dict, results: dict[str, list[dict] | None]) -> list[dict]:
-    """One dict per bin: label, IID/OOD, and per learner n, accuracy and Wilson interval."""
+def threshold_rows(meta: dict, results: dict[str, list[dict] | None],
+                   probes: dict[str, list[dict] | None] | None = None) -> list[dict]:
+    """One dict per bin: label, IID/OOD, and per learner n, accuracy and Wilson interval, plus
+    the learner's probe figures for the bin (`<view>_probe`) where it was probed."""
+    by_bin = {v: {g["group"]: g for g in groups if g.get("group_by") == "bin"}
+              for v, groups in (probes or {}).items() if groups}
     rows = []
     for b in meta["split"]["bins"]:
         row = {"bin": b["label"], "ood": b["ood"], "available": b["available"]}
@@ -83,6 +99,8 @@ def threshold_rows(meta: dict, results: dict[str, list[dict] | None]) -> list[di
             row[view] = accuracy(in_bin) if in_bin else None
             within = [r for r in in_bin if r.get("within_tmax")]
             row[f"{view}_within_tmax"] = accuracy(within) if within else None
+        for view, groups in by_bin.items():
+            row[f"{view}_probe"] = groups.get(b["label"])
         rows.append(row)
     return rows
 
@@ -101,6 +119,15 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
         md.append("| Gap (pt) | " + " | ".join(_gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
     n = [max((r[v]["n"] for v in views if r.get(v)), default=0) for r in rows]
     md.append("| n | " + " | ".join(str(k) for k in n) + " |")
+    for v in views:  # the invariance probe (rlmlab probe), where it was run
+        probed = [r.get(f"{v}_probe") for r in rows]
+        if not any(probed):
+            continue
+        for key, what in (("position_rate", "positions"), ("answer_rate", "answers")):
+            md.append(f"| {learner_name(v)} non-invariant {what} (%) | "
+                      + " | ".join(_pct(p.get(key)) if p else "–" for p in probed) + " |")
+        md.append(f"| {learner_name(v)} probed expressions | "
+                  + " | ".join(str(p["n_expressions"]) if p else "–" for p in probed) + " |")
     paper = PAPER_TABLE2.get((kind, threshold))
     if paper:
         for v in views:
@@ -206,7 +233,8 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
     views = [v for v, r in results.items() if r is not None]
     if not views:
         raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
-    rows = threshold_rows(meta, results)
+    probes = {v: _probe_groups(out, job, v, "eval") for v in views}
+    rows = threshold_rows(meta, results, probes)
     md, tex = threshold_tables(kind, threshold, rows, views)
     t_max = meta["split"].get("t_max")
     diag = []
@@ -319,6 +347,9 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
             if ood is not None:
                 row[f"{view}_ood"] = accuracy(ood)
                 row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
+            probed = _probe_groups(out, job, view, "ood")
+            if probed:
+                row[f"{view}_probe_ood"] = probed[0]
         rows.append(row)
     if not any(len(r) > 1 for r in rows):
         raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
@@ -326,8 +357,11 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
     def acc(r, key):
         return r[key]["accuracy"] if key in r else None
 
+    probed_any = any(k.endswith("_probe_ood") for r in rows for k in r)
+    probe_cols = [f"OOD non-invariant answers, {learner_name(v)} (%)" for v in views] if probed_any else []
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
-          "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |", "|---" * 9 + "|"]
+          "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |" + "".join(f" {c} |" for c in probe_cols),
+          "|---" * (9 + len(probe_cols)) + "|"]
     tex = [r"\begin{tabular}{@{}lcc!{\vrule}cccc@{}}", r"\toprule",
            r"Construction & RM acc. & CoT acc. & RM acc. & CoT acc. & Gap (pt) & Shortcut rate \\", r"\midrule"]
     for r in rows:
@@ -335,7 +369,9 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
         cells = [_pct(acc(r, "rm_iid")), _pct(acc(r, "cot_iid")), _pct(acc(r, "rm_ood")), _pct(acc(r, "cot_ood")),
                  _gap(acc(r, "rm_ood"), acc(r, "cot_ood")), _pct(r.get("cot_shortcut_rate"))]
         md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {_pct(r.get('rm_shortcut_rate'))} | "
-                  + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |")
+                  + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
+                  + (" " + " | ".join(_pct(r.get(f"{v}_probe_ood", {}).get("answer_rate")) for v in views) + " |"
+                     if probed_any else ""))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")

@@ -30,6 +30,15 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     rows = json.loads((out / "report" / "report.json").read_text())["rows"]
     assert sum(r["rm"]["n"] for r in rows if r.get("rm")) == 40
 
+    # The invariance probe of a learner puts its per-bin rates into the table.
+    assert main(["probe", str(out / "length-96" / "cot"), "--data", str(out / "data" / "length-96" / "eval.parquet"),
+                 "--per-group", "2", "--max-new-tokens", "60"]) == 0
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-length-96.md").read_text()
+    probed = [line for line in table.splitlines() if line.startswith("| CoT probed expressions")]
+    assert probed and probed[0].count("| 2 ") == 10
+    assert "| CoT non-invariant positions (%)" in table and "| CoT non-invariant answers (%)" in table
+
     # A third learner (any training view) joins the same experiment and gets its own table row.
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm-frames"]) == 0
     assert main(["report", str(out)]) == 0
@@ -51,6 +60,13 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
     assert all(0 <= r["cot_shortcut_rate"] <= 1 and r["rm_ood"]["n"] == 6 for r in rows)
+    # The probe of a learner on a construction's OOD set adds a column to the shortcut table.
+    assert main(["probe", str(out / "shortcut-position_parity" / "cot"), "--data",
+                 str(out / "data" / "shortcut-position_parity" / "ood.parquet"), "--max-new-tokens", "60"]) == 0
+    rows = json.loads((report(out) / "report.json").read_text())["rows"]
+    assert "cot_probe_ood" not in rows[0] and rows[1]["cot_probe_ood"]["n_expressions"] == 6
+    header = (out / "report" / "table-shortcuts.md").read_text().splitlines()[0]
+    assert header.endswith("| OOD non-invariant answers, RM (%) | OOD non-invariant answers, CoT (%) |")
 
 
 def test_report_and_run_errors(tmp_path):

@@ -144,6 +144,7 @@ def test_probe_cli(tmp_path, capsys):
     exprs = ["add(sum_of_squares(2,3),double(4))", "square(double(3))", "add(square(2),3)"]
     data = tmp_path / "set.parquet"
     pq.write_table(pa.table({"expr": exprs, "split": ["train", "test", "test"]}), data)
+    (tmp_path / "plain.txt").write_text("\n".join(exprs) + "\n")
     out = tmp_path / "probe"
     assert main(["probe", str(run), "--data", str(data), "--out", str(out), "--by", "split",
                  "--max-new-tokens", "40"]) == 0
@@ -153,10 +154,15 @@ def test_probe_cli(tmp_path, capsys):
     assert summary["view"] == "cot" and summary["groups"][0]["n_expressions"] == 3
     assert [g["group"] for g in summary["groups"][1:]] == ["test", "train"]
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    assert main(["probe", str(run), "--data", str(data), "--out", str(out), "--per-group", "1",
+                 "--positions-only"]) == 0
+    kept = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["expr"], r["split"]) for r in kept] == [(exprs[0], "train"), (exprs[1], "test")]
     for argv, message in ([str(run), "--data", str(tmp_path / "none.parquet")], "no such file"), \
                          ([str(tmp_path / "norun"), "--data", str(data)], "norun"), \
                          ([str(run), "--data", str(data), "--by", "colour"], "--by colour"), \
-                         ([str(run), "--data", str(data), "--limit", "0"], "--limit"):
+                         ([str(run), "--data", str(data), "--limit", "0"], "--limit"), \
+                         ([str(run), "--data", str(tmp_path / "plain.txt"), "--per-group", "2"], "--per-group"):
         assert main(["probe", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1

@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column; its other columns can "
                    "group the rates) or a text file, one expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
+    p.add_argument("--per-group", type=int, default=None, metavar="N",
+                   help="first N expressions of each group of the first --by column (e.g. N per bin)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/probe/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
     p.add_argument("--by", action="append", default=None, metavar="COLUMN", help="group the rates by a "
@@ -55,7 +57,7 @@ def run(args) -> int:
     from rlmlab.probe import probe, summarize_probe
     from rlmlab.score import read_expressions
 
-    for name in ("limit", "batch_size", "max_new_tokens", "threads"):
+    for name in ("limit", "per_group", "batch_size", "max_new_tokens", "threads"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
@@ -65,6 +67,17 @@ def run(args) -> int:
     for c in by:
         if c not in extra[0]:
             raise ConfigError(f"--by {c}: no such column in {args.data} (have: {', '.join(extra[0]) or 'none'})")
+    if args.per_group is not None:
+        if not by:
+            raise ConfigError("--per-group needs a column to group by (--by, or data with a bin/split/construction column)")
+        taken: dict = {}
+        keep = []
+        for i, e in enumerate(extra):
+            group = e[by[0]]
+            if taken.get(group, 0) < args.per_group:
+                taken[group] = taken.get(group, 0) + 1
+                keep.append(i)
+        exprs, extra = [exprs[i] for i in keep], [extra[i] for i in keep]
     if args.threads is not None:
         import torch
 
