@@ -257,7 +257,8 @@ def _rates(rows: Sequence[dict]) -> dict:
 
 
 def summarize_probe(rows: Sequence[dict], by: Sequence[str] = ()) -> list[dict]:
-    """The rates overall (group_by None) and per value of each column in `by`, as a list of
+    """The rates overall (group_by None) and per value of each column in `by` (values in order
+    of first appearance in `rows`), as a list of
     dicts: position_rate (non-invariant points / points), witness_rate (non-invariant points
     right in context / points right in context), answer_rate (subproblems answered otherwise
     alone / subproblems), each with a 95% Wilson interval."""
@@ -266,7 +267,7 @@ def summarize_probe(rows: Sequence[dict], by: Sequence[str] = ()) -> list[dict]:
         groups: dict = defaultdict(list)
         for r in rows:
             groups[r.get(key)].append(r)
-        for value in sorted(groups, key=lambda v: (v is None, not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v))):
+        for value in groups:  # in order of first appearance: a split's bins are stored in bin order
             out.append({"group_by": key, "group": value, **_rates(groups[value])})
     return out
 

@@ -131,8 +131,8 @@ def test_completed_calls_and_grouping():
     rows = probe(SquareAlone(), "cot", [WORKED, "add(square(2),3)", "double(4)"], VOCAB,
                  extra=[{"bin": 1}, {"bin": 0}, {"bin": 1}])
     groups = summarize_probe(rows, by=["bin"])
-    assert [(g["group_by"], g["group"], g["n_expressions"]) for g in groups] == [(None, None, 3), ("bin", 0, 1), ("bin", 1, 2)]
-    assert groups[1]["answer_non_invariant"] == 1 and groups[2]["answer_non_invariant"] == 2
+    assert [(g["group_by"], g["group"], g["n_expressions"]) for g in groups] == [(None, None, 3), ("bin", 1, 2), ("bin", 0, 1)]
+    assert groups[2]["answer_non_invariant"] == 1 and groups[1]["answer_non_invariant"] == 2
     json.dumps(groups)
 
 
@@ -152,7 +152,7 @@ def test_probe_cli(tmp_path, capsys):
     assert "position" in printed and "split" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["view"] == "cot" and summary["groups"][0]["n_expressions"] == 3
-    assert [g["group"] for g in summary["groups"][1:]] == ["test", "train"]
+    assert [g["group"] for g in summary["groups"][1:]] == ["train", "test"]  # as they first appear
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
     assert main(["probe", str(run), "--data", str(data), "--out", str(out), "--per-group", "1",
                  "--positions-only"]) == 0
