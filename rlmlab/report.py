@@ -301,6 +301,9 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
            r"\midrule"] + [f"{p['N']} & {learner_name(p['view'])} & {p['seeds']} & {_pct(p['accuracy'])} & "
                            f"{_pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
+    skipped = meta.get("skipped_sizes")
+    if skipped:
+        md.append(f"\nNot run: N = {', '.join(map(str, skipped['sizes']))} ({skipped['reason']}).")
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))

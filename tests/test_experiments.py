@@ -53,6 +53,13 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     points = json.loads((report(out) / "report.json").read_text())["points"]
     assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
     assert all(0 <= p["per_token"] <= 1 for p in points)
+    # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
+    from rlmlab.experiments import run_experiment
+
+    run_experiment("iid", get_preset("smoke").with_overrides(iid_sizes=(100, 200, 9_000)), out, views=("rm",),
+                   progress=False)
+    assert json.loads((out / "experiment.json").read_text())["skipped_sizes"]["sizes"] == [9_000]
+    assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
 
     out = tmp_path / "shortcuts"
     jobs = plan_shortcuts(get_preset("smoke"), out, names=["copy_deep_return", "position_parity"])
