@@ -39,6 +39,7 @@ what the stack replay pops), so g* o Pi_rec runs in the reduction's driver too.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ Segment = tuple[tuple[str, ...], int]
 NEW, PUSH, POP = "new", "push", "pop"
 
 
-class Tracker:
+class Tracker(ABC):
     """One inference row's observation, updated token by token.
 
     `seq` is the observation (token ids), `keep` how many of its leading tokens were already
@@ -67,11 +68,12 @@ class Tracker:
     keep: int
     event: str | None
 
+    @abstractmethod
     def advance(self, t: int, event: str | None, replay: StackReplay) -> None:
-        raise NotImplementedError
+        """Take token id t into the observation (update seq, keep, event)."""
 
 
-class Observation:
+class Observation(ABC):
     """An observation function Pi and what follows from it. Subclasses define `observe`,
     `examples` and `tracker`; `name` is the canonical `--view` spelling."""
 
@@ -81,18 +83,18 @@ class Observation:
     context_bound: int | None = None
     """Longest visible context whatever the trace (None: unbounded)."""
 
+    @abstractmethod
     def observe(self, tokens: Sequence[str], prompt_len: int = 0) -> list[str]:
         """The reference: the visible context when the complete sequence is `tokens`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def examples(self, tokens: Sequence[str], prompt_len: int) -> list[Segment]:
         """The training examples of a sequence whose first `prompt_len` tokens are given (no
         target): equal to `reference_examples(self, tokens, prompt_len)`, in one pass."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tracker(self, prompt: list[int], vocab) -> Tracker:
         """The driver state of a new row whose written expression is `prompt` (ids)."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<observation {self.name}>"
@@ -261,15 +263,18 @@ def _ordinary_tail(seq: Sequence, start: int, opener, control) -> int | None:
     return None
 
 
-def reduce_calls(tokens: Sequence[str]) -> list[str]:
-    """Pi_reduce: replay `tokens`, replacing each completed call block `<call> q </call> ...
-    <return> a </return>` (the child's closing return) by `a`. Total on any sequence; the
-    call/return matching is `active_frame`'s, so both maps agree on what a completed call is."""
+def _reduction_steps(tokens: Sequence[str]):
+    """Replay `tokens`, collapsing each completed call block `<call> q </call> ... <return> a
+    </return>` (the child's closing return) to `a` in place. Yields, after every token, the
+    current reduction (a live list: copy what you keep) and, if that token completed a call,
+    the sequence as it stood just before the collapse (else None). The call/return matching
+    is `active_frame`'s, so both maps agree on what a completed call is."""
     out: list[str] = []
     opens: list[tuple[int, int]] = []  # per open call: (index of its <call>, where the child's text starts)
     for tok in tokens:
         out.append(tok)
         start = opens[-1][1] if opens else 0
+        before = None
         if tok == END_CALL:
             i = _ordinary_tail(out, start, CALL, CONTROL)
             if i is not None:
@@ -277,10 +282,19 @@ def reduce_calls(tokens: Sequence[str]) -> list[str]:
         elif tok == END_RETURN and opens:
             i = _ordinary_tail(out, start, RETURN, CONTROL)
             if i is not None:
+                before = tuple(out)
                 a = out[i + 1:-1]
                 del out[opens.pop()[0]:]
                 out.extend(a)
-    return out
+        yield out, before
+
+
+def reduce_calls(tokens: Sequence[str]) -> list[str]:
+    """Pi_reduce: every completed call block replaced by its returned value. Total on any sequence."""
+    out: list[str] = []
+    for out, _ in _reduction_steps(tokens):
+        pass
+    return list(out)
 
 
 class _Reducing(Tracker):
@@ -317,28 +331,16 @@ class Reduce(Observation):
         return reduce_calls(tokens)
 
     def examples(self, tokens, prompt_len):
-        """One pass of `reduce_calls`: an example closes at each child's `</return>` (the
-        context is rewritten right after it) and at the end."""
+        """One pass of the reduction: an example closes at each child's `</return>` (the
+        context is rewritten right after it) and at the end. A written expression has no
+        control token, so the prompt is its own reduction and completes no call."""
         out: list[Segment] = []
-        # A written expression has no control token, so it is its own reduction (and opens no call).
-        seq: list[str] = list(tokens[:prompt_len])
-        opens: list[tuple[int, int]] = []
-        m = len(seq)
-        for tok in tokens[prompt_len:]:
-            seq.append(tok)
-            start = opens[-1][1] if opens else 0
-            if tok == END_CALL:
-                i = _ordinary_tail(seq, start, CALL, CONTROL)
-                if i is not None:
-                    opens.append((i, len(seq)))
-            elif tok == END_RETURN and opens:
-                i = _ordinary_tail(seq, start, RETURN, CONTROL)
-                if i is not None:
-                    out.append((tuple(seq), m))
-                    a = seq[i + 1:-1]
-                    del seq[opens.pop()[0]:]
-                    seq.extend(a)
-                    m = len(seq)
+        seq: list[str] = []
+        m = prompt_len
+        for seq, before in _reduction_steps(tokens):
+            if before is not None:
+                out.append((before, m))
+                m = len(seq)
         if len(seq) > m:
             out.append((tuple(seq), m))
         return out

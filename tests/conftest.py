@@ -25,3 +25,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+class Recorder:
+    """Wraps a ModelPredictor: keeps each step's feeds (copied) and logits."""
+
+    def __init__(self, inner):
+        self.inner, self.block_size, self.log = inner, inner.block_size, []
+
+    def reset(self, n_slots):
+        self.inner.reset(n_slots)
+
+    def __call__(self, feeds):
+        out = self.inner(feeds)
+        self.log.append(([(f.slot, list(f.seq)) for f in feeds], self.inner.logits.clone()))
+        return out

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from conftest import sample_expressions
+from conftest import Recorder, sample_expressions
 from rlmlab.errors import ConfigError
 from rlmlab.frames import active_frame
 from rlmlab.infer import NO_TOKEN, Limits, ModelPredictor, OnActiveFrame, Oracle, TeacherForced, generate, \
@@ -41,21 +41,6 @@ class Script:
         t = self.ids[min(self.k, len(self.ids) - 1)]
         self.k += 1
         return [t]
-
-
-class Recorder:
-    """Wraps a ModelPredictor: keeps each step's feeds (copied) and logits."""
-
-    def __init__(self, inner):
-        self.inner, self.block_size, self.log = inner, inner.block_size, []
-
-    def reset(self, n_slots):
-        self.inner.reset(n_slots)
-
-    def __call__(self, feeds):
-        out = self.inner(feeds)
-        self.log.append(([(f.slot, list(f.seq)) for f in feeds], self.inner.logits.clone()))
-        return out
 
 
 def _assert_canonical(gens, exprs):

@@ -5,7 +5,7 @@ reproduces canonical traces with the oracle, and keeps KV caches exact."""
 import pytest
 import torch
 
-from conftest import sample_expressions
+from conftest import Recorder, sample_expressions
 from rlmlab.config import DataSettings
 from rlmlab.errors import ConfigError
 from rlmlab.frames import active_frame
@@ -158,19 +158,6 @@ def test_oracle_reproduces_canonical_traces_through_the_driver(name, random_expr
 def _model(name, seed=0):
     torch.manual_seed(seed)
     return Transformer(preset("tiny", name, len(VOCAB))).eval()
-
-
-class Recorder:
-    def __init__(self, inner):
-        self.inner, self.block_size, self.log = inner, inner.block_size, []
-
-    def reset(self, n_slots):
-        self.inner.reset(n_slots)
-
-    def __call__(self, feeds):
-        out = self.inner(feeds)
-        self.log.append(([(f.slot, list(f.seq)) for f in feeds], self.inner.logits.clone()))
-        return out
 
 
 @pytest.mark.parametrize("name", ["reduce", "window:24"])
