@@ -5,6 +5,10 @@ attention through `scaled_dot_product_attention`. CoT and RM use this one class:
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn_mask`).
 
+Packed training rows pass their mask as a `BlockDiagonal` (the blocks of a block-diagonal mask)
+rather than a dense tensor: attention then runs per example, at a cost that grows with the
+examples' lengths instead of the row's.
+
 A `cache` (see `rlmlab.infer.KVCache`) may be passed for decoding: each attention layer then
 hands it its queries, keys and values, and the cache stores the new keys/values and computes
 the attention over whatever its caller laid out (cached frames, freshly packed ones), masks
@@ -87,6 +91,97 @@ def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
 
 
+def _bucket_length(n: torch.Tensor) -> torch.Tensor:
+    """Padded length of a block of n positions: few distinct lengths (few kernel calls) for
+    at most ~12% of padding beyond 32 positions."""
+    step = torch.where(n <= 128, 16, torch.where(n <= 256, 32, 64))
+    return (n + step - 1) // step * step
+
+
+class BlockDiagonal:
+    """A block-diagonal attention mask over packed rows, kept as its blocks.
+
+    Block i is one example: `length[i]` positions from `start[i]` in row `row[i]`, attending
+    causally within itself; for lane-packed examples (`frame`, `branch` given, as in
+    `rlmlab.packing.PackedBatch`) a query further sees only keys of its own frame that are on
+    the trunk or on its own call block.
+
+    Why not a dense (B, 1, T, T) mask: the CPU attention kernel computes (and differentiates)
+    every pair of a row whatever the mask says, and does not skip the upper triangle even for
+    `is_causal`. So `attend` cuts each block into pieces of `chunk` queries (longer pieces for
+    blocks over `max_pieces` chunks), each with the keys up to its last query, gathers the pieces into batches of one padded shape and
+    attends those: a block of n positions then costs about n^2/2 + n*max(chunk, n/max_pieces)/2
+    pairs instead of its row's T^2. Padded slots repeat a real position and the mask keeps them from every real
+    query. Positions outside every block (row padding) output zeros.
+    """
+
+    def __init__(self, B: int, T: int, row: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+                 frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, chunk: int = 128,
+                 max_pieces: int = 4):
+        dev = row.device
+        # Pieces of `chunk` queries, at most `max_pieces` per block: short query pieces against
+        # long key ranges run the kernel far below its best rate.
+        size = torch.clamp((length + max_pieces - 1) // max_pieces, min=chunk)
+        size = (size + 15) // 16 * 16
+        pieces = (length + size - 1) // size
+        block = torch.repeat_interleave(torch.arange(len(length), device=dev), pieces)  # block of each piece
+        first_piece = torch.cumsum(pieces, 0) - pieces
+        q_start = (torch.arange(len(block), device=dev) - first_piece[block]) * size[block]
+        n_k = torch.minimum(q_start + size[block], length[block])  # keys: the block up to the piece's last query
+        n_q = n_k - q_start
+        first = row[block] * T + start[block]  # flat index of the block's first position
+        pad_q, pad_k = _bucket_length(n_q), _bucket_length(n_k)
+        scatter = torch.full((B * T,), -1, dtype=torch.long, device=dev)
+        self.groups: list[tuple[int, int, int, torch.Tensor | None]] = []  # pieces, query / key length, mask
+        q_parts, k_parts = [], []
+        offset = 0
+        for Lq, Lk in sorted(set(zip(pad_q.tolist(), pad_k.tolist()))):
+            sel = ((pad_q == Lq) & (pad_k == Lk)).nonzero().squeeze(1)
+            E = len(sel)
+            i, t = torch.arange(Lq, device=dev), torch.arange(Lk, device=dev)
+            qs, nq, nk, f0 = q_start[sel, None], n_q[sel, None], n_k[sel, None], first[sel, None]
+            q_index = f0 + qs + torch.minimum(i, nq - 1)  # (E, Lq)
+            k_index = f0 + torch.minimum(t, nk - 1)  # (E, Lk)
+            real = i < nq
+            scatter[(f0 + qs + i)[real]] = offset + (torch.arange(E, device=dev)[:, None] * Lq + i)[real]
+            mask = None
+            if frame is not None or Lq != Lk or bool((qs > 0).any()):
+                mask = t[None, None, :] <= (qs + i)[:, :, None]  # (E, Lq, Lk) causal, aligned to the piece
+                if frame is not None:
+                    fq, fk = frame.reshape(-1)[q_index], frame.reshape(-1)[k_index]
+                    bq, bk = branch.reshape(-1)[q_index], branch.reshape(-1)[k_index]
+                    mask &= (fq[:, :, None] == fk[:, None, :]) & ((bk[:, None, :] == -1) | (bq[:, :, None] == bk[:, None, :]))
+                mask = mask.unsqueeze(1)  # (E, 1, Lq, Lk)
+            self.groups.append((E, Lq, Lk, mask))
+            q_parts.append(q_index.reshape(-1))
+            k_parts.append(k_index.reshape(-1))
+            offset += E * Lq
+        # One gather per tensor for all groups: the backward of each gather allocates (and
+        # zero-fills) a gradient the size of the whole batch, so per-group gathers would cost
+        # more than the attention they feed.
+        self.q_index, self.k_index = torch.cat(q_parts), torch.cat(k_parts)
+        self.scatter = torch.where(scatter < 0, offset, scatter)  # `offset` = the zero row appended in attend
+        self.shape = (B, T)
+
+    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        """q, k, v (B, nh, T, hs) -> attention output (B, nh, T, hs)."""
+        B, nh, T, hs = q.shape
+        q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs) for t in (q, k, v))
+        qs = q.index_select(0, self.q_index).split([E * Lq for E, Lq, _, _ in self.groups])
+        k_index = self.k_index
+        ks = k.index_select(0, k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        vs = v.index_select(0, k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        outs = []
+        for (E, Lq, Lk, mask), qb, kb, vb in zip(self.groups, qs, ks, vs):
+            qb = qb.view(E, Lq, nh, hs).transpose(1, 2)  # (E, nh, Lq, hs)
+            kb, vb = (t.view(E, Lk, nh, hs).transpose(1, 2) for t in (kb, vb))  # (E, nh, Lk, hs)
+            y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p)
+            outs.append(y.transpose(1, 2).reshape(E * Lq, nh, hs))
+        outs.append(q.new_zeros(1, nh, hs))
+        y = torch.cat(outs).index_select(0, self.scatter)  # (B * T, nh, hs)
+        return y.view(B, T, nh, hs).transpose(1, 2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -107,6 +202,8 @@ class CausalSelfAttention(nn.Module):
             y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
         elif attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        elif isinstance(attn_mask, BlockDiagonal):
+            y = attn_mask.attend(q, k, v, drop)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -159,7 +256,8 @@ class Transformer(nn.Module):
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
         """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, T) bool,
-        True = may attend (default causal); cache: see the module docstring. Returns logits (B, T, V)."""
+        True = may attend, or a `BlockDiagonal` (default causal); cache: see the module docstring.
+        Returns logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
             pos = torch.arange(T, device=idx.device).expand(B, T)

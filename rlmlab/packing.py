@@ -6,8 +6,9 @@ example restarts its positions at 0 and attends only to itself (block-diagonal c
 so a packed row computes exactly what the examples would compute one by one.
 
 Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
-keeps padding at a few percent. Short rows matter on CPU: a dense mask makes attention cost
-O(T^2) per row whatever the examples' lengths. An example longer than `row_len` gets a row
+keeps padding at a few percent. Training hands the mask to the model as a `BlockDiagonal`
+(`PackedBatch.attention`), whose attention cost follows the examples' lengths, not the row's;
+the dense mask (`attn_mask`) defines what it computes. An example longer than `row_len` gets a row
 of its own, rounded up to a multiple of 64 positions: such rows need no mask at all (plain
 causal attention, which skips the upper triangle), and long CoT traces are most of CoT's
 tokens.
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlmlab.model import BlockDiagonal
+
 IGNORE = -100  # target id that F.cross_entropy skips
 
 
@@ -36,6 +39,7 @@ class Row:
     examples: tuple[int, ...]
 
 
+DENSE_ROW = 128  # rows up to this many positions attend with a dense mask, longer ones by blocks
 SOLO_ROUND = 64  # a row of its own is rounded up to a multiple of this many positions
 
 
@@ -129,12 +133,26 @@ class PackedBatch:
     one_per_row: bool  # every row holds a single example starting at position 0
     frame: torch.Tensor | None = None  # (B, T) lane-packed examples: frame id within the example
     branch: torch.Tensor | None = None  # (B, T) lane-packed examples: pending call block id, -1 = trunk
+    blocks: torch.Tensor | None = None  # (k, 3) (row, start, length) of each example
 
     def to(self, device) -> "PackedBatch":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return PackedBatch(self.idx.to(device), self.targets.to(device), self.pos.to(device),
                            self.doc.to(device), self.n_targets, self.n_tokens, self.one_per_row,
-                           move(self.frame), move(self.branch))
+                           move(self.frame), move(self.branch), move(self.blocks))
+
+    def attention(self) -> BlockDiagonal | torch.Tensor | None:
+        """The mask of `attn_mask` in the form the model computes fastest on CPU: rows longer
+        than `DENSE_ROW` as the blocks of a `BlockDiagonal` (whose cost follows the examples'
+        lengths: it halves CoT's attention time at 512 positions, one long example per row
+        included, since the CPU kernel does not skip the causal upper triangle); shorter rows
+        as plain causal attention (None) or the dense mask, which win there
+        (`benchmarks/bench_attention.py`)."""
+        B, T = self.doc.shape
+        if T > DENSE_ROW and not (self.one_per_row and self.frame is None):
+            row, start, length = self.blocks.unbind(1)
+            return BlockDiagonal(B, T, row, start, length, self.frame, self.branch)
+        return self.attn_mask()
 
     def attn_mask(self) -> torch.Tensor | None:
         """(B, 1, T, T) bool, True = may attend: causal and within the same example.
@@ -191,8 +209,9 @@ def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[R
         frame[dst] = layout[src, 1]
         branch[dst] = layout[src, 2]
         frame, branch = as_t(frame), as_t(branch)
+    blocks = torch.from_numpy(np.stack([row_of, start_in_row, lens], axis=1))
     return PackedBatch(as_t(idx), as_t(targets), as_t(pos), as_t(doc), int((targets != IGNORE).sum()),
-                       len(within), bool(np.all(per_row == 1)), frame, branch)
+                       len(within), bool(np.all(per_row == 1)), frame, branch, blocks)
 
 
 def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:

@@ -146,7 +146,7 @@ def autocast_for(device: torch.device):
 def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over the batch's targets, logits)."""
     with autocast_for(device):
-        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attn_mask())  # (B, T, V)
+        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attention())  # (B, T, V)
     logits = logits.float()
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
                            reduction="sum")

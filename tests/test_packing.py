@@ -1,6 +1,7 @@
 """Packing: every example once, little padding, and a packed row computes what the examples compute alone."""
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -77,19 +78,22 @@ def _one_by_one(model, data, examples):
     return total / n, logits_of
 
 
-def test_packed_loss_equals_one_by_one_loss(random_exprs):
+@pytest.mark.parametrize("fast", [False, True], ids=["dense-mask", "block-attention"])
+def test_packed_loss_equals_one_by_one_loss(random_exprs, fast):
+    """Either form of the packed rows' mask: the dense one, and the one training uses
+    (`PackedBatch.attention`: `BlockDiagonal` beyond 128 positions, long traces included)."""
     torch.manual_seed(0)
     for view in ("rm-frames", "cot"):
         data = _data(random_exprs, view, 40)
         data = data.select(data.lengths - 1 <= 1024)
         model = Transformer(preset("tiny", "cot", len(data.vocab))).eval()
-        rows = pack_rows(data.lengths - 1, 64)  # long CoT traces land in 128/256/... rows
+        rows = pack_rows(data.lengths - 1, 256 if fast else 64)  # long CoT traces get rows of their own
         packed_sum, n = 0.0, 0
         packed_logits = {}
         with torch.no_grad():
             for mb in micro_batches(rows, 4096):
                 b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id)
-                logits = model(b.idx, pos=b.pos, attn_mask=b.attn_mask())
+                logits = model(b.idx, pos=b.pos, attn_mask=b.attention() if fast else b.attn_mask())
                 packed_sum += float(F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1),
                                                     ignore_index=IGNORE, reduction="sum"))
                 n += b.n_targets
@@ -130,14 +134,14 @@ def test_row_stream_is_seeded_and_resumable():
     assert RowStream(lengths, 128, seed=4).epoch_rows(0) != a.epoch_rows(0)
 
 
-def _step_loss_and_grads(model, data, row_len):
+def _step_loss_and_grads(model, data, row_len, fast=False):
     """Mean target loss over every example of `data` packed into rows, and its gradients."""
     model.zero_grad()
     total, n = 0.0, 0
     rows = pack_rows(data.lengths - 1, row_len)
     for mb in micro_batches(rows, 8192):
         b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id, data.layout)
-        logits = model(b.idx, pos=b.pos, attn_mask=b.attn_mask())
+        logits = model(b.idx, pos=b.pos, attn_mask=b.attention() if fast else b.attn_mask())
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1), ignore_index=IGNORE,
                                reduction="sum")
         loss.backward()
@@ -147,16 +151,18 @@ def _step_loss_and_grads(model, data, row_len):
     return total / n, n, grads
 
 
-def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs):
+@pytest.mark.parametrize("fast", [False, True], ids=["dense-mask", "block-attention"])
+def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs, fast):
     """Lane packing (the default RM view) is the per-frame RM objective exactly: same targets,
-    same mean loss, same gradient, so one optimizer step from the same weights is the same."""
+    same mean loss, same gradient, so one optimizer step from the same weights is the same;
+    with the lanes' block attention (rows of 512) as with their dense mask."""
     torch.manual_seed(0)
     texts = [to_text(e) for e in random_exprs[:60]]
     lanes = build_view_data(texts, "rm", default_vocab())
     frames = build_view_data(texts, "rm-frames", default_vocab())
     assert lanes.n_targets == frames.n_targets and lanes.n_tokens < 0.7 * frames.n_tokens
     model = Transformer(preset("tiny", "rm", len(lanes.vocab)))
-    loss_l, n_l, grad_l = _step_loss_and_grads(model, lanes, 512)
+    loss_l, n_l, grad_l = _step_loss_and_grads(model, lanes, 512, fast)
     loss_f, n_f, grad_f = _step_loss_and_grads(model, frames, 128)
     assert n_l == n_f
     assert abs(loss_l - loss_f) < 1e-5 * loss_f
