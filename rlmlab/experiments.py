@@ -85,6 +85,9 @@ class ExperimentPreset:
     """Training expressions per shortcut construction."""
     shortcut_n_eval: int = 300
     """IID and OOD evaluation expressions per construction (paper: 300 each)."""
+    shortcut_max_trace: int = 2048
+    """Longest complete trace of the shortcut data sets (`ShortcutConfig.max_trace_len`; the
+    paper fixes none, its CoT context is 4,096)."""
     eval_batch: int = 64
     """Expressions decoded at once."""
 
@@ -96,7 +99,7 @@ class ExperimentPreset:
         if self.model not in MODEL_PRESETS:
             raise ConfigError(f"{where}: unknown model preset {self.model!r} (have: {', '.join(MODEL_PRESETS)})")
         for name in ("pool_n", "per_bin_cap", "n_val", "answer_eval", "eval_every", "iid_seeds",
-                     "iid_n_test", "shortcut_n_train", "shortcut_n_eval", "eval_batch"):
+                     "iid_n_test", "shortcut_n_train", "shortcut_n_eval", "shortcut_max_trace", "eval_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
@@ -277,6 +280,13 @@ def _write_meta(out: Path, kind: str, p: ExperimentPreset, extra: dict) -> None:
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def _read_meta(out: Path) -> dict:
+    try:
+        return json.loads((out / "experiment.json").read_text())
+    except ValueError:
+        raise DataError(f"{out}/experiment.json: not valid JSON") from None
+
+
 def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
                    views=LEARNERS) -> list[Job]:
     from rlmlab.splits import Split, threshold_split
@@ -329,18 +339,27 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS) -> list[Job]:
 
 
 def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -> list[Job]:
+    """Jobs of the constructions `names` (default: all six). Runs on subsets share the folder:
+    the experiment lists every construction any of them planned, in the table's order."""
     import pyarrow.parquet as pq
 
-    from rlmlab.shortcuts import CONSTRUCTIONS, ShortcutDataset, build_shortcut_dataset
+    from rlmlab.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
 
     names = list(names or CONSTRUCTIONS)
-    _write_meta(out, "shortcuts", p, {"constructions": names})
+    unknown = [n for n in names if n not in CONSTRUCTIONS]
+    if unknown:
+        raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
+    planned = set(names)
+    if (out / "experiment.json").exists():
+        planned |= set(_read_meta(out).get("constructions", ()))
+    _write_meta(out, "shortcuts", p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
+    config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
     jobs = []
     for name in names:
         data = out / "data" / f"shortcut-{name}"
         if not (data / "shortcut.json").exists():
             build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
-                                   n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval).save(data)
+                                   n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
         ds = ShortcutDataset.load(data)
         for part in ("iid", "ood"):
             if not (data / f"{part}.parquet").exists():
@@ -353,8 +372,10 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
 
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, threshold: int | None = None,
-                   views=LEARNERS, ray_address: str | None = None, progress: bool = True) -> list[Job]:
-    """Build the data, train both learners, evaluate; resumable. Returns the jobs it ran."""
+                   views=LEARNERS, constructions=None, ray_address: str | None = None,
+                   progress: bool = True) -> list[Job]:
+    """Build the data, train both learners, evaluate; resumable. Returns the jobs it ran.
+    `constructions` picks shortcut constructions (default all six)."""
     if kind not in KINDS:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(KINDS)})")
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
@@ -365,7 +386,7 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     elif kind == "iid":
         jobs = plan_iid(p, out, views)
     else:
-        jobs = plan_shortcuts(p, out, views=views)
+        jobs = plan_shortcuts(p, out, constructions, views=views)
     run_jobs(jobs, out, ray_address, progress)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

@@ -2,6 +2,7 @@
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 from rlmlab.cli import main
@@ -62,8 +63,14 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
 
     out = tmp_path / "shortcuts"
-    jobs = plan_shortcuts(get_preset("smoke"), out, names=["copy_deep_return", "position_parity"])
-    run_jobs(jobs, out, progress=False)
+    preset = get_preset("smoke").with_overrides(shortcut_max_trace=600)
+    # Two runs on different constructions share the folder (as one process per core would).
+    for name in ("position_parity", "copy_deep_return"):
+        run_jobs(plan_shortcuts(preset, out, names=[name]), out, progress=False)
+        train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
+        assert max(train.column("trace_len").to_pylist()) <= 600
+    assert json.loads((out / "experiment.json").read_text())["constructions"] == ["copy_deep_return",
+                                                                                   "position_parity"]
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
     assert all(0 <= r["cot_shortcut_rate"] <= 1 and r["rm_ood"]["n"] == 6 for r in rows)
@@ -80,6 +87,9 @@ def test_report_and_run_errors(tmp_path):
     with pytest.raises(DataError, match="no experiment.json"):
         report(tmp_path)
     assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--views", "xx"]) == 2
+    assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--constructions", "x"]) == 2
+    assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(tmp_path / "s"),
+                 "--constructions", "copy_deep_return,copy_everything"]) == 2
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--views", default=",".join(LEARNERS),
                    help="learners to run, comma-separated training views (default rm,cot; any view of "
                         "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
+    p.add_argument("--constructions", default=None,
+                   help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
+                        "different subsets may share --out (e.g. one per core)")
     p.add_argument("--minutes", type=float, default=None, help="override the training budget per learner")
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
@@ -42,6 +45,13 @@ def run(args) -> int:
         get_view(v)  # one-line ConfigError naming an unknown view
         if "/" in v:
             raise ConfigError(f"--views: {v!r} cannot name a run folder")
+    constructions = None
+    if args.constructions is not None:
+        if args.kind != "shortcuts":
+            raise ConfigError("--constructions applies to `rlmlab run shortcuts` only")
+        constructions = [c.strip() for c in args.constructions.split(",") if c.strip()]
+        if not constructions:
+            raise ConfigError("--constructions: no construction given")
     preset = get_preset(args.preset)
     train = dict(preset.train)
     if args.threads is not None:
@@ -54,8 +64,9 @@ def run(args) -> int:
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "minutes", "max_steps", "threads", "ray_address")
+                               if k in ("threshold", "views", "constructions", "minutes", "max_steps", "threads",
+                                        "ray_address")
                                and v is not None]}) + "\n")
-    run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, ray_address=args.ray_address,
-                   progress=not args.quiet)
+    run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
+                   ray_address=args.ray_address, progress=not args.quiet)
     return 0
