@@ -133,7 +133,11 @@ PRESETS: dict[str, ExperimentPreset] = {
         # ~8-10k tokens per step, as in shared/notes/cpu-feasibility.md: an RM frame averages
         # ~30 tokens, a CoT trace below L=197 ~80.
         per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
-        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, shortcut_n_train=10_000),
+        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, shortcut_n_train=10_000,
+        # Shortcut traces of up to 600 tokens (median ~340, ~520 for hidden_literal, which cannot
+        # draw every stratum below ~600) instead of up to 2,048 (median ~1,000): a third of the
+        # training cost per example.
+        shortcut_max_trace=600),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(
