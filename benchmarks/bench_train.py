@@ -2,6 +2,7 @@
 
     python benchmarks/bench_train.py                         # small + paper, rm + cot, < 3 min
     python benchmarks/bench_train.py --presets small --views rm --seconds 30
+    python benchmarks/bench_train.py --presets small --views plain:128,plain:512 --threads 1
 
 Each configuration runs real optimizer steps of `rlmlab.train` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
@@ -39,7 +40,7 @@ from rlmlab.model import Transformer, preset  # noqa: E402
 from rlmlab.packing import Row, RowStream, collate, micro_batches, padding_fraction  # noqa: E402
 from rlmlab.pool import build_pool  # noqa: E402
 from rlmlab.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
-from rlmlab.views import build_view_data  # noqa: E402
+from rlmlab.views import ViewData, build_view_data  # noqa: E402
 from rlmlab.vocab import default_vocab  # noqa: E402
 
 
@@ -76,9 +77,21 @@ def useful_flops(model: Transformer, data, rows: list[Row]) -> tuple[float, floa
     return 6.0 * N * tokens + attention, attention
 
 
+def plain_data(T: int, n: int = 512) -> ViewData:
+    """The ceiling the packed views are measured against: n random sequences of exactly T
+    positions, loss on every target, so each fills one row on its own (plain causal
+    attention, no mask, no padding)."""
+    vocab = default_vocab()
+    ids = np.random.default_rng(0).integers(0, len(vocab), size=n * (T + 1)).astype(np.uint16)
+    loss = np.ones(n * (T + 1), dtype=bool)
+    loss[::T + 1] = False
+    return ViewData(f"plain:{T}", vocab, ids, loss, np.arange(n + 1, dtype=np.int64) * (T + 1),
+                    np.arange(n, dtype=np.int64), n)
+
+
 def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
     torch.manual_seed(0)
-    model = Transformer(preset(name, view, len(data.vocab)))
+    model = Transformer(preset(name, "cot" if view.startswith("plain:") else view, len(data.vocab)))
     data, dropped = fit_to_block(data, model.cfg.block_size, True, "benchmark")
     optimizer = configure_optimizer(model, tc)
     positions = data.lengths - 1
@@ -106,7 +119,8 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
-    ap.add_argument("--views", default="rm,cot", help="any of rm (lane-packed), rm-frames, cot")
+    ap.add_argument("--views", default="rm,cot", help="any of rm (lane-packed), rm-frames, cot, and plain:T "
+                    "(random sequences of exactly T positions, one per row: the plain causal ceiling)")
     ap.add_argument("--seconds", type=float, default=12.0, help="timed seconds per configuration (after warm-up)")
     ap.add_argument("--pool", type=int, default=1000, help="expressions sampled with seed 42")
     ap.add_argument("--max-trace", type=int, default=None, help="keep expressions with traces up to this length")
@@ -131,11 +145,13 @@ def main() -> None:
     tc = TrainConfig(batch_size=args.batch_size, max_steps=1)
     results = []
     with tempfile.TemporaryDirectory() as cache:
-        data = {v: build_view_data(exprs, v, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+        data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
+                build_view_data(exprs, v, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
                 for v in args.views.split(",")}
         for name in args.presets.split(","):
             for view in args.views.split(","):
-                row_len = args.row_len or DataSettings(view=view).row_length
+                row_len = (int(view.split(":")[1]) if view.startswith("plain:")
+                           else args.row_len or DataSettings(view=view).row_length)
                 peak = max(peak, matmul_peak(1.0))
                 r = bench(name, view, data[view], args.seconds, tc, row_len)
                 results.append(r)
