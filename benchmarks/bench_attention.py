@@ -92,9 +92,9 @@ def main() -> None:
             pairs[c] = sum(E * Lq * Lk for E, Lq, Lk, _ in make().groups)
             cells.append(f"{fwd_bwd_ms(lambda: make().attend(q, k, v), (q, k, v), grad, args.repeats):.1f}")
         useful = int((length * (length + 1) // 2).sum())
+        pair_cell = f"{B * T * T / 1e6:.2f}M / {pairs.get(128, 0) / 1e6:.2f}M / {useful / 1e6:.2f}M"
         print(f"| {view} | {B} x {T} ({kind}) | {fwd_bwd_ms(dense, (q, k, v), grad, args.repeats):.1f} | "
-              + " | ".join(cells) + f" | {B * T * T / 1e6:.2f}M / {pairs.get(128, 0) / 1e6:.2f}M / {useful / 1e6:.2f}M |",
-              flush=True)
+              + " | ".join(cells) + f" | {pair_cell} |", flush=True)
     E, L = 32, 512
     q, k, v = (torch.randn(E, nh, L, hs, requires_grad=True) for _ in range(3))
     grad = torch.randn(E, nh, L, hs)

@@ -108,10 +108,12 @@ class BlockDiagonal:
 
     Why not a dense (B, 1, T, T) mask: the CPU attention kernel computes (and differentiates)
     every pair of a row whatever the mask says, and does not skip the upper triangle even for
-    `is_causal`. So `attend` cuts each block into pieces of `chunk` queries (longer pieces for
-    blocks over `max_pieces` chunks), each with the keys up to its last query, gathers the pieces into batches of one padded shape and
-    attends those: a block of n positions then costs about n^2/2 + n*max(chunk, n/max_pieces)/2
-    pairs instead of its row's T^2. Padded slots repeat a real position and the mask keeps them from every real
+    `is_causal`. So `attend` cuts each block into pieces of `chunk` queries (fewer, longer
+    pieces for blocks longer than `max_pieces` chunks: short query pieces against long key
+    ranges run the kernel far below its best rate), each with the keys up to its last query,
+    gathers the pieces into batches of one padded shape and attends those. A block of n
+    positions then costs about n^2/2 + n*max(chunk, n/max_pieces)/2 pairs instead of its
+    row's T^2. Padded slots repeat a real position, and the mask keeps them from every real
     query. Positions outside every block (row padding) output zeros.
     """
 
@@ -119,15 +121,13 @@ class BlockDiagonal:
                  frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, chunk: int = 128,
                  max_pieces: int = 4):
         dev = row.device
-        # Pieces of `chunk` queries, at most `max_pieces` per block: short query pieces against
-        # long key ranges run the kernel far below its best rate.
-        size = torch.clamp((length + max_pieces - 1) // max_pieces, min=chunk)
-        size = (size + 15) // 16 * 16
-        pieces = (length + size - 1) // size
+        piece = torch.clamp((length + max_pieces - 1) // max_pieces, min=chunk)
+        piece = (piece + 15) // 16 * 16  # queries per piece, per block
+        pieces = (length + piece - 1) // piece
         block = torch.repeat_interleave(torch.arange(len(length), device=dev), pieces)  # block of each piece
         first_piece = torch.cumsum(pieces, 0) - pieces
-        q_start = (torch.arange(len(block), device=dev) - first_piece[block]) * size[block]
-        n_k = torch.minimum(q_start + size[block], length[block])  # keys: the block up to the piece's last query
+        q_start = (torch.arange(len(block), device=dev) - first_piece[block]) * piece[block]
+        n_k = torch.minimum(q_start + piece[block], length[block])  # keys: the block up to the piece's last query
         n_q = n_k - q_start
         first = row[block] * T + start[block]  # flat index of the block's first position
         pad_q, pad_k = _bucket_length(n_q), _bucket_length(n_k)
@@ -150,7 +150,8 @@ class BlockDiagonal:
                 if frame is not None:
                     fq, fk = frame.reshape(-1)[q_index], frame.reshape(-1)[k_index]
                     bq, bk = branch.reshape(-1)[q_index], branch.reshape(-1)[k_index]
-                    mask &= (fq[:, :, None] == fk[:, None, :]) & ((bk[:, None, :] == -1) | (bq[:, :, None] == bk[:, None, :]))
+                    mask &= fq[:, :, None] == fk[:, None, :]
+                    mask &= (bk[:, None, :] == -1) | (bq[:, :, None] == bk[:, None, :])
                 mask = mask.unsqueeze(1)  # (E, 1, Lq, Lk)
             self.groups.append((E, Lq, Lk, mask))
             q_parts.append(q_index.reshape(-1))
@@ -168,14 +169,14 @@ class BlockDiagonal:
         B, nh, T, hs = q.shape
         q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs) for t in (q, k, v))
         qs = q.index_select(0, self.q_index).split([E * Lq for E, Lq, _, _ in self.groups])
-        k_index = self.k_index
-        ks = k.index_select(0, k_index).split([E * Lk for E, _, Lk, _ in self.groups])
-        vs = v.index_select(0, k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        ks = k.index_select(0, self.k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        vs = v.index_select(0, self.k_index).split([E * Lk for E, _, Lk, _ in self.groups])
         outs = []
         for (E, Lq, Lk, mask), qb, kb, vb in zip(self.groups, qs, ks, vs):
             qb = qb.view(E, Lq, nh, hs).transpose(1, 2)  # (E, nh, Lq, hs)
             kb, vb = (t.view(E, Lk, nh, hs).transpose(1, 2) for t in (kb, vb))  # (E, nh, Lk, hs)
-            y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p)
+            y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None,
+                                               dropout_p=dropout_p)
             outs.append(y.transpose(1, 2).reshape(E * Lq, nh, hs))
         outs.append(q.new_zeros(1, nh, hs))
         y = torch.cat(outs).index_select(0, self.scatter)  # (B * T, nh, hs)
