@@ -25,6 +25,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -136,6 +137,18 @@ def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
     progress = min(1.0, (step - tc.warmup_steps) / (horizon - tc.warmup_steps))
     floor = tc.lr * tc.min_lr_ratio
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
+
+
+PACE_WINDOW = 200  # steps whose median time is the pace of a time-budgeted schedule
+
+
+def schedule_horizon(step: int, remaining_s: float, step_times: list[float], per_eval_s: float,
+                     eval_every: int) -> int:
+    """The last step of a cosine schedule that should end with a time budget: the steps that
+    fit `remaining_s` at the median time of the last PACE_WINDOW steps (robust to one-off
+    stalls) plus the validations' share, at least one more step."""
+    per_step = statistics.median(step_times[-PACE_WINDOW:]) + per_eval_s / eval_every
+    return step + max(1, int(remaining_s / per_step))
 
 
 def autocast_for(device: torch.device):
@@ -341,8 +354,8 @@ class Trainer:
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start, self.session_step = time.perf_counter(), self.state.step
         self.elapsed_before = self.state.elapsed_s
-        self.train_s = self.eval_s = 0.0  # this session's time in training steps and in validation
-        self.n_evals = 0
+        self.step_times: list[float] = []  # this session's training steps, seconds each
+        self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
         self.interrupted = False
 
     def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
@@ -382,22 +395,30 @@ class Trainer:
             return "plateau"
         return "interrupted" if self.interrupted else None
 
-    def maybe_fix_horizon(self) -> None:
-        """With only a time budget, fix the schedule's length once the pace is known."""
+    def update_horizon(self) -> None:
+        """With only a time budget, the schedule's length: set once warm-up is over and this
+        session has run 50 steps, then re-estimated at every validation, so that a pace misjudged
+        early (other jobs on the machine, one-off costs after a resume) neither ends the cosine
+        long before the budget nor leaves it unfinished. Each change is logged."""
         tc, st = self.tc, self.state
-        if st.horizon is not None or not self.budget_s or tc.decay_steps or tc.max_steps:
+        if not self.budget_s or tc.decay_steps or tc.max_steps:
             return
-        steps = st.step - self.session_step
-        if st.step < tc.warmup_steps or steps < 50:
+        if st.step < tc.warmup_steps or len(self.step_times) < 50:
             return
-        per_step = self.train_s / steps
+        if st.horizon is not None and st.last_eval_step != st.step:
+            return
         if self.n_evals:
             per_eval = self.eval_s / self.n_evals
         else:  # not measured yet: a forward pass costs about a third of a training step per position
-            per_eval = per_step * self.val_data.n_tokens / (st.tokens / st.step) / 3
-        per_step += per_eval / tc.eval_every
-        st.horizon = st.step + max(0, int((self.budget_s - self.elapsed()) / per_step))
-        self.echo(f"schedule: {st.horizon} steps estimated to fit {tc.max_minutes} minutes")
+            per_eval = statistics.median(self.step_times) * self.val_data.n_tokens / (st.tokens / st.step) / 3
+        horizon = schedule_horizon(st.step, self.budget_s - self.elapsed(), self.step_times, per_eval,
+                                   tc.eval_every)
+        if horizon != st.horizon:
+            self.log.write({"kind": "schedule", "step": st.step, "horizon": horizon,
+                            "elapsed_s": round(self.elapsed(), 3)})
+            if st.horizon is None:
+                self.echo(f"schedule: {horizon} steps estimated to fit {tc.max_minutes} minutes")
+            st.horizon = horizon
 
     # --- checkpoints and validation ---
 
@@ -465,7 +486,7 @@ class Trainer:
                                                         self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
                                                         self.device)
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
-                    self.train_s += time.perf_counter() - t0
+                    self.step_times.append(time.perf_counter() - t0)
                     window["loss"] += loss
                     window["steps"] += 1
                     window["tokens"] += n_tok
@@ -475,7 +496,7 @@ class Trainer:
                         bar.update(1)
                     if st.step % tc.eval_every == 0:
                         self.validate()
-                    self.maybe_fix_horizon()
+                    self.update_horizon()
                     self.interrupted = interrupt["stop"]
                     stop_reason = self.should_stop()
                     if stop_reason is None and st.step % tc.checkpoint_every == 0:

@@ -14,7 +14,7 @@ from rlmlab.expr import to_text
 from rlmlab.pool import build_pool, write_pool
 from rlmlab.sampler import ExpressionSampler
 from rlmlab.trace import trace_stats
-from rlmlab.train import lr_at, train
+from rlmlab.train import lr_at, schedule_horizon, train
 from rlmlab.views import build_view_data
 from rlmlab.vocab import default_vocab
 
@@ -44,6 +44,28 @@ def test_lr_schedule():
     assert lr_at(0, t, 110) == pytest.approx(0.1) and lr_at(9, t, 110) == pytest.approx(1.0)
     assert lr_at(60, t, 110) == pytest.approx(0.55) and lr_at(110, t, 110) == pytest.approx(0.1)
     assert lr_at(500, t, 110) == pytest.approx(0.1) and lr_at(500, t, None) == 1.0
+
+
+def test_schedule_horizon_follows_the_typical_step_not_stalls():
+    # 300 s left at 1 s per step plus a 10 s validation every 100 steps: 297 steps more.
+    assert schedule_horizon(1000, 300.0, [1.0] * 100, 10.0, 100) == 1000 + int(300 / 1.1)
+    # A one-off stall (an epoch being packed, a paused process) does not shorten the schedule...
+    assert schedule_horizon(1000, 300.0, [1.0] * 99 + [120.0], 10.0, 100) == 1000 + int(300 / 1.1)
+    # ...but a sustained change of pace within the window does, and the budget's end is step + 1.
+    assert schedule_horizon(1000, 300.0, [1.0] * 50 + [2.0] * 150, 0.0, 100) == 1150
+    assert schedule_horizon(1000, 0.0, [1.0] * 60, 0.0, 100) == 1001
+
+
+def test_time_budgeted_runs_log_their_schedule(data, tmp_path):
+    tr, va = data["rm"]
+    r = train(config(max_steps=None, max_minutes=0.15, warmup_steps=5, eval_every=20, patience=None), tr, va,
+              tmp_path / "t", progress=False, echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    schedule = [x for x in records if x["kind"] == "schedule"]
+    assert r.stop_reason == "max_minutes" and schedule and schedule[0]["step"] >= 50
+    # set once, then re-estimated only at validations
+    assert all(x["step"] % 20 == 0 for x in schedule[1:])
+    assert all(x["horizon"] > x["step"] for x in schedule)
 
 
 def test_a_tiny_model_learns(data, tmp_path):
