@@ -6,12 +6,12 @@ example restarts its positions at 0 and attends only to itself (block-diagonal c
 so a packed row computes exactly what the examples would compute one by one.
 
 Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
-keeps padding at a few percent. Training hands the mask to the model as a `BlockDiagonal`
-(`PackedBatch.attention`), whose attention cost follows the examples' lengths, not the row's;
-the dense mask (`attn_mask`) defines what it computes. An example longer than `row_len` gets a row
-of its own, rounded up to a multiple of 64 positions: such rows need no mask at all (plain
-causal attention, which skips the upper triangle), and long CoT traces are most of CoT's
-tokens.
+keeps padding at a few percent. The dense mask (`attn_mask`) defines what a packed row
+computes; training hands it to the model in the form that is fastest on CPU
+(`PackedBatch.attention`), for long rows a `BlockDiagonal`, whose attention cost follows the
+examples' lengths, not the row's. An example longer than `row_len` gets a row of its own,
+rounded up to a multiple of 64 positions: such rows need no mask at all (plain causal
+attention), and long CoT traces are most of CoT's tokens.
 
 `RowStream` turns a dataset into an endless, seeded, resumable sequence of rows: epoch e
 shuffles the examples with seed (seed, e) and packs them; its state is (epoch, row cursor).
@@ -143,11 +143,10 @@ class PackedBatch:
 
     def attention(self) -> BlockDiagonal | torch.Tensor | None:
         """The mask of `attn_mask` in the form the model computes fastest on CPU: rows longer
-        than `DENSE_ROW` as the blocks of a `BlockDiagonal` (whose cost follows the examples'
-        lengths: it halves CoT's attention time at 512 positions, one long example per row
-        included, since the CPU kernel does not skip the causal upper triangle); shorter rows
-        as plain causal attention (None) or the dense mask, which win there
-        (`benchmarks/bench_attention.py`)."""
+        than `DENSE_ROW` that hold several examples as the blocks of a `BlockDiagonal` (whose
+        cost follows the examples' lengths: 1.5x faster attention on CoT rows of 512); rows of
+        one example as plain causal attention (None), and rows of up to `DENSE_ROW` positions
+        as the dense mask, which win there (`benchmarks/bench_attention.py`)."""
         B, T = self.doc.shape
         if T > DENSE_ROW and not (self.one_per_row and self.frame is None):
             row, start, length = self.blocks.unbind(1)

@@ -352,7 +352,7 @@ class Trainer:
 
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
-        self.session_start, self.session_step = time.perf_counter(), self.state.step
+        self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
         self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
