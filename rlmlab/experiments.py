@@ -183,7 +183,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
     from rlmlab.config import RunConfig, apply_overrides
     from rlmlab.infer import ModelPredictor
     from rlmlab.score import answer_accuracy_fn, evaluate, read_expressions, write_results
-    from rlmlab.train import prepare_data, train
+    from rlmlab.train import prepare_data, resolve_device, train
 
     out = Path(out)
     run_dir = job.run_dir(out)
@@ -210,7 +210,8 @@ def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
         if (eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists():
             summaries[set_name] = json.loads((eval_dir / "summary.json").read_text())
             continue
-        loaded = loaded or load_run(run_dir, "best")
+        # Decode where the model trained: a CUDA run evaluates on the GPU too.
+        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
         exprs, extra = read_expressions(path)
         extra = _extra_columns(path, len(exprs)) or extra
         results, summary = evaluate(ModelPredictor(loaded.model), loaded.view, exprs, loaded.vocab,
@@ -284,11 +285,15 @@ def _write_meta(out: Path, kind: str, p: ExperimentPreset, extra: dict) -> None:
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _read_meta(out: Path) -> dict:
+def read_meta(out: Path) -> dict:
+    """An experiment folder's `experiment.json`."""
+    path = out / "experiment.json"
     try:
-        return json.loads((out / "experiment.json").read_text())
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
     except ValueError:
-        raise DataError(f"{out}/experiment.json: not valid JSON") from None
+        raise DataError(f"{path}: not valid JSON") from None
 
 
 def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
@@ -355,7 +360,7 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
         raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
     planned = set(names)
     if (out / "experiment.json").exists():
-        planned |= set(_read_meta(out).get("constructions", ()))
+        planned |= set(read_meta(out).get("constructions", ()))
     _write_meta(out, "shortcuts", p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
     config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
     jobs = []

@@ -61,13 +61,19 @@ class Lanes:
         return idx, pos, labels
 
 
+def lane_visible(frame_q: torch.Tensor, branch_q: torch.Tensor, frame_k: torch.Tensor,
+                 branch_k: torch.Tensor) -> torch.Tensor:
+    """Whether queries (..., Tq) may see keys (..., Tk) of lane-packed examples, causality
+    aside: same frame, and a key on the trunk or on the query's own call block. (..., Tq, Tk)"""
+    same_frame = frame_q.unsqueeze(-1) == frame_k.unsqueeze(-2)
+    return same_frame & ((branch_k.unsqueeze(-2) == -1) | (branch_q.unsqueeze(-1) == branch_k.unsqueeze(-2)))
+
+
 def lane_mask(frame: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     """Mask from per-token frame and branch ids (any leading batch dims): (..., T, T)."""
     T = frame.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=frame.device).tril()
-    same_frame = frame.unsqueeze(-1) == frame.unsqueeze(-2)
-    key_visible = (branch.unsqueeze(-2) == -1) | (branch.unsqueeze(-1) == branch.unsqueeze(-2))
-    return causal & same_frame & key_visible
+    return causal & lane_visible(frame, branch, frame, branch)
 
 
 class _FrameLane:

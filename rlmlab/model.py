@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rlmlab.errors import ConfigError
+from rlmlab.lanes import lane_visible
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,8 @@ class BlockDiagonal:
             if frame is not None or Lq != Lk or bool((qs > 0).any()):
                 mask = t[None, None, :] <= (qs + i)[:, :, None]  # (E, Lq, Lk) causal, aligned to the piece
                 if frame is not None:
-                    fq, fk = frame.reshape(-1)[q_index], frame.reshape(-1)[k_index]
-                    bq, bk = branch.reshape(-1)[q_index], branch.reshape(-1)[k_index]
-                    mask &= fq[:, :, None] == fk[:, None, :]
-                    mask &= (bk[:, None, :] == -1) | (bq[:, :, None] == bk[:, None, :])
+                    f, b = frame.reshape(-1), branch.reshape(-1)
+                    mask &= lane_visible(f[q_index], b[q_index], f[k_index], b[k_index])
                 mask = mask.unsqueeze(1)  # (E, 1, Lq, Lk)
             self.groups.append((E, Lq, Lk, mask))
             q_parts.append(q_index.reshape(-1))

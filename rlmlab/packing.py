@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlmlab.lanes import lane_visible
 from rlmlab.model import BlockDiagonal
 
 IGNORE = -100  # target id that F.cross_entropy skips
@@ -166,9 +167,8 @@ class PackedBatch:
         T = self.doc.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=self.doc.device).tril()
         same = self.doc[:, :, None] == self.doc[:, None, :]  # (B, T, T)
-        if self.frame is not None:  # lanes: same frame, and a key on the trunk or the query's own branch
-            same &= self.frame[:, :, None] == self.frame[:, None, :]
-            same &= (self.branch[:, None, :] == -1) | (self.branch[:, :, None] == self.branch[:, None, :])
+        if self.frame is not None:
+            same &= lane_visible(self.frame, self.branch, self.frame, self.branch)
         return (same & causal).unsqueeze(1)
 
 

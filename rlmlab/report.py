@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.experiments import read_meta
 from rlmlab.score import accuracy, bootstrap_ratio, read_results
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
@@ -44,16 +45,6 @@ PAPER_TABLE3 = {
     "position_weighted_aggregate": (100.0, 100.0, 97.0, 14.7, 69.7),
     "position_parity": (100.0, 100.0, 99.7, 9.7, 90.3),
 }
-
-
-def _load_meta(out: Path) -> dict:
-    path = out / "experiment.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
-    except ValueError:
-        raise DataError(f"{path}: not valid JSON") from None
 
 
 def _results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
@@ -385,7 +376,7 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
 def report(out: str | Path) -> Path:
     """Write `<out>/report/` from the saved results; returns that folder."""
     out = Path(out)
-    meta = _load_meta(out)
+    meta = read_meta(out)
     dest = out / "report"
     dest.mkdir(exist_ok=True)
     kind = meta.get("kind")

@@ -1,6 +1,7 @@
 """The shared Transformer: parameter count of the paper preset, masks and positions, and the
 block-diagonal attention path against the dense mask."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
@@ -37,9 +38,14 @@ def _dense_block_mask(B, T, row, start, length, frame=None, branch=None):
     return mask.unsqueeze(1)
 
 
+# CUDA joins where a GPU is present (training uses this path there too); CPU always runs.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=40, deadline=None)
-@given(st.data())
-def test_block_diagonal_attention_equals_the_dense_mask(data):
+@given(data=st.data())
+def test_block_diagonal_attention_equals_the_dense_mask(device, data):
     """Random packed layouts (one to a few rows, blocks of any length, row padding), with and
     without lane structure, pieces small enough that long blocks are cut many times: outputs
     at block positions and all input gradients equal those of the dense mask."""
@@ -62,13 +68,15 @@ def test_block_diagonal_attention_equals_the_dense_mask(data):
         branch = torch.tensor(data.draw(st.lists(st.integers(-1, 1), min_size=B * T, max_size=B * T))).view(B, T)
         # a query always sees itself (the dense mask of a real batch never has an empty row)
     chunk, max_pieces = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 5))
-    blocks = BlockDiagonal(B, T, row, start, length, frame, branch, chunk=chunk, max_pieces=max_pieces)
     dense = _dense_block_mask(B, T, row, start, length, frame, branch)
-    inside = dense[:, 0].any(-1)  # (B, T) positions in some block
-    dense = dense | ~inside[:, None, :, None]  # outside positions: any non-empty row (output unused)
+    on = (lambda t: None if t is None else t.to(device))
+    blocks = BlockDiagonal(B, T, on(row), on(start), on(length), on(frame), on(branch), chunk=chunk,
+                           max_pieces=max_pieces)
+    inside = dense[:, 0].any(-1).to(device)  # (B, T) positions in some block
+    dense = dense.to(device) | ~inside[:, None, :, None]  # outside positions: any non-empty row (output unused)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(B, 2, T, 4, requires_grad=True) for _ in range(3))
-    g = torch.randn(B, 2, T, 4) * inside[:, None, :, None]
+    q, k, v = (torch.randn(B, 2, T, 4, device=device, requires_grad=True) for _ in range(3))
+    g = torch.randn(B, 2, T, 4, device=device) * inside[:, None, :, None]
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
     out = blocks.attend(q, k, v)
     keep = inside[:, None, :, None]

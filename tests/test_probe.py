@@ -162,7 +162,24 @@ def test_probe_cli(tmp_path, capsys):
                          ([str(tmp_path / "norun"), "--data", str(data)], "norun"), \
                          ([str(run), "--data", str(data), "--by", "colour"], "--by colour"), \
                          ([str(run), "--data", str(data), "--limit", "0"], "--limit"), \
-                         ([str(run), "--data", str(tmp_path / "plain.txt"), "--per-group", "2"], "--per-group"):
+                         ([str(run), "--data", str(tmp_path / "plain.txt"), "--per-group", "2"], "--per-group"), \
+                         ([str(run), "--oracle", "cot", "--data", str(data)], "not both"), \
+                         (["--data", str(data)], "--oracle VIEW"), \
+                         (["--oracle", "cot", "--data", str(data)], "--out"), \
+                         (["--oracle", "window", "--data", str(data), "--out", str(out)], "window:256"):
         assert main(["probe", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
+
+
+def test_probe_cli_oracle_reports_zero(tmp_path, capsys):
+    """`--oracle cot` probes g* read through the CoT view: invariant by construction, so both
+    rates are exactly zero on real expressions, with the subproblems counted."""
+    exprs = ["add(square(2),3)", "square(double(3))", WORKED]
+    (tmp_path / "set.txt").write_text("\n".join(exprs) + "\n")
+    out = tmp_path / "oracle"
+    assert main(["probe", "--oracle", "cot", "--data", str(tmp_path / "set.txt"), "--out", str(out)]) == 0
+    assert "oracle:cot" in capsys.readouterr().out
+    (overall,) = json.loads((out / "summary.json").read_text())["groups"]
+    assert overall["position_rate"] == 0 and overall["answer_rate"] == 0
+    assert overall["n_expressions"] == 3 and overall["subproblems"] > 3

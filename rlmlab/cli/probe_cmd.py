@@ -21,7 +21,10 @@ def register(sub) -> None:
                        "token on the complete prefix against the one on its active frame alone; and for every "
                        "subproblem of its own greedy trace, the value returned in context against the value "
                        "returned when the subproblem is posed alone (docs/observation.md).")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="training run folder")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None, help="training run folder")
+    p.add_argument("--oracle", metavar="VIEW", default=None, help="probe the exact predictor of VIEW (g* read "
+                   "through the view, e.g. cot) instead of a trained model: a calibration run that must report "
+                   "zero; needs --out")
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column; its other columns can "
                    "group the rates) or a text file, one expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
@@ -53,7 +56,7 @@ def _columns(path: Path, n: int) -> list[dict]:
 
 def run(args) -> int:
     from rlmlab.checkpoint import load_run
-    from rlmlab.infer import Limits, ModelPredictor
+    from rlmlab.infer import Limits, ModelPredictor, oracle_predictor
     from rlmlab.probe import probe, summarize_probe
     from rlmlab.score import read_expressions
 
@@ -61,6 +64,14 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if (args.run_dir is None) == (args.oracle is None):
+        raise ConfigError("give either RUN_DIR (a trained model) or --oracle VIEW, not both")
+    if args.oracle is not None:
+        from rlmlab.observe import observer
+
+        observer(args.oracle)  # one-line error for an unknown view, before any data is read
+        if args.out is None:
+            raise ConfigError("--oracle needs --out (there is no run folder to write into)")
     exprs, _ = read_expressions(args.data, args.limit)
     extra = _columns(Path(args.data), len(exprs))
     by = args.by if args.by is not None else [c for c in GROUP_COLUMNS if c in extra[0]]
@@ -82,17 +93,24 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    run_ = load_run(args.run_dir, which=args.which)
+    if args.oracle is not None:
+        from rlmlab.vocab import default_vocab
+
+        vocab, view, step, source, which = default_vocab(), args.oracle, None, f"oracle:{args.oracle}", "exact"
+        predictor = oracle_predictor(view, vocab)
+    else:
+        run_ = load_run(args.run_dir, which=args.which)
+        vocab, view, step, source, which = run_.vocab, run_.view, run_.step, str(args.run_dir), args.which
+        predictor = ModelPredictor(run_.model)
     limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
-    rows = probe(ModelPredictor(run_.model), run_.view, exprs, run_.vocab, extra, limits, args.batch_size,
-                 answers=not args.positions_only)
+    rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "view": run_.view,
+    summary = {"run_dir": source, "which": which, "step": step, "view": view,
                "data": str(args.data), "groups": groups}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(render(summary))
@@ -107,7 +125,8 @@ def _pct(rate, ci) -> str:
 
 
 def render(s: dict) -> str:
-    lines = [f"invariance probe of {s['run_dir']} ({s['which']}, step {s['step']}, view {s['view']}) on {s['data']}",
+    model = f"{s['which']}, view {s['view']}" if s["step"] is None else f"{s['which']}, step {s['step']}, view {s['view']}"
+    lines = [f"invariance probe of {s['run_dir']} ({model}) on {s['data']}",
              f"  {'group':>22}  {'exprs':>5}  {'position non-inv.':>26}  {'answer non-inv.':>26}  subproblems"]
     for g in s["groups"]:
         name = "all" if g["group_by"] is None else f"{g['group_by']}={g['group']}"
