@@ -85,6 +85,9 @@ class ExperimentPreset:
     """Training expressions per shortcut construction."""
     shortcut_n_eval: int = 300
     """IID and OOD evaluation expressions per construction (paper: 300 each)."""
+    shortcut_per_view: dict = field(default_factory=dict)
+    """Settings per learner for the shortcut runs only, over `per_view` (their traces are several
+    times longer than those of the threshold splits, so a batch of traces holds more tokens)."""
     shortcut_max_trace: int = 2048
     """Longest complete trace of the shortcut data sets (`ShortcutConfig.max_trace_len`; the
     paper fixes none, its CoT context is 4,096)."""
@@ -111,7 +114,7 @@ class ExperimentPreset:
             raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
         # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
         apply_overrides(RunConfig(), {f"train.{k}": json.dumps(v) for k, v in self.train.items()})
-        for view, settings in self.per_view.items():
+        for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items()]:
             apply_overrides(RunConfig(), {k: json.dumps(v) for k, v in settings.items()})
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
@@ -133,6 +136,10 @@ PRESETS: dict[str, ExperimentPreset] = {
         # ~8-10k tokens per step, as in shared/notes/cpu-feasibility.md: an RM frame averages
         # ~30 tokens, a CoT trace below L=197 ~80.
         per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
+        # Shortcut traces average ~460 tokens: 32 of them make ~15k positions per step. At 128
+        # (59k positions, ~10 s a step) CoT was at 0% validation accuracy after 300 steps and
+        # 45 minutes (results/shortcuts-small/README.md); the paper's CoT batch is 32 too.
+        shortcut_per_view={"cot": {"train.batch_size": 32}},
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, shortcut_n_train=10_000,
         # Shortcut traces of up to 600 tokens (median ~340, ~520 for hidden_literal, which cannot
         # draw every stratum below ~600) instead of up to 2,048 (median ~1,000): a third of the
@@ -252,7 +259,7 @@ def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progres
 
 # --- experiments ----------------------------------------------------------------------------
 
-def _settings(p: ExperimentPreset, view: str, seed: int = 1337) -> dict:
+def _settings(p: ExperimentPreset, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
     s = {"model.preset": p.model, "train.seed": seed, "train.eval_every": p.eval_every,
          "train.answer_eval": p.answer_eval}
     if p.minutes is not None:
@@ -266,7 +273,8 @@ def _settings(p: ExperimentPreset, view: str, seed: int = 1337) -> dict:
     # the learner whose driver it decodes with.
     from rlmlab.views import driver_view
 
-    s.update(p.per_view.get(view, p.per_view.get(driver_view(view), {})))
+    for table in (p.per_view, per_view or {}):
+        s.update(table.get(view, table.get(driver_view(view), {})))
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in s.items()}
 
 
@@ -375,7 +383,8 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
                 pq.write_table(getattr(ds, part), data / f"{part}.parquet")
         for v in views:
             jobs.append(Job(f"shortcut-{name}", v, str(data / "train.parquet"), str(data / "val.parquet"),
-                            {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")}, _settings(p, v),
+                            {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
+                            _settings(p, v, per_view=p.shortcut_per_view),
                             p.eval_batch))
     return jobs
 

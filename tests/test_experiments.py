@@ -63,12 +63,17 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
 
     out = tmp_path / "shortcuts"
-    preset = get_preset("smoke").with_overrides(shortcut_max_trace=600)
+    preset = get_preset("smoke").with_overrides(shortcut_max_trace=600,
+                                                shortcut_per_view={"cot": {"train.batch_size": 3}})
     # Two runs on different constructions share the folder (as one process per core would).
     for name in ("position_parity", "copy_deep_return"):
         run_jobs(plan_shortcuts(preset, out, names=[name]), out, progress=False)
         train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
         assert max(train.column("trace_len").to_pylist()) <= 600
+        # shortcut_per_view applies to the shortcut runs over the preset's own per-learner settings
+        batch = {v: json.loads((out / f"shortcut-{name}" / v / "config.json").read_text())["train"]["batch_size"]
+                 for v in ("rm", "cot")}
+        assert batch == {"rm": 4, "cot": 3}
     assert json.loads((out / "experiment.json").read_text())["constructions"] == ["copy_deep_return",
                                                                                    "position_parity"]
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
@@ -99,6 +104,7 @@ def test_report_and_run_errors(tmp_path):
     ({"iid_sizes": (300, 100)}, "iid_sizes must be increasing"),
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
     ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
+    ({"shortcut_per_view": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),
 ])
 def test_experiment_presets_are_validated_on_construction(bad, message):
     from rlmlab.errors import ConfigError
