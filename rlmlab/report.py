@@ -27,7 +27,16 @@ def learners(out: Path, jobs: list[str]) -> list[str]:
     by name, so that a third view run with `rlmlab run --views` gets its own rows."""
     found = {d.name for job in jobs if (out / job).is_dir() for d in (out / job).iterdir()
              if (d / "eval").is_dir()}
-    return [v for v in LEARNER_NAMES if v in found] + sorted(found - set(LEARNER_NAMES))
+    return _paper_order(found)
+
+
+def _paper_order(views) -> list[str]:
+    return [v for v in LEARNER_NAMES if v in views] + sorted(set(views) - set(LEARNER_NAMES))
+
+def training_runs(out: Path, job: str) -> dict[str, Path]:
+    """Every run folder of `job` with a learning curve, finished or not (RM and CoT first)."""
+    found = {d.name: d for d in (out / job).iterdir() if (d / "metrics.jsonl").exists()} if (out / job).is_dir() else {}
+    return {v: found[v] for v in _paper_order(found)}
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
 PAPER_TABLE2 = {
@@ -240,7 +249,7 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
     plot_bins(dest / f"bins-{job}", kind, threshold, rows, views)
-    plot_learning_curves(dest / f"curves-{job}", {v: out / job / v for v in views})
+    plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     return {"job": job, "rows": rows, "t_max": t_max}
 
 
@@ -368,6 +377,9 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
                      if probed_any else ""))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
+    for name in meta["constructions"]:
+        job = f"shortcut-{name}"
+        plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     return {"rows": rows}
