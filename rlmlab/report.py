@@ -30,12 +30,21 @@ def learners(out: Path, jobs: list[str]) -> list[str]:
     return _paper_order(found)
 
 
+def _save(fig, path: Path) -> None:
+    """Figures without a creation date, so that re-running a report rewrites identical files."""
+    meta = {"CreationDate": None} if path.suffix == ".pdf" else {"Software": None}
+    fig.savefig(path, dpi=150, metadata=meta)
+
+
 def _paper_order(views) -> list[str]:
     return [v for v in LEARNER_NAMES if v in views] + sorted(set(views) - set(LEARNER_NAMES))
 
+
 def training_runs(out: Path, job: str) -> dict[str, Path]:
     """Every run folder of `job` with a learning curve, finished or not (RM and CoT first)."""
-    found = {d.name: d for d in (out / job).iterdir() if (d / "metrics.jsonl").exists()} if (out / job).is_dir() else {}
+    if not (out / job).is_dir():
+        return {}
+    found = {d.name: d for d in (out / job).iterdir() if (d / "metrics.jsonl").exists()}
     return {v: found[v] for v in _paper_order(found)}
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
@@ -180,7 +189,7 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
     ax.set_title(f"{kind} split, {'L' if kind == 'length' else 'K'}={threshold}: accuracy per bin (95% Wilson)")
     fig.tight_layout()
     for ext in ("png", "pdf"):
-        fig.savefig(path.with_suffix(f".{ext}"), dpi=150)
+        _save(fig, path.with_suffix(f".{ext}"))
     plt.close(fig)
 
 
@@ -221,7 +230,7 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     fig.tight_layout()
     if drawn:
         for ext in ("png", "pdf"):
-            fig.savefig(path.with_suffix(f".{ext}"), dpi=150)
+            _save(fig, path.with_suffix(f".{ext}"))
     plt.close(fig)
     return drawn
 
@@ -328,7 +337,7 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         a.legend()
     fig.tight_layout()
     for ext in ("png", "pdf"):
-        fig.savefig(dest / f"iid-sample-complexity.{ext}", dpi=150)
+        _save(fig, dest / f"iid-sample-complexity.{ext}")
     plt.close(fig)
     return {"points": points}
 

@@ -78,7 +78,10 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                                                                                    "position_parity"]
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
-    assert (out / "report" / "curves-shortcut-position_parity.png").exists()
+    curves = out / "report" / "curves-shortcut-position_parity.pdf"
+    first = curves.read_bytes()
+    report(out)
+    assert curves.read_bytes() == first  # a re-run rewrites identical figures (no creation date)
     assert all(0 <= r["cot_shortcut_rate"] <= 1 and r["rm_ood"]["n"] == 6 for r in rows)
     # The probe of a learner on a construction's OOD set adds a column to the shortcut table.
     assert main(["probe", str(out / "shortcut-position_parity" / "cot"), "--data",

@@ -64,8 +64,10 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-    if (args.run_dir is None) == (args.oracle is None):
-        raise ConfigError("give either RUN_DIR (a trained model) or --oracle VIEW, not both")
+    if args.run_dir is None and args.oracle is None:
+        raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle VIEW")
+    if args.run_dir is not None and args.oracle is not None:
+        raise ConfigError("give RUN_DIR or --oracle VIEW, not both")
     if args.oracle is not None:
         from rlmlab.observe import observer
 
