@@ -359,9 +359,10 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
             if ood is not None:
                 row[f"{view}_ood"] = accuracy(ood)
                 row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
-            probed = _probe_groups(out, job, view, "ood")
-            if probed:
-                row[f"{view}_probe_ood"] = probed[0]
+            for set_name in ("iid", "ood"):
+                probed = _probe_groups(out, job, view, set_name)
+                if probed:
+                    row[f"{view}_probe_{set_name}"] = probed[0]
         rows.append(row)
     if not any(len(r) > 1 for r in rows):
         raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
@@ -369,8 +370,14 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
     def acc(r, key):
         return r[key]["accuracy"] if key in r else None
 
-    probed_any = any(k.endswith("_probe_ood") for r in rows for k in r)
-    probe_cols = [f"OOD non-invariant answers, {learner_name(v)} (%)" for v in views] if probed_any else []
+    # One column per probed learner: the theorem's quantity, non-invariant prediction points,
+    # on the training distribution (IID) and where S stops agreeing with the answer (OOD).
+    probed = [v for v in views if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
+    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed]
+
+    def probe_cell(r, v):
+        return " / ".join(_pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
           "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |" + "".join(f" {c} |" for c in probe_cols),
           "|---" * (9 + len(probe_cols)) + "|"]
@@ -382,16 +389,43 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
                  _gap(acc(r, "rm_ood"), acc(r, "cot_ood")), _pct(r.get("cot_shortcut_rate"))]
         md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {_pct(r.get('rm_shortcut_rate'))} | "
                   + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
-                  + (" " + " | ".join(_pct(r.get(f"{v}_probe_ood", {}).get("answer_rate")) for v in views) + " |"
-                     if probed_any else ""))
+                  + "".join(f" {probe_cell(r, v)} |" for v in probed))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     for name in meta["constructions"]:
         job = f"shortcut-{name}"
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
+    if probed:
+        (dest / "table-shortcuts-probe.md").write_text(shortcut_probe_table(rows, probed))
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     return {"rows": rows}
+
+
+def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
+    """The invariance probe per construction, learner and set, with 95% intervals, next to the
+    learner's accuracy on that set and (OOD) its shortcut rate."""
+    def ci(p, key):  # a probe run with --positions-only (or answers only) lacks the other level
+        if p.get(f"{key}_rate") is None:
+            return "–"
+        lo, hi = p[f"{key}_ci95"]
+        return f"{100 * p[f'{key}_rate']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+    md = ["| Construction | Learner | Set | Probed expr. | Non-invariant positions (%) | Witness positions (%) "
+          "| Non-invariant answers (%) | Subproblems | Accuracy (%) | Shortcut rate (%) |",
+          "|---" * 10 + "|"]
+    for r in rows:
+        for v in views:
+            for s in ("iid", "ood"):
+                p = r.get(f"{v}_probe_{s}")
+                if p is None:
+                    continue
+                acc = r.get(f"{v}_{s}", {}).get("accuracy")
+                rate = r.get(f"{v}_shortcut_rate") if s == "ood" else None
+                md.append(f"| {r['construction']} | {learner_name(v)} | {s.upper()} | {p['n_expressions']} | "
+                          f"{ci(p, 'position')} | {ci(p, 'witness')} | {ci(p, 'answer')} | {p.get('subproblems', '–')} | "
+                          f"{_pct(acc)} | {_pct(rate)} |")
+    return "\n".join(md) + "\n"
 
 
 def report(out: str | Path) -> Path:

@@ -83,13 +83,24 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     report(out)
     assert curves.read_bytes() == first  # a re-run rewrites identical figures (no creation date)
     assert all(0 <= r["cot_shortcut_rate"] <= 1 and r["rm_ood"]["n"] == 6 for r in rows)
-    # The probe of a learner on a construction's OOD set adds a column to the shortcut table.
-    assert main(["probe", str(out / "shortcut-position_parity" / "cot"), "--data",
-                 str(out / "data" / "shortcut-position_parity" / "ood.parquet"), "--max-new-tokens", "60"]) == 0
+    # Probing a learner on a construction's sets adds a column to the shortcut table (IID / OOD
+    # positions) and rows to the probe table; a positions-only probe leaves the answer cells empty.
+    assert not (report(out) / "table-shortcuts-probe.md").exists()
+    for set_name, extra in (("ood", []), ("iid", ["--positions-only"])):
+        assert main(["probe", str(out / "shortcut-position_parity" / "cot"), "--data",
+                     str(out / "data" / "shortcut-position_parity" / f"{set_name}.parquet"),
+                     "--max-new-tokens", "60", *extra]) == 0
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert "cot_probe_ood" not in rows[0] and rows[1]["cot_probe_ood"]["n_expressions"] == 6
-    header = (out / "report" / "table-shortcuts.md").read_text().splitlines()[0]
-    assert header.endswith("| OOD non-invariant answers, RM (%) | OOD non-invariant answers, CoT (%) |")
+    assert "subproblems" not in rows[1]["cot_probe_iid"]
+    table = (out / "report" / "table-shortcuts.md").read_text().splitlines()
+    assert table[0].endswith("| paper (IID RM/CoT, OOD RM/CoT, rate) | Non-invariant positions IID / OOD, CoT (%) |")
+    p_iid, p_ood = rows[1]["cot_probe_iid"], rows[1]["cot_probe_ood"]
+    assert table[3].endswith(f"| {100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f} |")
+    probe_rows = (out / "report" / "table-shortcuts-probe.md").read_text().splitlines()[2:]
+    assert [r.split(" | ")[:3] for r in probe_rows] == [["| position_parity", "CoT", "IID"],
+                                                        ["| position_parity", "CoT", "OOD"]]
+    assert probe_rows[0].split(" | ")[6] == "–"  # no answer-level probe on IID
 
 
 def test_report_and_run_errors(tmp_path):
