@@ -76,6 +76,12 @@ class ExperimentPreset:
     """From this size on the IID sweep runs one seed (as the paper does for its largest sizes)."""
     iid_n_test: int = 5_000
     """IID test expressions (paper: 5,000)."""
+    iid_minutes: float | None = None
+    """Training budget per IID run (default: `minutes`). The sweep trains two learners per size
+    and seed, so a CPU preset gives each run less time than a threshold-split learner."""
+    iid_max_trace: int | None = None
+    """Draw the IID split from the pool's expressions whose complete trace has at most this many
+    tokens (paper: None, the whole generator: ~540 tokens on average, up to ~6,900)."""
     iid_distinct_train: bool = True
     """IID training subsets hold distinct expressions, as the paper says ("N distinct
     expressions"); False keeps the pool's repeated draws (never a held-out text). Neither
@@ -106,7 +112,7 @@ class ExperimentPreset:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
-        for name in ("n_train", "max_steps", "patience", "minutes"):
+        for name in ("n_train", "max_steps", "patience", "minutes", "iid_minutes", "iid_max_trace"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{where}: {name} must be positive, got {value!r}")
@@ -140,7 +146,13 @@ PRESETS: dict[str, ExperimentPreset] = {
         # (59k positions, ~10 s a step) CoT was at 0% validation accuracy after 300 steps and
         # 45 minutes (results/shortcuts-small/README.md); the paper's CoT batch is 32 too.
         shortcut_per_view={"cot": {"train.batch_size": 32}},
-        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, shortcut_n_train=10_000,
+        # The IID sweep on the length split's training distribution (traces of at most L = 197
+        # tokens, ~80 on average) rather than the whole generator's (~540): CoT learned that
+        # distribution to 91% validation accuracy in 64 minutes on one thread
+        # (results/length-197-small), so an hour per run measures samples rather than budget.
+        # Ten runs: ~10 hours of one core.
+        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, iid_max_trace=197,
+        iid_minutes=60.0, shortcut_n_train=10_000,
         # Shortcut traces of up to 600 tokens (median ~340, ~520 for hidden_literal, which cannot
         # draw every stratum below ~600) instead of up to 2,048 (median ~1,000): a third of the
         # training cost per example.
@@ -320,19 +332,31 @@ def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | N
                 {"eval": str(data / "eval.parquet")}, _settings(p, v), p.eval_batch) for v in views]
 
 
-def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS) -> list[Job]:
+def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list[Job]:
+    """Jobs of the IID sweep over `sizes` (default: the preset's). Runs on different sizes or
+    learners may share the folder: the experiment lists every size any of them planned."""
     import pyarrow.parquet as pq
 
     from rlmlab.splits import Split, iid_split
 
     data = out / "data" / "iid"
     if not (data / "split.json").exists():
-        iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train).save(data)
+        iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
+                  max_trace_len=p.iid_max_trace).save(data)
     split = Split.load(data)
+    if split.params.get("max_trace_len") != p.iid_max_trace:
+        raise ConfigError(f"{data}: split drawn from traces of at most {split.params.get('max_trace_len')} tokens, "
+                          f"the preset asks for {p.iid_max_trace} (use another --out)")
     available = split.train.num_rows
-    sizes = [n for n in p.iid_sizes if n <= available]
-    skipped = [n for n in p.iid_sizes if n > available]
-    meta = {"split": split.params, "sizes": sizes}
+    wanted = sorted(set(sizes or p.iid_sizes))
+    if any(not isinstance(n, int) or n < 1 for n in wanted):
+        raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
+    sizes = [n for n in wanted if n <= available]
+    skipped = [n for n in wanted if n > available]
+    planned = set(sizes)
+    if (out / "experiment.json").exists():
+        planned |= set(read_meta(out).get("sizes", ()))
+    meta = {"split": split.params, "sizes": sorted(planned)}
     if skipped:
         # The paper's N = 450,000 does not fit its own 500,000-expression pool (see
         # iid_distinct_train). Recorded in experiment.json and the report, not silently dropped.
@@ -350,6 +374,8 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS) -> list[Job]:
             for v in views:
                 # The paper's IID sweep uses no weight decay.
                 s = {**_settings(p, v, seed=1337 + seed), "train.weight_decay": "0.0"}
+                if p.iid_minutes is not None:
+                    s["train.max_minutes"] = json.dumps(p.iid_minutes)
                 jobs.append(Job(f"iid-N{n}-s{seed}", v, str(path), str(data / "val.parquet"),
                                 {"test": str(data / "test.parquet")}, s, p.eval_batch))
     return jobs
@@ -390,10 +416,11 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
 
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, threshold: int | None = None,
-                   views=LEARNERS, constructions=None, ray_address: str | None = None,
+                   views=LEARNERS, constructions=None, sizes=None, ray_address: str | None = None,
                    progress: bool = True) -> list[Job]:
     """Build the data, train both learners, evaluate; resumable. Returns the jobs it ran.
-    `constructions` picks shortcut constructions (default all six)."""
+    `constructions` picks shortcut constructions (default all six), `sizes` IID training-set
+    sizes (default the preset's)."""
     if kind not in KINDS:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(KINDS)})")
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
@@ -402,7 +429,7 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     if kind in ("length", "depth"):
         jobs = plan_threshold(kind, p, out, threshold, views)
     elif kind == "iid":
-        jobs = plan_iid(p, out, views)
+        jobs = plan_iid(p, out, views, sizes)
     else:
         jobs = plan_shortcuts(p, out, constructions, views=views)
     run_jobs(jobs, out, ray_address, progress)

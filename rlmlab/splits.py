@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError
@@ -332,8 +333,11 @@ def _take(pool: pa.Table, rows: Sequence[int]) -> pa.Table:
 
 
 def iid_split(pool: pa.Table, *, n_test: int = 5_000, n_val: int = 1_000, seed: int = 0,
-              dedupe_train: bool = True) -> Split:
+              dedupe_train: bool = True, max_trace_len: int | None = None) -> Split:
     """The IID split: `n_test` test and `n_val` validation expressions held out, the rest training.
+
+    With `max_trace_len` only the pool's expressions whose trace has at most that many tokens
+    take part (a smaller generator distribution for a small model; the paper uses the whole).
 
     Rows are walked in one permutation drawn from `seed`: the first `n_test` distinct texts
     are the test set, the next `n_val` distinct texts the validation set, and every later row
@@ -342,6 +346,10 @@ def iid_split(pool: pa.Table, *, n_test: int = 5_000, n_val: int = 1_000, seed: 
     _check_pool(pool)
     _count("n_test", n_test, 1)
     _count("n_val", n_val, 1)
+    pool_meta = _pool_meta(pool)
+    if max_trace_len is not None:
+        _count("max_trace_len", max_trace_len, 1)
+        pool = pool.filter(pc.less_equal(pool.column("trace_len"), max_trace_len))
     texts = pool.column("expr").to_pylist()
     order = list(range(len(texts)))
     random.Random(f"rlmlab-split:iid:{seed}").shuffle(order)
@@ -371,7 +379,7 @@ def iid_split(pool: pa.Table, *, n_test: int = 5_000, n_val: int = 1_000, seed: 
         raise DataError("no training expressions left after holding out test and validation")
     params = {"seed": seed, "n_test": n_test, "n_val": n_val, "dedupe_train": dedupe_train,
               "n_train": len(train), "max_train_size": max((n for n in IID_SIZES if n <= len(train)), default=0),
-              "pool": _pool_meta(pool)}
+              "max_trace_len": max_trace_len, "pool": pool_meta}
     return Split("iid", "iid", params, _take(pool, train), _take(pool, val), _take(pool, test))
 
 

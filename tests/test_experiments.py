@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlmlab.cli import main
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments import get_preset, plan_shortcuts, run_jobs
 from rlmlab.report import report
 
@@ -61,6 +61,22 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                    progress=False)
     assert json.loads((out / "experiment.json").read_text())["skipped_sizes"]["sizes"] == [9_000]
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
+    # A split drawn under another trace cap is refused, not silently reused.
+    with pytest.raises(ConfigError, match="split drawn from traces of at most None tokens"):
+        run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), out, progress=False)
+
+    # Runs on different sizes share a folder; --minutes is the budget of every IID run.
+    out = tmp_path / "iid-sizes"
+    smoke_iid = ["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    assert main([*smoke_iid, "--sizes", "150"]) == 0
+    assert main([*smoke_iid, "--sizes", "120,150", "--minutes", "7"]) == 0
+    assert json.loads((out / "experiment.json").read_text())["sizes"] == [120, 150]
+    assert sorted(p.name for p in out.glob("iid-N*")) == ["iid-N120-s0", "iid-N150-s0"]
+    config = json.loads((out / "iid-N120-s0" / "rm" / "config.json").read_text())["train"]
+    assert config["max_minutes"] == 7.0 and config["weight_decay"] == 0.0
+    for bad in (["--sizes", "1k"], ["--sizes", "0"], ["--sizes", ","]):
+        assert main([*smoke_iid, *bad]) == 2
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--sizes", "100"]) == 2
 
     out = tmp_path / "shortcuts"
     preset = get_preset("smoke").with_overrides(shortcut_max_trace=600,
@@ -117,6 +133,8 @@ def test_report_and_run_errors(tmp_path):
     ({"n_val": 0}, "n_val must be a positive integer"),
     ({"minutes": -5.0}, "minutes must be positive"),
     ({"iid_sizes": (300, 100)}, "iid_sizes must be increasing"),
+    ({"iid_minutes": 0.0}, "iid_minutes must be positive"),
+    ({"iid_max_trace": -1}, "iid_max_trace must be positive"),
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
     ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
     ({"shortcut_per_view": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),

@@ -52,6 +52,17 @@ def test_iid_refuses_sizes_beyond_the_pool(pool):
         iid_split(pool.slice(0, 50), n_test=40, n_val=20)
 
 
+def test_iid_split_of_short_traces_draws_only_from_them(pool):
+    s = iid_split(pool, n_test=200, n_val=50, max_trace_len=60)
+    lengths = [n for t in (s.train, s.val, s.test) for n in t.column("trace_len").to_pylist()]
+    assert max(lengths) <= 60 and s.params["max_trace_len"] == 60
+    short = {t for t, n in zip(texts(pool), pool.column("trace_len").to_pylist()) if n <= 60}
+    assert set(texts(s.train)) | set(texts(s.val)) | set(texts(s.test)) == short
+    assert s.params["pool"]["rows"] == pool.num_rows  # the source pool, not the filtered one
+    with pytest.raises(ConfigError, match="max_trace_len must be an integer >= 1"):
+        iid_split(pool, n_test=200, n_val=50, max_trace_len=0)
+
+
 def test_iid_keeping_repeats_never_leaks_held_out_texts(pool):
     s = iid_split(pool, n_test=500, n_val=100, dedupe_train=False)
     train = texts(s.train)

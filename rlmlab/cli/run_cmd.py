@@ -29,7 +29,11 @@ def register(sub) -> None:
     p.add_argument("--constructions", default=None,
                    help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
                         "different subsets may share --out (e.g. one per core)")
-    p.add_argument("--minutes", type=float, default=None, help="override the training budget per learner")
+    p.add_argument("--sizes", default=None,
+                   help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "
+                        "different sizes or learners may share --out")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="override the training budget per learner (per run in the IID sweep)")
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
@@ -52,21 +56,32 @@ def run(args) -> int:
         constructions = [c.strip() for c in args.constructions.split(",") if c.strip()]
         if not constructions:
             raise ConfigError("--constructions: no construction given")
+    sizes = None
+    if args.sizes is not None:
+        if args.kind != "iid":
+            raise ConfigError("--sizes applies to `rlmlab run iid` only")
+        try:
+            sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
+        except ValueError:
+            raise ConfigError(f"--sizes: expected comma-separated integers, got {args.sizes!r}") from None
+        if not sizes or min(sizes) < 1:
+            raise ConfigError(f"--sizes: expected positive sizes, got {args.sizes!r}")
     preset = get_preset(args.preset)
     train = dict(preset.train)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
         train["threads"] = args.threads
-    preset = preset.with_overrides(minutes=args.minutes, max_steps=args.max_steps, train=train)
+    preset = preset.with_overrides(minutes=args.minutes, iid_minutes=args.minutes, max_steps=args.max_steps,
+                                   train=train)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "constructions", "minutes", "max_steps", "threads",
+                               if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps", "threads",
                                         "ray_address")
                                and v is not None]}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   ray_address=args.ray_address, progress=not args.quiet)
+                   sizes=sizes, ray_address=args.ray_address, progress=not args.quiet)
     return 0
