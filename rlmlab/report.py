@@ -404,7 +404,9 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
 
 def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
     """The invariance probe per construction, learner and set, with 95% intervals, next to the
-    learner's accuracy on that set and (OOD) its shortcut rate."""
+    learner's accuracy on the whole set (the probe may take its first expressions only) and
+    (OOD) its shortcut rate."""
+
     def ci(p, key):  # a probe run with --positions-only (or answers only) lacks the other level
         if p.get(f"{key}_rate") is None:
             return "–"
@@ -412,7 +414,7 @@ def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
         return f"{100 * p[f'{key}_rate']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
     md = ["| Construction | Learner | Set | Probed expr. | Non-invariant positions (%) | Witness positions (%) "
-          "| Non-invariant answers (%) | Subproblems | Accuracy (%) | Shortcut rate (%) |",
+          "| Non-invariant answers (%) | Subproblems | Accuracy, whole set (%) | Shortcut rate, whole set (%) |",
           "|---" * 10 + "|"]
     for r in rows:
         for v in views:
@@ -423,7 +425,8 @@ def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
                 acc = r.get(f"{v}_{s}", {}).get("accuracy")
                 rate = r.get(f"{v}_shortcut_rate") if s == "ood" else None
                 md.append(f"| {r['construction']} | {learner_name(v)} | {s.upper()} | {p['n_expressions']} | "
-                          f"{ci(p, 'position')} | {ci(p, 'witness')} | {ci(p, 'answer')} | {p.get('subproblems', '–')} | "
+                          f"{ci(p, 'position')} | {ci(p, 'witness')} | {ci(p, 'answer')} | "
+                          f"{p.get('subproblems', '–')} | "
                           f"{_pct(acc)} | {_pct(rate)} |")
     return "\n".join(md) + "\n"
 

@@ -79,8 +79,8 @@ def run(args) -> int:
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps", "threads",
-                                        "ray_address")
+                               if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps",
+                                        "threads", "ray_address")
                                and v is not None]}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    sizes=sizes, ray_address=args.ray_address, progress=not args.quiet)
