@@ -313,6 +313,10 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     skipped = meta.get("skipped_sizes")
     if skipped:
         md.append(f"\nNot run: N = {', '.join(map(str, skipped['sizes']))} ({skipped['reason']}).")
+    cap = meta.get("split", {}).get("max_trace_len")
+    if cap is not None:
+        md.append(f"\nIID split drawn from the pool's expressions whose trace has at most {cap} tokens "
+                  "(`iid_max_trace`; the paper's uses the whole generator).")
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))

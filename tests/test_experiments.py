@@ -61,9 +61,15 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                    progress=False)
     assert json.loads((out / "experiment.json").read_text())["skipped_sizes"]["sizes"] == [9_000]
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
-    # A split drawn under another trace cap is refused, not silently reused.
+    # A split drawn under another trace cap is refused, not silently reused; the cap is reported.
     with pytest.raises(ConfigError, match="split drawn from traces of at most None tokens"):
         run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), out, progress=False)
+    assert "at most" not in (report(out) / "table-iid.md").read_text()
+    capped = tmp_path / "iid-capped"
+    run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), capped, views=("rm",), sizes=[100],
+                   progress=False)
+    assert max(pq.read_table(capped / "data" / "iid" / "test.parquet").column("trace_len").to_pylist()) <= 60
+    assert "trace has at most 60 tokens" in (report(capped) / "table-iid.md").read_text()
 
     # Runs on different sizes share a folder; --minutes is the budget of every IID run.
     out = tmp_path / "iid-sizes"
