@@ -1,5 +1,6 @@
 """The experiment runner and the report, end to end in smoke form (tiny model, a few steps)."""
 
+import dataclasses
 import json
 
 import pyarrow.parquet as pq
@@ -134,13 +135,26 @@ def test_report_and_run_errors(tmp_path):
                  "--constructions", "copy_deep_return,copy_everything"]) == 2
 
 
+def test_iid_runs_take_the_sweeps_own_budget_and_patience():
+    from rlmlab.experiments import _iid_settings
+
+    preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
+    settings = _iid_settings(preset, "rm", seed=2)
+    assert (settings["train.patience"], settings["train.max_minutes"]) == ("5", "60.0")
+    assert (settings["train.weight_decay"], settings["train.seed"]) == ("0.0", "1339")
+    # Without sweep-specific values the threshold splits' budget and patience apply.
+    settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), "rm", seed=0)
+    assert ((settings["train.patience"], settings["train.max_minutes"])) == ("12", "150.0")
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"model": "huge"}, "unknown model preset 'huge'"),
     ({"n_val": 0}, "n_val must be a positive integer"),
     ({"minutes": -5.0}, "minutes must be positive"),
     ({"iid_sizes": (300, 100)}, "iid_sizes must be increasing"),
     ({"iid_minutes": 0.0}, "iid_minutes must be positive"),
-    ({"iid_max_trace": -1}, "iid_max_trace must be positive"),
+    ({"iid_max_trace": -1}, "iid_max_trace must be a positive integer"),
+    ({"iid_patience": 2.5}, "iid_patience must be a positive integer"),
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
     ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
     ({"shortcut_per_view": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),
