@@ -226,7 +226,8 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     a2.set_ylabel("val loss (teacher-forced)")
     a2.set_yscale("log")
     for a in (a1, a2):
-        a.legend()
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
     fig.tight_layout()
     if drawn:
         for ext in ("png", "pdf"):
@@ -290,6 +291,32 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     return points
 
 
+def _iid_jobs(out: Path) -> list[str]:
+    """The IID run folders, by size then seed (`iid-N300-s0`, ...)."""
+    def key(name: str):
+        n, seed = name[len("iid-N"):].split("-s")
+        return int(n), int(seed)
+
+    return sorted((d.name for d in out.glob("iid-N*-s*") if d.is_dir()), key=key)
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, tokens, minutes and best validation answer accuracy of a run, finished or not."""
+    recs = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            continue
+    val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
+    best = max(val, key=lambda r: r["answer_acc"], default=None)
+    last = recs[-1] if recs else {}
+    ended = last.get("kind") == "end"
+    return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
+            "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
+            "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress"}
+
+
 def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     import matplotlib
 
@@ -317,6 +344,16 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     if cap is not None:
         md.append(f"\nIID split drawn from the pool's expressions whose trace has at most {cap} tokens "
                   "(`iid_max_trace`; the paper's uses the whole generator).")
+    runs = [(job, view, run_dir) for job in _iid_jobs(out) for view, run_dir in training_runs(out, job).items()]
+    if runs:
+        md += ["", "Training runs (validation final-answer accuracy picks the checkpoint that is tested):", "",
+               "| run | learner | steps | training tokens | minutes | best val final answer (%) | at step | stop |",
+               "|---|---|---|---|---|---|---|---|"]
+        for job, view, run_dir in runs:
+            t = training_summary(run_dir)
+            md.append(f"| {job} | {learner_name(view)} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
+                      f"{t['minutes']:.0f} | {_pct(t['best'])} | "
+                      f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -343,6 +380,8 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     for ext in ("png", "pdf"):
         _save(fig, dest / f"iid-sample-complexity.{ext}")
     plt.close(fig)
+    for job in _iid_jobs(out):
+        plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     return {"points": points}
 
 

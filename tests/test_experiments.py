@@ -55,6 +55,12 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     points = json.loads((report(out) / "report.json").read_text())["points"]
     assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
     assert all(0 <= p["per_token"] <= 1 for p in points)
+    # Each run's training is summarised under the table and drawn as a learning curve.
+    table = (out / "report" / "table-iid.md").read_text()
+    runs = [line.split(" | ")[:3] for line in table.splitlines() if line.startswith("| iid-N")]
+    assert runs == [["| iid-N100-s0", "RM", "3"], ["| iid-N200-s0", "RM", "3"]]
+    assert all(line.endswith("| max_steps |") for line in table.splitlines() if line.startswith("| iid-N"))
+    assert (out / "report" / "curves-iid-N200-s0.png").exists()
     # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
     from rlmlab.experiments import run_experiment
 
