@@ -8,6 +8,7 @@ Tables 2 and 3), figures (PNG and PDF) and `report.json` with every number shown
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from rlmlab.errors import DataError
@@ -293,11 +294,12 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
 
 def _iid_jobs(out: Path) -> list[str]:
     """The IID run folders, by size then seed (`iid-N300-s0`, ...)."""
-    def key(name: str):
-        n, seed = name[len("iid-N"):].split("-s")
-        return int(n), int(seed)
-
-    return sorted((d.name for d in out.glob("iid-N*-s*") if d.is_dir()), key=key)
+    found = {}
+    for d in out.glob("iid-N*-s*"):
+        m = re.fullmatch(r"iid-N(\d+)-s(\d+)", d.name)
+        if m and d.is_dir():  # a stray folder with a similar name is not a run
+            found[d.name] = (int(m[1]), int(m[2]))
+    return sorted(found, key=found.get)
 
 
 def training_summary(run_dir: Path) -> dict:
@@ -305,9 +307,11 @@ def training_summary(run_dir: Path) -> dict:
     recs = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
-            recs.append(json.loads(line))
+            rec = json.loads(line)
         except ValueError:
             continue
+        if isinstance(rec, dict):
+            recs.append(rec)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
     best = max(val, key=lambda r: r["answer_acc"], default=None)
     last = recs[-1] if recs else {}
