@@ -194,6 +194,22 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
     plt.close(fig)
 
 
+def metrics_records(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl; a line cut short by a killed run is skipped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    recs = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return recs
+
+
 def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     """Validation answer accuracy and loss against wall-clock training minutes, per learner."""
     import matplotlib
@@ -204,16 +220,7 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
     for view, run_dir in runs.items():
-        mfile = run_dir / "metrics.jsonl"
-        if not mfile.exists():
-            continue
-        recs = []
-        for line in mfile.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except ValueError:
-                continue
-        val = [r for r in recs if r.get("kind") == "val"]
+        val = [r for r in metrics_records(run_dir) if r.get("kind") == "val" and "elapsed_s" in r]
         if not val:
             continue
         drawn = True
@@ -304,14 +311,7 @@ def _iid_jobs(out: Path) -> list[str]:
 
 def training_summary(run_dir: Path) -> dict:
     """Steps, tokens, minutes and best validation answer accuracy of a run, finished or not."""
-    recs = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            recs.append(rec)
+    recs = metrics_records(run_dir)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
     best = max(val, key=lambda r: r["answer_acc"], default=None)
     last = recs[-1] if recs else {}
