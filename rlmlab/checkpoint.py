@@ -41,6 +41,10 @@ from rlmlab.vocab import Vocab
 
 FORMAT = "rlmlab-checkpoint/1"
 MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
+# What checkpoint.json must hold, and the JSON type of each entry.
+META_TYPES = {"step": int, "view": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
+              "files": dict, "optimizer": dict, "trainer": dict}
+JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 WHICH = ("best", "last")
 
 
@@ -89,18 +93,18 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    state: dict[int, dict] = {}
-    for name, t in tensors.items():
-        _, idx, key = name.split(".", 2)
-        state.setdefault(int(idx), {})[key] = t
-    for name, v in meta["scalars"].items():
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = v
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
     try:
+        state: dict[int, dict] = {}
+        for name, t in tensors.items():
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = t
+        for name, v in meta["scalars"].items():
+            idx, key = name.split(".", 1)
+            state.setdefault(int(idx), {})[key] = v
+        groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
         optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"optimizer state does not fit this model ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"optimizer state is malformed or does not fit this model ({e})") from None
 
 
 def rng_state(device: torch.device) -> dict:
@@ -112,11 +116,14 @@ def rng_state(device: torch.device) -> dict:
 
 def set_rng_state(state: dict) -> None:
     def tensor(s: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+        return torch.frombuffer(bytearray(base64.b64decode(s, validate=True)), dtype=torch.uint8)
 
-    torch.set_rng_state(tensor(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+    try:
+        torch.set_rng_state(tensor(state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # binascii.Error is a ValueError
+        raise CheckpointError(f"saved random-number state is malformed ({type(e).__name__})") from None
 
 
 def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, view: str,
@@ -182,10 +189,19 @@ def read_meta(ckpt: Path) -> dict:
         raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{ckpt}: not an {FORMAT} checkpoint")
-    for key in ("step", "view", "model_config", "config", "vocab", "metrics", "files"):
+    for key, kind in META_TYPES.items():
         if key not in meta:
+            if key in ("optimizer", "trainer"):  # only in 'last' checkpoints
+                continue
             raise CheckpointError(f"{ckpt}: {META_FILE} lacks '{key}'")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise CheckpointError(f"{ckpt}: {META_FILE}: '{key}' should be {JSON_NAMES[kind]}, "
+                                  f"not {type(meta[key]).__name__}")
+    if not all(isinstance(t, str) for t in meta["vocab"]):
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'vocab' should list token strings")
     for name, digest in meta["files"].items():
+        if name not in (MODEL_FILE, OPTIM_FILE) or not isinstance(digest, str):
+            raise CheckpointError(f"{ckpt}: {META_FILE} names an unexpected file {name!r}")
         path = ckpt / name
         if not path.exists():
             raise CheckpointError(f"{ckpt}: {name} is missing")

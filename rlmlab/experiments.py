@@ -319,24 +319,48 @@ def read_meta(out: Path) -> dict:
     """An experiment folder's `experiment.json`."""
     path = out / "experiment.json"
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         raise DataError(f"{path}: not valid JSON") from None
+    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
+        raise DataError(f"{path}: not an experiment description (its 'kind' should be one of {', '.join(KINDS)})")
+    needs = {"length": {"threshold": int, "split": dict}, "depth": {"threshold": int, "split": dict},
+             "iid": {"sizes": list}, "shortcuts": {"constructions": list}}[meta["kind"]]
+    for key, kind in needs.items():
+        if not isinstance(meta.get(key), kind):
+            raise DataError(f"{path}: a {meta['kind']} experiment needs '{key}' ({kind.__name__})")
+    return meta
+
+
+def _check_saved(data: Path, saved: dict, asked: dict) -> None:
+    """A re-run reuses the data it finds in `data`; refuse it when the preset now asks for
+    other data, rather than report numbers of the old data under the new settings."""
+    differ = [f"{k}={saved.get(k)!r} (asked: {v!r})" for k, v in asked.items() if saved.get(k) != v]
+    if differ:
+        raise ConfigError(f"{data} was built with {', '.join(differ)}; use another --out, or delete it to rebuild")
+
+
+def _pool_asked(p: ExperimentPreset, saved: dict) -> dict:
+    pool = saved.get("pool") or {}
+    return {"pool n": pool.get("n"), "pool seed": pool.get("seed")}
 
 
 def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
                    views=LEARNERS) -> list[Job]:
     from rlmlab.splits import Split, threshold_split
 
-    threshold = threshold or (p.length if kind == "length" else p.depth)
+    threshold = threshold if threshold is not None else (p.length if kind == "length" else p.depth)
     data = out / "data" / f"{kind}-{threshold}"
     if not (data / "split.json").exists():
         split = threshold_split(_pool(p, out), kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
                                 n_train=p.n_train)
         split.save(data)
     split = Split.load(data)
+    _check_saved(data, {**split.params, **_pool_asked(p, split.params)},
+                 {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap, "n_train_requested": p.n_train,
+                  "pool n": p.pool_n, "pool seed": p.pool_seed})
     _write_meta(out, kind, p, {"threshold": threshold, "split": split.params})
     return [Job(f"{kind}-{threshold}", v, str(data / "train.parquet"), str(data / "val.parquet"),
                 {"eval": str(data / "eval.parquet")}, _settings(p, v), p.eval_batch) for v in views]
@@ -354,9 +378,9 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list
         iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
                   max_trace_len=p.iid_max_trace).save(data)
     split = Split.load(data)
-    if split.params.get("max_trace_len") != p.iid_max_trace:
-        raise ConfigError(f"{data}: split drawn from traces of at most {split.params.get('max_trace_len')} tokens, "
-                          f"the preset asks for {p.iid_max_trace} (use another --out)")
+    _check_saved(data, {**split.params, **_pool_asked(p, split.params)},
+                 {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test, "n_val": p.n_val,
+                  "dedupe_train": p.iid_distinct_train, "pool n": p.pool_n, "pool seed": p.pool_seed})
     available = split.train.num_rows
     wanted = sorted(set(sizes or p.iid_sizes))
     if any(not isinstance(n, int) or n < 1 for n in wanted):
@@ -420,6 +444,10 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
             build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
                                    n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
         ds = ShortcutDataset.load(data)
+        saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
+        _check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),
+                                   "n_iid": p.shortcut_n_eval, "n_ood": p.shortcut_n_eval,
+                                   "max_trace_len": p.shortcut_max_trace})
         for part in ("iid", "ood"):
             if not (data / f"{part}.parquet").exists():
                 pq.write_table(getattr(ds, part), data / f"{part}.parquet")

@@ -21,6 +21,9 @@ INT, BOOL, ANY = "int", "bool", "T"  # ANY: the type variable of if_then_else
 DIGITS = tuple(str(d) for d in range(10))
 BOOLS = ("True", "False")
 LITERALS = frozenset(DIGITS + BOOLS)
+# Written calls nest at most this deep. The paper's deepest bins are ~25 calls; the bound
+# keeps the recursive parser, printer and executor far from Python's recursion limit.
+MAX_NESTING = 100
 
 
 class Call(NamedTuple):
@@ -125,12 +128,13 @@ def parse(text: str, library: Library | None = None, params: dict[str, str] | No
     if not toks:
         raise ExprError("empty expression", 0, text)
     pos = 0
+    nesting = 0
 
     def at(k: int) -> int:
         return toks[k][1] if k < len(toks) else len(text)
 
     def expr() -> Expr:
-        nonlocal pos
+        nonlocal pos, nesting
         if pos >= len(toks):
             raise ExprError("expression ends early", len(text), text)
         tok, where = toks[pos]
@@ -150,6 +154,9 @@ def parse(text: str, library: Library | None = None, params: dict[str, str] | No
         fn = library[tok]
         if pos >= len(toks) or toks[pos][0] != "(":
             raise ExprError(f"expected '(' after {tok!r}", at(pos), text)
+        nesting += 1
+        if nesting > MAX_NESTING:
+            raise ExprError(f"calls nested more than {MAX_NESTING} deep", where, text)
         pos += 1
         args: list[Expr] = []
         if pos < len(toks) and toks[pos][0] == ")":
@@ -168,6 +175,7 @@ def parse(text: str, library: Library | None = None, params: dict[str, str] | No
         if len(args) != fn.arity:
             raise ExprError(f"{tok} takes {fn.arity} argument{'s' * (fn.arity != 1)}, got {len(args)}",
                             where, text)
+        nesting -= 1
         return Call(tok, tuple(args))
 
     e = expr()

@@ -15,9 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.expr import default_library, infer_type, parse, to_text, value_token
 from rlmlab.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.trace import trace_stats
@@ -62,6 +63,8 @@ def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorC
     """Sample `n` expressions with `seed` and return the pool as an Arrow table."""
     if n < 1:
         raise DataError(f"pool size must be positive, got {n}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
     workers = workers or os.cpu_count() or 1
     jobs = [(seed, c, min(CHUNK, n - c * CHUNK), config) for c in range((n + CHUNK - 1) // CHUNK)]
     bar = None
@@ -110,6 +113,12 @@ def read_pool(path: str | Path, check: int = 64) -> pa.Table:
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
     if "expr" not in table.column_names:
         raise DataError(f"{path}: no 'expr' column (has {', '.join(table.column_names)})")
+    column = table.column("expr")
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise DataError(f"{path}: the 'expr' column holds {column.type}, not strings")
+    if column.null_count:
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise DataError(f"{path}: row {first}: empty (null) expression")
     meta = table.schema.metadata or {}
     if b"rlmlab.vocab" in meta and Vocab.from_json(meta[b"rlmlab.vocab"].decode()) != Vocab.from_library():
         raise DataError(f"{path}: written with a different vocabulary than this library's")

@@ -78,9 +78,12 @@ def _probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] |
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())["groups"]
-    except (ValueError, KeyError):
+        groups = json.loads(path.read_text())["groups"]
+    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
         raise DataError(f"{path}: not a probe summary") from None
+    if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        raise DataError(f"{path}: not a probe summary (its 'groups' should be a list of objects)")
+    return groups
 
 
 def _pct(x: float | None) -> str:
@@ -140,7 +143,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
                   + " | ".join(str(p["n_expressions"]) if p else "–" for p in probed) + " |")
     paper = PAPER_TABLE2.get((kind, threshold))
     if paper:
-        for v in views:
+        for v in (v for v in views if v in paper):  # the paper has rows for RM and CoT only
             md.append(f"| paper {learner_name(v)} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
 
     tex = [r"\begin{tabular}{@{}l*{%d}{c}!{\vrule}*{%d}{c}@{}}" % (n_iid, len(labels) - n_iid), r"\toprule",
@@ -200,7 +203,7 @@ def metrics_records(run_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     recs = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
@@ -274,29 +277,39 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
 # --- IID sweep ------------------------------------------------------------------------------
 
 def iid_points(out: Path, sizes: list[int]) -> list[dict]:
-    """Per (N, learner): final-answer accuracy and per-token accuracy over all seeds' test results."""
+    """Per (N, learner): final-answer and per-token test accuracy, averaged over seeds.
+
+    Every seed is tested on the same expressions, so seeds are not independent samples: with
+    one seed the final-answer interval is Wilson's, with several both intervals come from a
+    bootstrap over test expressions that keeps each expression's seeds together."""
     points = []
-    views = learners(out, [d.name for d in out.iterdir() if d.name.startswith("iid-N")])
+    jobs = _iid_jobs(out)
+    views = learners(out, jobs)
     for n in sizes:
         for view in views:
-            per_seed = []
-            seed = 0
-            while (out / f"iid-N{n}-s{seed}").exists():
-                res = _results(out, f"iid-N{n}-s{seed}", view, "test")
-                if res is not None:
-                    per_seed.append(res)
-                seed += 1
+            per_seed = [res for job in jobs if _iid_size(job) == n
+                        if (res := _results(out, job, view, "test")) is not None]
             if not per_seed:
                 continue
-            flat = [r for res in per_seed for r in res]
-            p = {"N": n, "view": view, "seeds": len(per_seed), **accuracy(flat)}
-            if "tf_total" in flat[0]:
-                c = [r["tf_correct"] for r in flat]
-                t = [r["tf_total"] for r in flat]
+            if any([r["expr"] for r in res] != [r["expr"] for r in per_seed[0]] for res in per_seed):
+                raise DataError(f"{out}: the seeds of N={n} ({learner_name(view)}) were tested on "
+                                "different expressions")
+            k = len(per_seed)
+            p = {"N": n, "view": view, "seeds": k, **accuracy([r for res in per_seed for r in res])}
+            if k > 1:
+                right = [sum(bool(res[i]["correct"]) for res in per_seed) for i in range(len(per_seed[0]))]
+                p["ci95"] = list(bootstrap_ratio(right, [k] * len(right)))
+            if all("tf_total" in res[0] for res in per_seed):
+                c = [sum(res[i]["tf_correct"] for res in per_seed) for i in range(len(per_seed[0]))]
+                t = [sum(res[i]["tf_total"] for res in per_seed) for i in range(len(per_seed[0]))]
                 p["per_token"] = sum(c) / sum(t)
                 p["per_token_ci95"] = list(bootstrap_ratio(c, t))
             points.append(p)
     return points
+
+
+def _iid_size(job: str) -> int:
+    return int(re.fullmatch(r"iid-N(\d+)-s\d+", job)[1])
 
 
 def _iid_jobs(out: Path) -> list[str]:

@@ -207,11 +207,17 @@ def read_results(path: str | Path) -> list[dict]:
         path = path / "results.jsonl"
     try:
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            results = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not a results file ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a results file (not text)") from None
+    for i, r in enumerate(results, 1):
+        if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and isinstance(r.get("correct"), bool)):
+            raise DataError(f"{path}: record {i} is not a per-expression result (needs 'expr' and 'correct')")
+    return results
 
 
 def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[Call], list[dict]]:

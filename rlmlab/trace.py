@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
+from rlmlab.errors import ExprError
 from rlmlab.expr import Call, Expr, default_library, literal_value, parse, size, substitute, to_text, \
     tokens as expr_tokens, value_token
 from rlmlab.frames import FrameExample
@@ -111,7 +112,7 @@ def execute(expr: Expr | str, library: Library | None = None) -> Execution:
     if isinstance(expr, str):
         expr = parse(expr, library)
     if not isinstance(expr, Call):
-        raise TypeError("the root of a trace is a call, not a literal")
+        raise ExprError(f"{expr!r} is a literal; a trace starts from a call")
     run = _Run(library)
     prompt = expr_tokens(expr)
     run.out.extend(prompt)

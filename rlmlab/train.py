@@ -203,6 +203,23 @@ class TrainerState:
     last_eval_step: int | None = None
     dropped: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_saved(cls, saved: dict, ckpt: Path) -> "TrainerState":
+        """The state a checkpoint recorded, its types checked (CheckpointError otherwise)."""
+        try:
+            state = cls(**{k: v for k, v in saved.items() if k != "rng"})
+        except TypeError as e:
+            raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
+        numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float)}
+        bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
+               or isinstance(getattr(state, k), bool)]
+        stream = state.stream
+        if not (isinstance(stream, dict) and all(isinstance(stream.get(k), int) for k in ("epoch", "cursor"))):
+            bad.append("stream")
+        if bad:
+            raise CheckpointError(f"{ckpt}: malformed trainer state ({', '.join(bad)})")
+        return state
+
 
 @dataclass
 class TrainResult:
@@ -322,7 +339,7 @@ class Trainer:
             if "trainer" not in meta:
                 raise CheckpointError(f"{ckpt}: no trainer state to resume from")
             self.model = build_model(meta, ckpt, device)
-            self.state = TrainerState(**{k: v for k, v in meta["trainer"].items() if k != "rng"})
+            self.state = TrainerState.from_saved(meta["trainer"], ckpt)
             self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
         else:
             if any((self.run_dir / p).exists() for p in ("last", "best", ".last.old")):
@@ -336,7 +353,7 @@ class Trainer:
         self.optimizer = configure_optimizer(self.model, tc)
         if resume:
             load_optimizer_state(ckpt, meta, self.optimizer)
-            set_rng_state(meta["trainer"]["rng"])
+            set_rng_state(meta["trainer"].get("rng"))
         self.fwd = torch.compile(self.model) if tc.compile else self.model
 
         positions = self.train_data.lengths - 1

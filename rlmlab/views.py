@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -230,7 +231,7 @@ class ViewData:
                 layout = z["layout"] if "layout" in z.files else None
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
             raise DataError(f"{path}: not a view-data file ({type(e).__name__})") from None
         if meta.get("format") != VIEWDATA_FORMAT:
             raise DataError(f"{path}: format {meta.get('format')!r}, expected {VIEWDATA_FORMAT!r}")

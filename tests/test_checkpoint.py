@@ -134,3 +134,22 @@ def test_a_killed_save_leaves_a_complete_checkpoint(tmp_path, monkeypatch):
     _save(tmp_path, "last", seed=1, step=9)
     assert load_run(tmp_path, "last").step == 9
     assert sorted(os.listdir(tmp_path)) == ["last"]
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("files", [], "'files' should be an object, not list"),
+    ("vocab", 5, "'vocab' should be a list"),
+    ("vocab", [1, 2], "should list token strings"),
+    ("step", "x", "'step' should be an integer"),
+    ("step", True, "'step' should be an integer"),
+    ("trainer", "x", "'trainer' should be an object"),
+    ("files", {"../elsewhere.safetensors": "0" * 64}, "unexpected file"),
+])
+def test_malformed_checkpoint_metadata(tmp_path, key, value, message):
+    _save(tmp_path, "last")
+    meta_path = tmp_path / "last" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta[key] = value
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=message):
+        load_run(tmp_path, "last")

@@ -69,7 +69,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert json.loads((out / "experiment.json").read_text())["skipped_sizes"]["sizes"] == [9_000]
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
     # A split drawn under another trace cap is refused, not silently reused; the cap is reported.
-    with pytest.raises(ConfigError, match="split drawn from traces of at most None tokens"):
+    with pytest.raises(ConfigError, match=r"built with max_trace_len=None \(asked: 60\)"):
         run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), out, progress=False)
     assert "at most" not in (report(out) / "table-iid.md").read_text()
     capped = tmp_path / "iid-capped"

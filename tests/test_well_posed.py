@@ -5,6 +5,8 @@ from rlmlab.trace import execute
 
 
 def test_identical_active_frames_have_the_same_next_token():
+    """Keyed by the whole prefix, hashed token by token from the frame's start, so a prefix is
+    compared with every other occurrence of it wherever the context/target split falls."""
     seen_examples: set = set()
     next_token: dict[int, str] = {}
     n_checked = 0
@@ -14,10 +16,12 @@ def test_identical_active_frames_have_the_same_next_token():
             if key in seen_examples:
                 continue
             seen_examples.add(key)
-            h = hash(f.context)
-            for t in f.targets:
+            h = 0
+            for t in f.context:
+                h = hash((h, t))
+            for i, t in enumerate(f.targets):
                 prev = next_token.setdefault(h, t)
-                assert prev == t, f"frame {f.context} followed by both {prev} and {t}"
+                assert prev == t, f"frame {f.context + f.targets[:i]} followed by both {prev} and {t}"
                 h = hash((h, t))
                 n_checked += 1
     assert n_checked > 100_000

@@ -1,7 +1,8 @@
 """`rlmlab` command line: thin entry points over the library.
 
 Each subcommand lives in its own module with `register(subparsers)`; user errors
-(`RlmlabError`) are printed on one line and exit with status 2, never a traceback.
+(`RlmlabError`, and OS errors such as a path that cannot be read or written) are printed
+on one line and exit with status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except BrokenPipeError:  # `rlmlab ... | head`; an OSError, so caught before it
+        return 0
     except RlmlabError as e:
         print(f"rlmlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that is a folder, unwritable, a full disk: the OS names it
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"rlmlab {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlmlab: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

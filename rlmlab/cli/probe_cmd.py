@@ -47,9 +47,12 @@ def _columns(path: Path, n: int) -> list[dict]:
         return [{} for _ in range(n)]
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     table = pq.read_table(path).slice(0, n)
-    keep = [c for c in table.column_names if c != "expr"
-            and not (table.schema.field(c).type.num_fields or str(table.schema.field(c).type).startswith("list"))]
+    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+             pa.types.is_large_string)
+    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in plain)]
     cols = {c: table.column(c).to_pylist() for c in keep}
     return [{c: cols[c][i] for c in keep} for i in range(n)]
 

@@ -1,0 +1,125 @@
+"""Bad input from a user ends in a one-line error naming the problem, never a traceback:
+the CLI exits 2, the library raises an `RlmlabError` subclass."""
+
+import json
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rlmlab.checkpoint import restore_optimizer, set_rng_state
+from rlmlab.cli import main
+from rlmlab.cli.probe_cmd import _columns
+from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
+from rlmlab.experiments import get_preset, plan_threshold
+from rlmlab.expr import MAX_NESTING, parse
+from rlmlab.pool import read_pool
+from rlmlab.report import report
+from rlmlab.train import TrainerState
+from rlmlab.trace import execute
+from rlmlab.views import build_view_data
+from rlmlab.vocab import default_vocab
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"rlmlab {argv[0]}: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_literals_and_runaway_nesting_are_expression_errors(capsys):
+    assert "is a literal" in one_line_error(capsys, ["trace", "7"])
+    with pytest.raises(ExprError, match="literal"):
+        execute("True")
+    deep = "square(" * (MAX_NESTING + 1) + "3" + ")" * (MAX_NESTING + 1)
+    assert f"nested more than {MAX_NESTING} deep" in one_line_error(capsys, ["trace", deep])
+    at_limit = "square(" * MAX_NESTING + "3" + ")" * MAX_NESTING
+    assert parse(at_limit) and execute(at_limit).value == pow(3, 2 ** MAX_NESTING, 10)
+
+
+def test_paths_the_os_refuses(tmp_path, capsys):
+    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--quiet", "--data", str(tmp_path)])
+    assert str(tmp_path) in err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    one_line_error(capsys, ["data", "pool", "--n", "5", "--quiet", "--out", str(blocker / "pool.parquet")])
+    assert "workers must be at least 1" in one_line_error(
+        capsys, ["data", "pool", "--n", "5", "--quiet", "--workers", "-1", "--out", str(tmp_path / "p.parquet")])
+
+
+def test_every_row_of_a_data_file_is_checked(tmp_path):
+    good = ["add(1,2)"] * 70  # past the rows read_pool re-parses up front
+    pq.write_table(pa.table({"expr": good + [None]}), tmp_path / "null.parquet")
+    with pytest.raises(DataError, match="row 70: empty"):
+        read_pool(tmp_path / "null.parquet")
+    pq.write_table(pa.table({"expr": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(DataError, match="holds int64, not strings"):
+        read_pool(tmp_path / "ints.parquet")
+    with pytest.raises(DataError, match="expression 70 .*literal"):
+        build_view_data(good + ["7"], "rm", default_vocab())
+
+
+def test_a_damaged_view_cache_is_rebuilt(tmp_path):
+    exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
+    first = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("*.npz")
+    cached.write_bytes(cached.read_bytes()[:40])  # a save cut short
+    with pytest.raises(zipfile.BadZipFile):
+        np.load(cached)
+    again = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    assert np.array_equal(first.ids, again.ids) and np.array_equal(first.loss, again.loss)
+
+
+@pytest.mark.parametrize("saved, message", [
+    ({"step": "x"}, "step"),
+    ({"step": 3, "stream": {"epoch": 0}}, "stream"),
+    ({"step": 3, "momentum": 1}, "unexpected keyword"),
+    ({"step": True}, "step"),
+])
+def test_malformed_trainer_state(tmp_path, saved, message):
+    with pytest.raises(CheckpointError, match=message):
+        TrainerState.from_saved(saved, tmp_path)
+    assert TrainerState.from_saved({"step": 3, "elapsed_s": 1.5}, tmp_path).step == 3
+
+
+def test_malformed_optimizer_and_rng_state():
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    for meta in ({"scalars": 5, "param_groups": []}, {"scalars": {"x": 1}, "param_groups": []}, {}):
+        with pytest.raises(CheckpointError, match="optimizer state"):
+            restore_optimizer(opt, {}, meta)
+    for state in (None, {}, {"torch": "not base64!"}, {"torch": "AAAA"}):
+        with pytest.raises(CheckpointError, match="random-number state"):
+            set_rng_state(state)
+
+
+def test_malformed_experiment_descriptions(tmp_path):
+    for text, message in (("[]", "not an experiment description"),
+                          ('{"kind": "length", "split": {}}', "needs 'threshold'"),
+                          ('{"kind": "iid", "sizes": 3}', "needs 'sizes'")):
+        (tmp_path / "experiment.json").write_text(text)
+        with pytest.raises(DataError, match=message):
+            report(tmp_path)
+
+
+def test_saved_data_built_under_other_settings_is_refused(tmp_path):
+    smoke = get_preset("smoke")
+    assert len(plan_threshold("length", smoke, tmp_path)) == 2
+    with pytest.raises(ConfigError, match=r"built with per_bin_cap=4 \(asked: 5\)"):
+        plan_threshold("length", smoke.with_overrides(per_bin_cap=5), tmp_path)
+    with pytest.raises(ConfigError, match="threshold must be a positive integer"):
+        plan_threshold("length", smoke, tmp_path, threshold=0)
+
+
+def test_probe_keeps_only_json_scalar_columns(tmp_path):
+    path = tmp_path / "set.parquet"
+    pq.write_table(pa.table({"expr": ["add(1,2)"], "bin": ["0.5-1.0"], "n": [3], "ok": [True],
+                             "when": pa.array([0], pa.timestamp("s")), "raw": pa.array([b"x"], pa.binary()),
+                             "deep": pa.array([[1]], pa.list_(pa.int64()))}), path)
+    cols = _columns(path, 1)
+    assert cols == [{"bin": "0.5-1.0", "n": 3, "ok": True}]
+    json.dumps(cols)
