@@ -73,6 +73,21 @@ def test_loading_never_unpickles(tmp_path, monkeypatch):
     json.loads((tmp_path / "last" / "checkpoint.json").read_text())
 
 
+def test_no_loader_in_the_package_can_unpickle():
+    """Every way this codebase reads files from disk, by source: no pickle, no torch.load,
+    numpy only with allow_pickle=False (pyarrow >= 14.0.1 for the parquet reader)."""
+    import re
+    from pathlib import Path
+
+    import rlmlab
+
+    for path in Path(rlmlab.__file__).parent.rglob("*.py"):
+        code = path.read_text()
+        assert not re.search(r"\bimport pickle|from pickle|\bdill\b|joblib|torch\.load\(|pd\.read_pickle", code), path
+        for call in re.findall(r"np\.load\([^)]*\)", code):
+            assert "allow_pickle=False" in call, (path, call)
+
+
 def test_corrupt_or_missing_checkpoints(tmp_path):
     with pytest.raises(CheckpointError, match="no such run folder"):
         load_run(tmp_path / "nope")
