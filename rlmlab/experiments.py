@@ -342,8 +342,9 @@ def _check_saved(data: Path, saved: dict, asked: dict) -> None:
         raise ConfigError(f"{data} was built with {', '.join(differ)}; use another --out, or delete it to rebuild")
 
 
-def _pool_asked(p: ExperimentPreset, saved: dict) -> dict:
-    pool = saved.get("pool") or {}
+def _saved_pool(params: dict) -> dict:
+    """The size and seed of the pool a saved split was drawn from, as `_check_saved` compares them."""
+    pool = params.get("pool") or {}
     return {"pool n": pool.get("n"), "pool seed": pool.get("seed")}
 
 
@@ -358,7 +359,7 @@ def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | N
                                 n_train=p.n_train)
         split.save(data)
     split = Split.load(data)
-    _check_saved(data, {**split.params, **_pool_asked(p, split.params)},
+    _check_saved(data, {**split.params, **_saved_pool(split.params)},
                  {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap, "n_train_requested": p.n_train,
                   "pool n": p.pool_n, "pool seed": p.pool_seed})
     _write_meta(out, kind, p, {"threshold": threshold, "split": split.params})
@@ -378,7 +379,7 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list
         iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
                   max_trace_len=p.iid_max_trace).save(data)
     split = Split.load(data)
-    _check_saved(data, {**split.params, **_pool_asked(p, split.params)},
+    _check_saved(data, {**split.params, **_saved_pool(split.params)},
                  {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test, "n_val": p.n_val,
                   "dedupe_train": p.iid_distinct_train, "pool n": p.pool_n, "pool seed": p.pool_seed})
     available = split.train.num_rows

@@ -45,9 +45,8 @@ def _columns(path: Path, n: int) -> list[dict]:
     """Per expression, the data file's columns other than `expr` (JSON-safe scalars only)."""
     if path.suffix != ".parquet":
         return [{} for _ in range(n)]
-    import pyarrow.parquet as pq
-
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     table = pq.read_table(path).slice(0, n)
     plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
