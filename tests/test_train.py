@@ -1,7 +1,9 @@
 """The training loop: learning, exact resume, stopping rules, checkpoint selection, and the CLI."""
 
+import itertools
 import json
 import random
+import time
 
 import pytest
 import torch
@@ -56,7 +58,11 @@ def test_schedule_horizon_follows_the_typical_step_not_stalls():
     assert schedule_horizon(1000, 0.0, [1.0] * 60, 0.0, 100) == 1001
 
 
-def test_time_budgeted_runs_log_their_schedule(data, tmp_path):
+def test_time_budgeted_runs_log_their_schedule(data, tmp_path, monkeypatch):
+    # A clock that advances 20 ms per reading: the run's pace, and so its schedule, no longer
+    # depends on how busy the machine is (under load, 9 real seconds may hold under 50 steps).
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
     tr, va = data["rm"]
     r = train(config(max_steps=None, max_minutes=0.15, warmup_steps=5, eval_every=20, patience=None), tr, va,
               tmp_path / "t", progress=False, echo=lambda s: None)
