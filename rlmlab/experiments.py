@@ -342,10 +342,11 @@ def _check_saved(data: Path, saved: dict, asked: dict) -> None:
         raise ConfigError(f"{data} was built with {', '.join(differ)}; use another --out, or delete it to rebuild")
 
 
-def _saved_pool(params: dict) -> dict:
-    """The size and seed of the pool a saved split was drawn from, as `_check_saved` compares them."""
+def _check_split(data: Path, params: dict, p: ExperimentPreset, asked: dict) -> None:
+    """`_check_saved` for a split: its own parameters and the pool it was drawn from."""
     pool = params.get("pool") or {}
-    return {"pool n": pool.get("n"), "pool seed": pool.get("seed")}
+    _check_saved(data, {**params, "pool n": pool.get("n"), "pool seed": pool.get("seed")},
+                 {**asked, "pool n": p.pool_n, "pool seed": p.pool_seed})
 
 
 def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
@@ -359,9 +360,8 @@ def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | N
                                 n_train=p.n_train)
         split.save(data)
     split = Split.load(data)
-    _check_saved(data, {**split.params, **_saved_pool(split.params)},
-                 {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap, "n_train_requested": p.n_train,
-                  "pool n": p.pool_n, "pool seed": p.pool_seed})
+    _check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
+                                         "n_train_requested": p.n_train})
     _write_meta(out, kind, p, {"threshold": threshold, "split": split.params})
     return [Job(f"{kind}-{threshold}", v, str(data / "train.parquet"), str(data / "val.parquet"),
                 {"eval": str(data / "eval.parquet")}, _settings(p, v), p.eval_batch) for v in views]
@@ -379,9 +379,8 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list
         iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
                   max_trace_len=p.iid_max_trace).save(data)
     split = Split.load(data)
-    _check_saved(data, {**split.params, **_saved_pool(split.params)},
-                 {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test, "n_val": p.n_val,
-                  "dedupe_train": p.iid_distinct_train, "pool n": p.pool_n, "pool seed": p.pool_seed})
+    _check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
+                                         "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
     available = split.train.num_rows
     wanted = sorted(set(sizes or p.iid_sizes))
     if any(not isinstance(n, int) or n < 1 for n in wanted):

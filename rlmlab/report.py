@@ -284,42 +284,39 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     bootstrap over test expressions that keeps each expression's seeds together."""
     points = []
     jobs = _iid_jobs(out)
-    views = learners(out, jobs)
+    views = learners(out, list(jobs))
     for n in sizes:
         for view in views:
-            per_seed = [res for job in jobs if _iid_size(job) == n
+            per_seed = [res for job, (size, _) in jobs.items() if size == n
                         if (res := _results(out, job, view, "test")) is not None]
             if not per_seed:
                 continue
-            if any([r["expr"] for r in res] != [r["expr"] for r in per_seed[0]] for res in per_seed):
+            exprs = [r["expr"] for r in per_seed[0]]
+            if any([r["expr"] for r in res] != exprs for res in per_seed[1:]):
                 raise DataError(f"{out}: the seeds of N={n} ({learner_name(view)}) were tested on "
                                 "different expressions")
+            by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
             p = {"N": n, "view": view, "seeds": k, **accuracy([r for res in per_seed for r in res])}
             if k > 1:
-                right = [sum(bool(res[i]["correct"]) for res in per_seed) for i in range(len(per_seed[0]))]
-                p["ci95"] = list(bootstrap_ratio(right, [k] * len(right)))
+                p["ci95"] = list(bootstrap_ratio([sum(r["correct"] for r in rs) for rs in by_expr], [k] * len(by_expr)))
             if all("tf_total" in res[0] for res in per_seed):
-                c = [sum(res[i]["tf_correct"] for res in per_seed) for i in range(len(per_seed[0]))]
-                t = [sum(res[i]["tf_total"] for res in per_seed) for i in range(len(per_seed[0]))]
+                c = [sum(r["tf_correct"] for r in rs) for rs in by_expr]
+                t = [sum(r["tf_total"] for r in rs) for rs in by_expr]
                 p["per_token"] = sum(c) / sum(t)
                 p["per_token_ci95"] = list(bootstrap_ratio(c, t))
             points.append(p)
     return points
 
 
-def _iid_size(job: str) -> int:
-    return int(re.fullmatch(r"iid-N(\d+)-s\d+", job)[1])
-
-
-def _iid_jobs(out: Path) -> list[str]:
-    """The IID run folders, by size then seed (`iid-N300-s0`, ...)."""
+def _iid_jobs(out: Path) -> dict[str, tuple[int, int]]:
+    """The IID run folders and their (size, seed), by size then seed (`iid-N300-s0`, ...)."""
     found = {}
     for d in out.glob("iid-N*-s*"):
         m = re.fullmatch(r"iid-N(\d+)-s(\d+)", d.name)
         if m and d.is_dir():  # a stray folder with a similar name is not a run
             found[d.name] = (int(m[1]), int(m[2]))
-    return sorted(found, key=found.get)
+    return dict(sorted(found.items(), key=lambda item: item[1]))
 
 
 def training_summary(run_dir: Path) -> dict:
