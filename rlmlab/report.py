@@ -320,15 +320,32 @@ def _iid_jobs(out: Path) -> dict[str, tuple[int, int]]:
 
 
 def training_summary(run_dir: Path) -> dict:
-    """Steps, tokens, minutes and best validation answer accuracy of a run, finished or not."""
+    """Steps, tokens, epochs, minutes and best validation answer accuracy of a run, finished or not."""
     recs = metrics_records(run_dir)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
     best = max(val, key=lambda r: r["answer_acc"], default=None)
     last = recs[-1] if recs else {}
     ended = last.get("kind") == "end"
     return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
+            "epochs": max((r.get("epoch", 0) for r in recs), default=0),
             "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
             "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress"}
+
+
+def _epochs(e: float) -> str:
+    return f"{e:.2f}" if e < 10 else f"{e:,.0f}"  # a small IID set is passed hundreds of times
+
+
+def training_table(summaries: list[dict]) -> str:
+    """Markdown table of `training_summary` records (each with its `job` and `view`)."""
+    md = ["| run | learner | steps | training tokens | epochs | minutes | best val final answer (%) | at step | stop |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for t in summaries:
+        md.append(f"| {t['job']} | {learner_name(t['view'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
+                  f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {_pct(t['best'])} | "
+                  f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
+    return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
+            "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n")
 
 
 def report_iid(out: Path, meta: dict, dest: Path) -> dict:
@@ -358,16 +375,6 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     if cap is not None:
         md.append(f"\nIID split drawn from the pool's expressions whose trace has at most {cap} tokens "
                   "(`iid_max_trace`; the paper's uses the whole generator).")
-    runs = [(job, view, run_dir) for job in _iid_jobs(out) for view, run_dir in training_runs(out, job).items()]
-    if runs:
-        md += ["", "Training runs (validation final-answer accuracy picks the checkpoint that is tested):", "",
-               "| run | learner | steps | training tokens | minutes | best val final answer (%) | at step | stop |",
-               "|---|---|---|---|---|---|---|---|"]
-        for job, view, run_dir in runs:
-            t = training_summary(run_dir)
-            md.append(f"| {job} | {learner_name(view)} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
-                      f"{t['minutes']:.0f} | {_pct(t['best'])} | "
-                      f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -488,6 +495,15 @@ def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
     return "\n".join(md) + "\n"
 
 
+def _job_names(out: Path, meta: dict) -> list[str]:
+    """The experiment's job folders, in the order of its tables."""
+    if meta["kind"] == "iid":
+        return list(_iid_jobs(out))
+    if meta["kind"] == "shortcuts":
+        return [f"shortcut-{name}" for name in meta["constructions"]]
+    return [f"{meta['kind']}-{int(meta['threshold'])}"]
+
+
 def report(out: str | Path) -> Path:
     """Write `<out>/report/` from the saved results; returns that folder."""
     out = Path(out)
@@ -503,6 +519,12 @@ def report(out: str | Path) -> Path:
         data = report_shortcuts(out, meta, dest)
     else:
         raise DataError(f"{out}/experiment.json: unknown kind {kind!r}")
+    data["training"] = [{"job": job, "view": view, **training_summary(run_dir)}
+                        for job in _job_names(out, meta) for view, run_dir in training_runs(out, job).items()]
+    if data["training"]:
+        (dest / "table-training.md").write_text(training_table(data["training"]))
+    else:
+        (dest / "table-training.md").unlink(missing_ok=True)
     (dest / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     return dest
 

@@ -29,8 +29,15 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert "RM acc. (%)" in table and "CoT acc. (%)" in table and "Gap (pt)" in table
     for name in ("bins-length-96.png", "bins-length-96.pdf", "table-length-96.tex", "report.json"):
         assert (out / "report" / name).exists()
-    rows = json.loads((out / "report" / "report.json").read_text())["rows"]
-    assert sum(r["rm"]["n"] for r in rows if r.get("rm")) == 40
+    saved = json.loads((out / "report" / "report.json").read_text())
+    assert sum(r["rm"]["n"] for r in saved["rows"] if r.get("rm")) == 40
+    # The training table is read from each run's metrics.jsonl: steps, best validation, stop rule.
+    for t in saved["training"]:
+        done = json.loads((out / "length-96" / t["view"] / "done.json").read_text())
+        assert (t["step"], t["best"], t["best_step"], t["stop"]) == \
+            (done["step"], done["best_score"], done["best_step"], done["stop_reason"])
+    assert [t["view"] for t in saved["training"]] == ["rm", "cot"]
+    assert "| length-96 | CoT |" in capsys.readouterr().out  # `rlmlab report` prints it with the tables
 
     # The invariance probe of a learner puts its per-bin rates into the table.
     assert main(["probe", str(out / "length-96" / "cot"), "--data", str(out / "data" / "length-96" / "eval.parquet"),
@@ -55,8 +62,8 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     points = json.loads((report(out) / "report.json").read_text())["points"]
     assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
     assert all(0 <= p["per_token"] <= 1 for p in points)
-    # Each run's training is summarised under the table and drawn as a learning curve.
-    table = (out / "report" / "table-iid.md").read_text()
+    # Each run's training is summarised in the training table and drawn as a learning curve.
+    table = (out / "report" / "table-training.md").read_text()
     runs = [line.split(" | ")[:3] for line in table.splitlines() if line.startswith("| iid-N")]
     assert runs == [["| iid-N100-s0", "RM", "3"], ["| iid-N200-s0", "RM", "3"]]
     assert all(line.endswith("| max_steps |") for line in table.splitlines() if line.startswith("| iid-N"))
@@ -107,6 +114,10 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                                                                                    "position_parity"]
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
+    runs = [line.split(" | ")[:2] for line in (out / "report" / "table-training.md").read_text().splitlines()
+            if line.startswith("| shortcut-")]
+    assert runs == [[f"| shortcut-{name}", learner] for name in ("copy_deep_return", "position_parity")
+                    for learner in ("RM", "CoT")]
     curves = out / "report" / "curves-shortcut-position_parity.pdf"
     first = curves.read_bytes()
     report(out)
