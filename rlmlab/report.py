@@ -329,7 +329,9 @@ def training_summary(run_dir: Path) -> dict:
     return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
             "epochs": max((r.get("epoch", 0) for r in recs), default=0),
             "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
-            "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress"}
+            "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
+            "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
+                            for r in val]}
 
 
 def _epochs(e: float) -> str:
@@ -344,8 +346,13 @@ def training_table(summaries: list[dict]) -> str:
         md.append(f"| {t['job']} | {learner_name(t['view'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
                   f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {_pct(t['best'])} | "
                   f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
+    curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
+        f"{_pct(v['answer_acc'])} / {_pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)" for v in t["validations"])
+        for t in summaries if t["validations"]]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
-            "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n")
+            "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
+            + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"
+               + "\n".join(curves) + "\n" if curves else ""))
 
 
 def report_iid(out: Path, meta: dict, dest: Path) -> dict:

@@ -37,6 +37,11 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
         assert (t["step"], t["best"], t["best_step"], t["stop"]) == \
             (done["step"], done["best_score"], done["best_step"], done["stop_reason"])
     assert [t["view"] for t in saved["training"]] == ["rm", "cot"]
+    training = (out / "report" / "table-training.md").read_text()
+    for t in saved["training"]:  # each run's validation curve, one line per run
+        curve = next(line for line in training.splitlines()
+                     if line.startswith(f"- length-96 {'RM' if t['view'] == 'rm' else 'CoT'}: "))
+        assert curve.count(" min)") == len(t["validations"]) > 0
     assert "| length-96 | CoT |" in capsys.readouterr().out  # `rlmlab report` prints it with the tables
 
     # The invariance probe of a learner puts its per-bin rates into the table.
