@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError
@@ -536,3 +537,38 @@ def report(out: str | Path) -> Path:
     return dest
 
 
+
+
+# Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
+# command in commands.jsonl, and checkpoints are megabytes each.
+LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
+
+
+def export_results(src: str | Path, dest: str | Path) -> dict:
+    """Copy an experiment folder's results to `dest` (e.g. under `results/` to commit them):
+    configs, metrics, per-expression results, probe summaries and commands, without
+    checkpoints or data files, then rebuild the report there from the copy.
+
+    Files already in `dest` that the source lacks (a README, say) are kept; files the source
+    has are overwritten. Returns counts of what was copied and left out."""
+    src, dest = Path(src).resolve(), Path(dest).resolve()
+    read_meta(src)
+    if dest == src or src in dest.parents:
+        raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    copied = size = checkpoints = data_files = 0
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if rel.parts[0] == "report" or not path.is_file():
+            continue
+        if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
+            checkpoints += path.name == "checkpoint.json"
+            continue
+        if path.suffix in LEFT_OUT_SUFFIXES:
+            data_files += 1
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / rel)
+        copied += 1
+        size += path.stat().st_size
+    report(dest)
+    return {"files": copied, "bytes": size, "checkpoints": checkpoints, "data_files": data_files}

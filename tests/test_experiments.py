@@ -44,6 +44,19 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
         assert curve.count(" min)") == len(t["validations"]) > 0
     assert "| length-96 | CoT |" in capsys.readouterr().out  # `rlmlab report` prints it with the tables
 
+    # Exporting keeps results, configs and curves but no weights or data, and rebuilds the report.
+    dest = tmp_path / "results" / "length-smoke"
+    dest.mkdir(parents=True)
+    (dest / "README.md").write_text("notes")
+    assert main(["export", str(out), str(dest)]) == 0
+    assert not list(dest.rglob("*.safetensors")) and not list(dest.rglob("*.parquet"))
+    assert not (dest / "length-96" / "rm" / "best").exists() and (dest / "README.md").read_text() == "notes"
+    for name in ("length-96/rm/eval/eval/results.jsonl", "length-96/cot/config.json", "commands.jsonl",
+                 "data/length-96/split.json", "report/table-length-96.md", "report/table-training.md"):
+        assert (dest / name).read_bytes() == (out / name).read_bytes(), name
+    assert main(["export", str(out), str(out / "copy")]) == 2  # not into the folder it copies
+    assert main(["export", str(dest / "length-96"), str(tmp_path / "x")]) == 2  # not an experiment folder
+
     # The invariance probe of a learner puts its per-bin rates into the table.
     assert main(["probe", str(out / "length-96" / "cot"), "--data", str(out / "data" / "length-96" / "eval.parquet"),
                  "--per-group", "2", "--max-new-tokens", "60"]) == 0

@@ -1,0 +1,21 @@
+"""`rlmlab export SRC DEST`: an experiment's results without checkpoints or data, ready to commit."""
+
+from __future__ import annotations
+
+from rlmlab.report import export_results
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="copy an experiment's results (no checkpoints or data files) and "
+                                      "rebuild its report there")
+    p.add_argument("src", metavar="SRC", help="experiment folder written by `rlmlab run`")
+    p.add_argument("dest", metavar="DEST", help="where the results go (e.g. results/length-small); "
+                                                "files it has that SRC lacks are kept")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    n = export_results(args.src, args.dest)
+    print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}; left out "
+          f"{n['checkpoints']} checkpoints and {n['data_files']} data files; report in {args.dest}/report")
+    return 0
