@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments import read_meta
-from rlmlab.score import accuracy, bootstrap_ratio, read_results
+from rlmlab.score import accuracy, bootstrap_ratio, read_results, wilson
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
 
@@ -89,6 +89,18 @@ def _probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] |
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _count_ci(a: dict | None) -> str:
+    """An `accuracy()` record as "k/n = p [lo, hi]" (percent, 95% Wilson interval)."""
+    if a is None:
+        return "–"
+    return f"{a['correct']}/{a['n']} = {_pct(a['accuracy'])} [{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]"
+
+
+def _share(k: int, n: int) -> dict:
+    """k of n as an `accuracy()` record."""
+    return {"n": n, "correct": k, "accuracy": k / n, "ci95": list(wilson(k, n))}
 
 
 def _gap(a: float | None, b: float | None) -> str:
@@ -431,6 +443,7 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
             if ood is not None:
                 row[f"{view}_ood"] = accuracy(ood)
                 row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
+                row[f"{view}_ood_valid"] = sum(bool(r.get("valid")) for r in ood) / len(ood)
             for set_name in ("iid", "ood"):
                 probed = _probe_groups(out, job, view, set_name)
                 if probed:
@@ -464,6 +477,18 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
                   + "".join(f" {probe_cell(r, v)} |" for v in probed))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
+    md += ["", "Final-answer accuracy and shortcut rate (OOD answers equal to S) with 95% Wilson intervals; "
+           "well-formed: OOD traces that end in an answer:", "",
+           "| Construction | Learner | IID correct / n | OOD correct / n | OOD answers = S | OOD well-formed (%) |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        for v in views:
+            if f"{v}_iid" not in r and f"{v}_ood" not in r:
+                continue
+            ood = r.get(f"{v}_ood")
+            follow = None if ood is None else _share(round(r[f"{v}_shortcut_rate"] * ood["n"]), ood["n"])
+            md.append(f"| {r['construction']} | {learner_name(v)} | {_count_ci(r.get(f'{v}_iid'))} | "
+                      f"{_count_ci(ood)} | {_count_ci(follow)} | {_pct(r.get(f'{v}_ood_valid'))} |")
     for name in meta["constructions"]:
         job = f"shortcut-{name}"
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))

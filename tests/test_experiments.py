@@ -153,6 +153,11 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert "subproblems" not in rows[1]["cot_probe_iid"]
     table = (out / "report" / "table-shortcuts.md").read_text().splitlines()
     assert table[0].endswith("| paper (IID RM/CoT, OOD RM/CoT, rate) | Non-invariant positions IID / OOD, CoT (%) |")
+    # Under the table, counts with Wilson intervals per construction and learner.
+    ood = rows[1]["cot_ood"]
+    assert any(line.startswith(f"| position_parity | CoT | {rows[1]['cot_iid']['correct']}/6 = ")
+               and f"| {ood['correct']}/6 = {100 * ood['accuracy']:.1f} [{100 * ood['ci95'][0]:.1f}, " in line
+               for line in table)
     p_iid, p_ood = rows[1]["cot_probe_iid"], rows[1]["cot_probe_ood"]
     assert table[3].endswith(f"| {100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f} |")
     probe_rows = (out / "report" / "table-shortcuts-probe.md").read_text().splitlines()[2:]
