@@ -360,8 +360,8 @@ def training_table(summaries: list[dict]) -> str:
                   f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {_pct(t['best'])} | "
                   f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
     curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
-        f"{_pct(v['answer_acc'])} / {_pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)" for v in t["validations"])
-        for t in summaries if t["validations"]]
+        f"{_pct(v['answer_acc'])} / {_pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
+        for v in t["validations"]) for t in summaries if t["validations"]]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
             "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
             + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"
@@ -560,8 +560,6 @@ def report(out: str | Path) -> Path:
         (dest / "table-training.md").unlink(missing_ok=True)
     (dest / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     return dest
-
-
 
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
