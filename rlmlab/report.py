@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments import read_meta
-from rlmlab.score import accuracy, bootstrap_ratio, read_results, wilson
+from rlmlab.score import accuracy, bootstrap_ratio, read_results, share
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
 
@@ -96,11 +96,6 @@ def _count_ci(a: dict | None) -> str:
     if a is None:
         return "–"
     return f"{a['correct']}/{a['n']} = {_pct(a['accuracy'])} [{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]"
-
-
-def _share(k: int, n: int) -> dict:
-    """k of n as an `accuracy()` record."""
-    return {"n": n, "correct": k, "accuracy": k / n, "ci95": list(wilson(k, n))}
 
 
 def _gap(a: float | None, b: float | None) -> str:
@@ -486,7 +481,7 @@ def report_shortcuts(out: Path, meta: dict, dest: Path) -> dict:
             if f"{v}_iid" not in r and f"{v}_ood" not in r:
                 continue
             ood = r.get(f"{v}_ood")
-            follow = None if ood is None else _share(round(r[f"{v}_shortcut_rate"] * ood["n"]), ood["n"])
+            follow = None if ood is None else share(round(r[f"{v}_shortcut_rate"] * ood["n"]), ood["n"])
             md.append(f"| {r['construction']} | {learner_name(v)} | {_count_ci(r.get(f'{v}_iid'))} | "
                       f"{_count_ci(ood)} | {_count_ci(follow)} | {_pct(r.get(f'{v}_ood_valid'))} |")
     for name in meta["constructions"]:

@@ -152,8 +152,11 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
 
 
 def accuracy(results: Sequence[dict]) -> dict:
-    n = len(results)
-    k = sum(bool(r["correct"]) for r in results)
+    return share(sum(bool(r["correct"]) for r in results), len(results))
+
+
+def share(k: int, n: int) -> dict:
+    """k of n with its 95% Wilson interval, as `accuracy()` reports it."""
     lo, hi = wilson(k, n)
     return {"n": n, "correct": k, "accuracy": k / n if n else 0.0, "ci95": [lo, hi]}
 
