@@ -229,6 +229,10 @@ def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
         resume = (run_dir / "last" / "checkpoint.json").exists()
         result = train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn,
                        progress=progress)
+        if result.stop_reason == "interrupted":
+            # Ctrl-C saved `last`; the run is unfinished, so neither mark it done (a re-run would
+            # skip it) nor evaluate a half-trained model. The re-run resumes from `last`.
+            raise KeyboardInterrupt
         done.write_text(json.dumps({"step": result.step, "stop_reason": result.stop_reason,
                                     "select_metric": result.select_metric, "best_score": result.best_score,
                                     "best_step": result.best_step}, indent=2) + "\n")

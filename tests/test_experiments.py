@@ -207,3 +207,26 @@ def test_experiment_presets_are_validated_on_construction(bad, message):
         ExperimentPreset(**{"name": "t", "model": "tiny", **bad})
     with pytest.raises(ConfigError, match=message):  # overriding a valid preset is checked the same way
         get_preset("smoke").with_overrides(**bad)
+
+
+def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    import rlmlab.train
+
+    @contextmanager
+    def ctrl_c_at_once(echo):  # as if Ctrl-C came during the first step
+        yield {"stop": True}
+
+    out = tmp_path / "length"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    run_dir = out / "length-96" / "rm"
+    with monkeypatch.context() as m:
+        m.setattr(rlmlab.train, "_stop_on_sigint", ctrl_c_at_once)
+        assert main(argv) == 130
+    # `last` was saved after one step, but a half-trained run is neither done nor evaluated.
+    assert json.loads((run_dir / "last" / "checkpoint.json").read_text())["step"] == 1
+    assert not (run_dir / "done.json").exists() and not (run_dir / "eval").exists()
+    assert main(argv) == 0  # the re-run resumes it to its budget, then evaluates
+    assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
+    assert (run_dir / "eval" / "eval" / "summary.json").exists()
