@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlmlab.errors import DataError, RlmlabError
+from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.expr import Call, parse, value_token
 from rlmlab.infer import Generation, Limits, ModelPredictor, generate
 from rlmlab.observe import observer
@@ -68,29 +68,34 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], n_boot: int = 20
 
 
 @torch.no_grad()
-def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execution],
-                     max_tokens: int = 16384) -> list[tuple[int, int]]:
-    """Teacher-forced (correct, eligible) per expression for `view`.
+def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+                   max_tokens: int = 16384) -> list[np.ndarray]:
+    """Teacher-forced hits for `view`: per expression a boolean array over its generated tokens
+    (the trace after the written expression), in trace order.
 
     Rows (CoT: one per trace; RM: one per active-frame example, from position 0) are sorted by
-    length and batched up to `max_tokens` padded tokens. An eligible position the model cannot
-    read (beyond its block size) counts as wrong, as it would be in generation.
+    length and batched up to `max_tokens` padded tokens. Every generated token is the target of
+    exactly one row, and rows cover the trace in order, so row targets land at fixed offsets.
+    An eligible position the model cannot read (beyond its block size) counts as wrong, as it
+    would be in generation.
     """
     obs = observer(view)
     block = model.cfg.block_size
     device = next(model.parameters()).device
-    rows: list[tuple[int, list[int], int]] = []  # (expression, token ids, first eligible index)
+    rows: list[tuple[int, list[int], int, int]] = []  # (expression, token ids, first target, its offset)
+    hits = []
     for i, ex in enumerate(executions):
         if obs.name == "rm":  # the executor has already cut the active-frame examples
-            rows.extend((i, vocab.encode(f.tokens), f.m) for f in ex.frames)
+            segments = [(f.tokens, f.m) for f in ex.frames]
         else:  # the observation's examples: CoT one per trace, a window one per target, ...
-            rows.extend((i, vocab.encode(toks), m) for toks, m in obs.examples(ex.tokens, ex.prompt_len))
-    correct = [0] * len(executions)
-    total = [0] * len(executions)
-    for i, ids, first in rows:
-        total[i] += len(ids) - first
+            segments = obs.examples(ex.tokens, ex.prompt_len)
+        offset = 0
+        for toks, m in segments:
+            rows.append((i, vocab.encode(toks), m, offset))
+            offset += len(toks) - m
+        hits.append(np.zeros(offset, dtype=bool))
     # Token j is predicted from positions [0, j): with a block of B positions tokens up to B
-    # can be scored; a row whose first target lies beyond that scores 0 of its total.
+    # can be scored; a row whose first target lies beyond that scores none.
     rows = [r for r in rows if r[2] <= block]
     rows.sort(key=lambda r: min(len(r[1]), block))
     start = 0
@@ -102,16 +107,22 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
         T = min(max(len(r[1]) for r in batch), block)  # positions read
         idx = torch.zeros(len(batch), T, dtype=torch.long)
         tgt = torch.full((len(batch), T), -1, dtype=torch.long)  # tgt[:, j-1] = token j
-        for b, (_, ids, _) in enumerate(batch):
+        for b, (_, ids, _, _) in enumerate(batch):
             n, m = min(len(ids), T), min(len(ids) - 1, T)
             idx[b, :n] = torch.tensor(ids[:n])
             tgt[b, :m] = torch.tensor(ids[1:m + 1])
-        hit = model(idx.to(device)).argmax(-1).cpu() == tgt  # (b, T): hit[:, j-1] scores token j
-        for b, (i, ids, first) in enumerate(batch):
+        hit = (model(idx.to(device)).argmax(-1).cpu() == tgt).numpy()  # (b, T): hit[:, j-1] scores token j
+        for b, (i, ids, first, offset) in enumerate(batch):
             last = min(len(ids), T + 1)  # tokens [first, last) are scored
-            correct[i] += int(hit[b, first - 1:last - 1].sum())
+            hits[i][offset:offset + last - first] = hit[b, first - 1:last - 1]
         start = end
-    return list(zip(correct, total))
+    return hits
+
+
+def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+                     max_tokens: int = 16384) -> list[tuple[int, int]]:
+    """Teacher-forced (correct, eligible) per expression for `view` (`per_token_hits` summed)."""
+    return [(int(h.sum()), len(h)) for h in per_token_hits(model, vocab, view, executions, max_tokens)]
 
 
 # The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
@@ -260,6 +271,48 @@ def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[C
         raise DataError(f"{path}: no expressions")
     extra = [{"id": i} for i in ids] if ids is not None else [{} for _ in exprs]
     return exprs, extra
+
+
+def data_columns(path: str | Path, n: int) -> list[dict]:
+    """Per expression, the first `n` rows' columns of a parquet data file other than `expr`
+    (JSON-safe scalars only: bins, splits, ids, signals); a text file has none."""
+    if Path(path).suffix != ".parquet":
+        return [{} for _ in range(n)]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path).slice(0, n)
+    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+             pa.types.is_large_string)
+    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in plain)]
+    cols = {c: table.column(c).to_pylist() for c in keep}
+    return [{c: cols[c][i] for c in keep} for i in range(n)]
+
+
+def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, default_by: Sequence[str],
+                 per_group: int | None = None) -> tuple[list[Call], list[dict], list[str]]:
+    """Expressions with their data columns, for a command that groups its figures by columns:
+    `by` (default: those of `default_by` the data has) is checked against the data, and with
+    `per_group` only the first that many expressions of each group of the first column are kept.
+    Returns (expressions, their columns, the grouping columns)."""
+    exprs, _ = read_expressions(path, limit)
+    extra = data_columns(path, len(exprs))
+    by = list(by) if by is not None else [c for c in default_by if c in extra[0]]
+    for c in by:
+        if c not in extra[0]:
+            raise ConfigError(f"--by {c}: no such column in {path} (have: {', '.join(extra[0]) or 'none'})")
+    if per_group is not None:
+        if not by:
+            raise ConfigError(f"--per-group needs a column to group by (--by, or data with a column of: "
+                              f"{', '.join(default_by)})")
+        taken: Counter = Counter()
+        keep = []
+        for i, e in enumerate(extra):
+            if taken[e[by[0]]] < per_group:
+                taken[e[by[0]]] += 1
+                keep.append(i)
+        exprs, extra = [exprs[i] for i in keep], [extra[i] for i in keep]
+    return exprs, extra, by
 
 
 def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,

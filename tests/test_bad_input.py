@@ -12,12 +12,12 @@ import torch
 
 from rlmlab.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.cli import main
-from rlmlab.cli.probe_cmd import _columns
 from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
 from rlmlab.experiments import get_preset, plan_threshold
 from rlmlab.expr import MAX_NESTING, parse
 from rlmlab.pool import read_pool
 from rlmlab.report import report
+from rlmlab.score import data_columns
 from rlmlab.train import TrainerState
 from rlmlab.trace import execute
 from rlmlab.views import build_view_data
@@ -115,11 +115,11 @@ def test_saved_data_built_under_other_settings_is_refused(tmp_path):
         plan_threshold("length", smoke, tmp_path, threshold=0)
 
 
-def test_probe_keeps_only_json_scalar_columns(tmp_path):
+def test_data_columns_keep_only_json_scalars(tmp_path):
     path = tmp_path / "set.parquet"
     pq.write_table(pa.table({"expr": ["add(1,2)"], "bin": ["0.5-1.0"], "n": [3], "ok": [True],
                              "when": pa.array([0], pa.timestamp("s")), "raw": pa.array([b"x"], pa.binary()),
                              "deep": pa.array([[1]], pa.list_(pa.int64()))}), path)
-    cols = _columns(path, 1)
+    cols = data_columns(path, 1)
     assert cols == [{"bin": "0.5-1.0", "n": 3, "ok": True}]
     json.dumps(cols)

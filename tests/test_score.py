@@ -7,7 +7,7 @@ from conftest import sample_expressions
 from rlmlab.infer import Generation, ModelPredictor, generate, oracle_predictor
 from rlmlab.model import Transformer, preset
 from rlmlab.score import accuracy, answer_accuracy_fn, bootstrap_ratio, evaluate, expression_results, group_accuracy, \
-    per_token_counts, read_results, summarize, wilson, write_results
+    per_token_counts, per_token_hits, read_results, summarize, wilson, write_results
 from rlmlab.trace import execute, trace_stats
 from rlmlab.vocab import default_vocab
 
@@ -46,22 +46,24 @@ def _model(view, seed=0):
     return Transformer(preset("tiny", view, len(VOCAB))).eval()
 
 
-def test_per_token_counts_equal_a_direct_computation():
+def test_per_token_hits_equal_a_direct_computation_in_trace_order():
     exs = [ex for ex in map(execute, sample_expressions(40, 31)) if ex.trace_len <= 300][:12]
     for view in ("cot", "rm"):
         model = _model(view, 1)
+        hits = per_token_hits(model, VOCAB, view, exs, max_tokens=600)
         counts = per_token_counts(model, VOCAB, view, exs, max_tokens=600)
-        for ex, (right, total) in zip(exs, counts):
+        for ex, h, (right, total) in zip(exs, hits, counts):
             # Both views score the same tokens: every generated token is the target of exactly
-            # one active-frame example.
-            assert total == ex.trace_len - ex.prompt_len
+            # one active-frame example, and the examples cover the trace in order.
+            assert total == len(h) == ex.trace_len - ex.prompt_len and right == h.sum()
             rows = [(ex.tokens, ex.prompt_len)] if view == "cot" else [(f.tokens, f.m) for f in ex.frames]
-            want = 0
+            want = []
             for toks, first in rows:
                 with torch.no_grad():
                     pred = model(torch.tensor(VOCAB.encode(toks))[None])[0].argmax(-1)
-                want += sum(int(pred[j - 1]) == VOCAB.ids[toks[j]] for j in range(first, len(toks)))
-            assert right == want
+                want += [int(pred[j - 1]) == VOCAB.ids[toks[j]] for j in range(first, len(toks))]
+            assert h.tolist() == want
+        assert 0 < sum(h.sum() for h in hits) < sum(map(len, hits))  # untrained: both outcomes occur
 
 
 def test_per_token_counts_positions_beyond_the_block_as_wrong():

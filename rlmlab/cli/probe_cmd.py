@@ -41,26 +41,11 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def _columns(path: Path, n: int) -> list[dict]:
-    """Per expression, the data file's columns other than `expr` (JSON-safe scalars only)."""
-    if path.suffix != ".parquet":
-        return [{} for _ in range(n)]
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path).slice(0, n)
-    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
-             pa.types.is_large_string)
-    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in plain)]
-    cols = {c: table.column(c).to_pylist() for c in keep}
-    return [{c: cols[c][i] for c in keep} for i in range(n)]
-
-
 def run(args) -> int:
     from rlmlab.checkpoint import load_run
     from rlmlab.infer import Limits, ModelPredictor, oracle_predictor
     from rlmlab.probe import probe, summarize_probe
-    from rlmlab.score import read_expressions
+    from rlmlab.score import read_grouped
 
     for name in ("limit", "per_group", "batch_size", "max_new_tokens", "threads"):
         v = getattr(args, name)
@@ -76,23 +61,7 @@ def run(args) -> int:
         observer(args.oracle)  # one-line error for an unknown view, before any data is read
         if args.out is None:
             raise ConfigError("--oracle needs --out (there is no run folder to write into)")
-    exprs, _ = read_expressions(args.data, args.limit)
-    extra = _columns(Path(args.data), len(exprs))
-    by = args.by if args.by is not None else [c for c in GROUP_COLUMNS if c in extra[0]]
-    for c in by:
-        if c not in extra[0]:
-            raise ConfigError(f"--by {c}: no such column in {args.data} (have: {', '.join(extra[0]) or 'none'})")
-    if args.per_group is not None:
-        if not by:
-            raise ConfigError("--per-group needs a column to group by (--by, or data with a bin/split/construction column)")
-        taken: dict = {}
-        keep = []
-        for i, e in enumerate(extra):
-            group = e[by[0]]
-            if taken.get(group, 0) < args.per_group:
-                taken[group] = taken.get(group, 0) + 1
-                keep.append(i)
-        exprs, extra = [exprs[i] for i in keep], [extra[i] for i in keep]
+    exprs, extra, by = read_grouped(args.data, args.limit, args.by, GROUP_COLUMNS, args.per_group)
     if args.threads is not None:
         import torch
 
