@@ -45,8 +45,9 @@ def training_calls(exprs: Iterable) -> set[str]:
 def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution],
                   seen: set[str] | None = None, extra: Sequence[dict] | None = None,
                   max_tokens: int = 16384) -> list[dict]:
-    """One dict per active-frame example of every execution: its expression (`expr_index`),
-    position in the trace (`example`), function, call, depth, context and target lengths, the
+    """One dict per active-frame example of every execution: its expression (`expr_index`), its
+    place among the expression's examples (`example`), function, call, depth, context and
+    target lengths, the trace position of its first target (`start`: where CoT reads it), the
     number of mispredicted targets and the offset of the first, whether the call is in `seen`
     (when given), and the expression's `extra` columns (bins, OOD flags)."""
     hits = per_token_hits(model, vocab, view, executions, max_tokens)
@@ -59,8 +60,8 @@ def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution
             wrong = (~mine).nonzero()[0]
             call = frame_call(f.context)
             r = {"expr_index": i, "example": k, "fn": f.context[0], "call": call, "depth": f.depth, "m": f.m,
-                 "targets": len(f.targets), "errors": int(len(wrong)),
-                 "first_error": int(wrong[0]) if len(wrong) else None}
+                 "targets": len(f.targets), "start": ex.prompt_len + offset - len(f.targets),
+                 "errors": int(len(wrong)), "first_error": int(wrong[0]) if len(wrong) else None}
             if seen is not None:
                 r["seen"] = call in seen
             if extra is not None:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments import read_meta
+from rlmlab.frame_errors import render_frames
 from rlmlab.score import accuracy, bootstrap_ratio, read_results, share
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
+FRAME_TABLE_FUNCTIONS = 12  # the most frequent functions out of domain, in `rlmlab frames` tables
 
 
 def learner_name(view: str) -> str:
@@ -72,19 +74,43 @@ def _results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None
     return read_results(path) if path.exists() else None
 
 
-def _probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
-    """The groups of `rlmlab probe`'s summary for a learner's evaluation set, if it was probed
-    (`rlmlab probe <out>/<job>/<view> --data <the set's parquet>` writes `<view>/probe/<set>/`)."""
-    path = out / job / view / "probe" / set_name / "summary.json"
+def _saved_list(out: Path, job: str, view: str, tool: str, set_name: str, key: str) -> list[dict] | None:
+    """The list under `key` of a learner's `<view>/<tool>/<set>/summary.json`, if there is one
+    (`rlmlab probe|frames <out>/<job>/<view> --data <the set's parquet>` writes it)."""
+    path = out / job / view / tool / set_name / "summary.json"
     if not path.exists():
         return None
+    what = f"{path}: not an `rlmlab {tool}` summary"
     try:
-        groups = json.loads(path.read_text())["groups"]
+        items = json.loads(path.read_text())[key]
     except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
-        raise DataError(f"{path}: not a probe summary") from None
-    if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
-        raise DataError(f"{path}: not a probe summary (its 'groups' should be a list of objects)")
-    return groups
+        raise DataError(what) from None
+    if not (isinstance(items, list) and all(isinstance(g, dict) for g in items)):
+        raise DataError(f"{what} (its '{key}' should be a list of objects)")
+    return items
+
+
+def _probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    """The groups of `rlmlab probe`'s summary for a learner's evaluation set, if it was probed."""
+    return _saved_list(out, job, view, "probe", set_name, "groups")
+
+
+def _frame_errors(out: Path, job: str, views: list[str]) -> str:
+    """Markdown sections with `rlmlab frames`' table of each learner whose evaluation set was
+    scored frame by frame (`<view>/frames/eval/`); empty when none was."""
+    md = ""
+    for v in views:
+        rows = _saved_list(out, job, v, "frames", "eval", "rows")
+        if not rows:
+            continue
+        try:
+            table = render_frames(rows, top=FRAME_TABLE_FUNCTIONS)
+        except (KeyError, TypeError):
+            raise DataError(f"{out / job / v / 'frames' / 'eval' / 'summary.json'}: malformed rows") from None
+        md += (f"\nTeacher-forced errors per active-frame example, {learner_name(v)} (`rlmlab frames`; an "
+               "example is wrong if any of its targets is mispredicted; seen: the frame's call occurs among "
+               "the frames of the training traces):\n\n" + table + "\n")
+    return md
 
 
 def _pct(x: float | None) -> str:
@@ -275,6 +301,7 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
         md += (f"\nFrame-width diagnostic: T_max = {t_max} (widest active frame on the training side); "
                "RM accuracy on all OOD expressions of a bin vs those whose widest frame is within T_max:\n\n"
                "| bin | RM, all | RM, w_max ≤ T_max |\n|---|---|---|\n" + "\n".join(diag) + "\n")
+    md += _frame_errors(out, job, views)
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
     plot_bins(dest / f"bins-{job}", kind, threshold, rows, views)

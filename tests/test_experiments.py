@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -65,6 +66,20 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     probed = [line for line in table.splitlines() if line.startswith("| CoT probed expressions")]
     assert probed and probed[0].count("| 2 ") == 10
     assert "| CoT non-invariant positions (%)" in table and "| CoT non-invariant answers (%)" in table
+
+    # Frame errors of a learner (rlmlab frames) join the table as a section of their own.
+    frames = out / "length-96" / "rm" / "frames" / "eval"
+    assert main(["frames", str(out / "length-96" / "rm"), "--data", str(out / "data" / "length-96" / "eval.parquet"),
+                 "--train", str(out / "data" / "length-96" / "train.parquet"), "--per-group", "1"]) == 0
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-length-96.md").read_text()
+    assert "Teacher-forced errors per active-frame example, RM" in table
+    assert (frames / "table.md").read_text().splitlines()[0] in table.splitlines()
+    (frames / "summary.json").write_text(json.dumps({"rows": [{"fn": "add"}]}))
+    assert main(["report", str(out)]) == 2
+    (frames / "summary.json").write_text(json.dumps({"rows": 3}))
+    assert main(["report", str(out)]) == 2
+    shutil.rmtree(frames.parent)
 
     # A third learner (any training view) joins the same experiment and gets its own table row.
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm-frames"]) == 0

@@ -98,6 +98,9 @@ def test_a_cot_model_is_scored_on_the_same_frames():
     for i, (right, total) in enumerate(counts):
         mine = [r for r in records if r["expr_index"] == i]
         assert [r["example"] for r in mine] == list(range(executions[i].n_frames))
+        ex = executions[i]
+        for r, f in zip(mine, ex.frames):  # `start`: where the example's targets lie in the trace
+            assert ex.tokens[r["start"]:r["start"] + r["targets"]] == f.targets
         assert sum(r["errors"] for r in mine) == total - right
         assert "seen" not in mine[0]
 
