@@ -107,7 +107,11 @@ def render_frames(rows: Sequence[dict], top: int | None = None) -> str:
     if top is not None:
         fns = fns[:top + 1]  # "all" and the `top` most frequent
     by = rows[0]["group_by"] if rows else None
-    label = (lambda g: f"{by}={g}") if by else (lambda g: "")
+    def label(group) -> str:
+        if by == "ood":
+            return "OOD" if group else "IID"
+        return f"{by}={group}" if by else ""
+
     head, rule = ["function"], ["---"]
     for g in groups:
         head += [f"{label(g)} examples".strip(), f"{label(g)} wrong (%)".strip()]

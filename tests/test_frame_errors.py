@@ -136,7 +136,7 @@ def test_frames_cli(tmp_path, capsys):
     assert main(["frames", str(run), "--data", str(data), "--train", str(tmp_path / "train.txt"),
                  "--out", str(out), "--per-group", "1"]) == 0
     printed = capsys.readouterr().out
-    assert "| function | ood=False examples |" in printed and "wrong if unseen (%)" in printed
+    assert "| function | IID examples | IID wrong (%) |" in printed and "wrong if unseen (%)" in printed
     kept = pq.read_table(out / "frames.parquet").to_pylist()
     # one expression of each bin: the first of "a", then "b" and "c"
     assert sorted({r["expr_index"] for r in kept}) == [0, 1, 2] and {r["bin"] for r in kept} == {"a", "b", "c"}
