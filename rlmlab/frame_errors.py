@@ -106,20 +106,20 @@ def render_frames(rows: Sequence[dict], top: int | None = None) -> str:
     fns += [f for f in dict.fromkeys(r["fn"] for r in rows) if f not in fns]
     if top is not None:
         fns = fns[:top + 1]  # "all" and the `top` most frequent
-    by = rows[0]["group_by"] if rows else None
+    by = rows[0]["group_by"]
+
     def label(group) -> str:
         if by == "ood":
             return "OOD" if group else "IID"
         return f"{by}={group}" if by else ""
 
-    head, rule = ["function"], ["---"]
+    head = ["function"]
     for g in groups:
         head += [f"{label(g)} examples".strip(), f"{label(g)} wrong (%)".strip()]
         if has_seen:
             head += [f"{label(g)} seen in training (%)".strip(), f"{label(g)} wrong if seen (%)".strip(),
                      f"{label(g)} wrong if unseen (%)".strip()]
-    rule = ["---"] * len(head)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
 
     def pct(r):
         return "–" if r is None or r["rate"] is None else f"{100 * r['rate']:.2f}"
