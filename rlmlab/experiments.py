@@ -206,8 +206,46 @@ class Job:
         return out / self.name / self.view
 
 
-def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
-    """Train (or resume, or skip when done) and evaluate; returns {set: summary}."""
+# What a finished run's outputs are, besides its checkpoints: all describe its best checkpoint.
+RUN_OUTPUTS = ("done.json", "eval", "probe", "frames")
+
+
+def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
+    """Reopen a finished run whose time or step budget ran out when `settings` now ask for a
+    larger one: its outputs (done.json, evaluations, probes, frame tables) move to
+    `superseded-step<N>/` in the run folder, so that the run resumes from `last` and is evaluated
+    afresh. Returns why it stays finished, or None when it was reopened.
+
+    The learning rate follows the cosine to the horizon of the new budget, so an extended run
+    restarts warm from where the old schedule ended; it is not the run a larger budget would
+    have made from the start."""
+    try:
+        done = json.loads((run_dir / "done.json").read_text())
+        saved = json.loads((run_dir / "config.json").read_text())["train"]
+        reason = done.get("stop_reason")
+    except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
+        raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
+    key = {"max_minutes": "max_minutes", "max_steps": "max_steps"}.get(reason)
+    if key is None:
+        return f"it stopped on {reason}, not on its budget"
+    asked = settings.get(f"train.{key}")
+    asked = json.loads(asked) if asked is not None else None
+    if asked is None or saved.get(key) is None or asked <= saved[key]:
+        return f"it ran out of {key}={saved.get(key)} and the budget asked for now is {key}={asked}"
+    keep = run_dir / f"superseded-step{done.get('step')}"
+    if keep.exists():
+        raise DataError(f"{keep} exists already: move it away to extend {run_dir} again from that step")
+    keep.mkdir()
+    for name in RUN_OUTPUTS:
+        if (run_dir / name).exists():
+            (run_dir / name).rename(keep / name)
+    return None
+
+
+def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
+    """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
+    run that finished on its budget continues when the job now asks for a larger one
+    (`reopen_to_extend`)."""
     from rlmlab.checkpoint import load_run
     from rlmlab.config import RunConfig, apply_overrides
     from rlmlab.infer import ModelPredictor
@@ -217,6 +255,10 @@ def run_job(job: Job, out: str | Path, progress: bool = True) -> dict:
     out = Path(out)
     run_dir = job.run_dir(out)
     done = run_dir / "done.json"
+    if extend and done.exists():
+        stays = reopen_to_extend(run_dir, job.settings)
+        print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
+                                "superseded-step*/"), file=sys.stderr)
     if not done.exists():
         cfg = apply_overrides(RunConfig(), {**job.settings, "data.view": job.view, "data.train": job.train,
                                             "data.val": job.val})
@@ -270,17 +312,18 @@ def _extra_columns(path: str | Path, n: int) -> list[dict] | None:
     return rows
 
 
-def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True) -> list[dict]:
+def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
+             extend: bool = False) -> list[dict]:
     """Run jobs locally in order, or spread them over a Ray cluster."""
     if ray_address is None:
-        return [run_job(j, out, progress) for j in jobs]
+        return [run_job(j, out, progress, extend) for j in jobs]
     try:
         import ray
     except ImportError:
         raise ConfigError("--ray-address needs Ray: pip install 'ray[default]'") from None
     ray.init(address=ray_address)
     remote = ray.remote(num_cpus=1)(run_job)
-    return ray.get([remote.remote(j, str(out), False) for j in jobs])
+    return ray.get([remote.remote(j, str(out), False, extend) for j in jobs])
 
 
 # --- experiments ----------------------------------------------------------------------------
@@ -465,10 +508,10 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, threshold: int | None = None,
                    views=LEARNERS, constructions=None, sizes=None, ray_address: str | None = None,
-                   progress: bool = True) -> list[Job]:
+                   progress: bool = True, extend: bool = False) -> list[Job]:
     """Build the data, train both learners, evaluate; resumable. Returns the jobs it ran.
     `constructions` picks shortcut constructions (default all six), `sizes` IID training-set
-    sizes (default the preset's)."""
+    sizes (default the preset's); `extend` continues finished runs to a larger budget."""
     if kind not in KINDS:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(KINDS)})")
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
@@ -480,6 +523,6 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
         jobs = plan_iid(p, out, views, sizes)
     else:
         jobs = plan_shortcuts(p, out, constructions, views=views)
-    run_jobs(jobs, out, ray_address, progress)
+    run_jobs(jobs, out, ray_address, progress, extend)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

@@ -245,3 +245,32 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert main(argv) == 0  # the re-run resumes it to its budget, then evaluates
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
     assert (run_dir / "eval" / "eval" / "summary.json").exists()
+
+
+def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
+    out = tmp_path / "length"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    run_dir = out / "length-96" / "rm"
+    assert main(argv) == 0
+    first = (run_dir / "eval" / "eval" / "results.jsonl").read_text()
+    assert json.loads((run_dir / "done.json").read_text())["step"] == 3  # smoke: max_steps 3
+    assert main([*argv, "--max-steps", "5"]) == 0  # without --extend a finished run is skipped
+    assert json.loads((run_dir / "done.json").read_text())["step"] == 3
+    assert main([*argv, "--max-steps", "5", "--extend"]) == 0
+    done = json.loads((run_dir / "done.json").read_text())
+    assert (done["step"], done["stop_reason"]) == (5, "max_steps")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if r["kind"] == "end"] == [3, 5]  # one log, continued past the old end
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+    # The old outputs describe the old model: kept aside, and the evaluation is redone.
+    old = run_dir / "superseded-step3"
+    assert json.loads((old / "done.json").read_text())["step"] == 3
+    assert (old / "eval" / "eval" / "results.jsonl").read_text() == first
+    assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 5
+    assert main(["report", str(out)]) == 0
+    capsys.readouterr()
+    # Nothing to extend to: the run stays finished and says why.
+    assert main([*argv, "--max-steps", "5", "--extend"]) == 0
+    assert "not extended: it ran out of max_steps=5" in capsys.readouterr().err
+    assert json.loads((run_dir / "done.json").read_text())["step"] == 5
+    assert json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"][-1] == "--extend"

@@ -1,7 +1,8 @@
 """`rlmlab run iid|length|depth|shortcuts --preset NAME --out DIR`: one experiment, end to end.
 
 Builds the data, trains both learners, evaluates them and writes per-expression results and
-summaries; a re-run skips what is finished and resumes an interrupted training run.
+summaries; a re-run skips what is finished and resumes an interrupted training run, and with
+--extend continues finished runs whose budget ran out to the larger budget it asks for.
 `rlmlab report DIR` turns the saved results into the paper's tables and figures.
 """
 
@@ -35,6 +36,10 @@ def register(sub) -> None:
     p.add_argument("--minutes", type=float, default=None,
                    help="override the training budget per learner (per run in the IID sweep)")
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
+    p.add_argument("--extend", action="store_true",
+                   help="continue finished runs whose budget ran out to the larger budget now asked for "
+                        "(--minutes, --max-steps); their evaluations, probes and frame tables move to "
+                        "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -81,7 +86,8 @@ def run(args) -> int:
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps",
                                         "threads", "ray_address")
-                               and v is not None]}) + "\n")
+                               and v is not None]
+                            + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   sizes=sizes, ray_address=args.ray_address, progress=not args.quiet)
+                   sizes=sizes, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
     return 0
