@@ -595,15 +595,22 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     checkpoints or data files, then rebuild the report there from the copy.
 
     Files already in `dest` that the source lacks (a README, say) are kept; files the source
-    has are overwritten. Returns counts of what was copied and left out."""
+    has are overwritten, except the two that describe the whole experiment: when `dest` holds
+    the results of other runs of the same experiment (another session, machine or subset of
+    constructions or sizes), `experiment.json` lists what either planned and `commands.jsonl`
+    keeps both histories (`merge_meta`, `merge_commands`). Returns counts of what was copied
+    and left out."""
     src, dest = Path(src).resolve(), Path(dest).resolve()
-    read_meta(src)
+    meta = read_meta(src)
     if dest == src or src in dest.parents:
         raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    if (dest / "experiment.json").exists():
+        meta = merge_meta(read_meta(dest), meta, dest)
+    commands = merge_commands(_lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl"))
     copied = size = checkpoints = data_files = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if rel.parts[0] == "report" or not path.is_file():
+        if rel.parts[0] == "report" or not path.is_file() or rel.parts in (("experiment.json",), ("commands.jsonl",)):
             continue
         if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
             checkpoints += path.name == "checkpoint.json"
@@ -615,5 +622,41 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
         shutil.copyfile(path, dest / rel)
         copied += 1
         size += path.stat().st_size
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if commands:
+        (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
     report(dest)
     return {"files": copied, "bytes": size, "checkpoints": checkpoints, "data_files": data_files}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def merge_meta(old: dict, new: dict, where: Path) -> dict:
+    """`new`'s experiment description, listing the constructions or sizes either planned; refused
+    when the two describe different experiments (kind, threshold)."""
+    for key in ("kind", "threshold"):
+        if old.get(key) != new.get(key):
+            raise DataError(f"{where} holds another experiment ({key} {old.get(key)!r}, exporting {new.get(key)!r}); "
+                            "export into another folder")
+    merged = dict(new)
+    if new["kind"] == "shortcuts":
+        from rlmlab.shortcuts import CONSTRUCTIONS
+
+        either = set(old["constructions"]) | set(new["constructions"])
+        merged["constructions"] = [c for c in CONSTRUCTIONS if c in either] + sorted(either - set(CONSTRUCTIONS))
+    elif new["kind"] == "iid":
+        merged["sizes"] = sorted(set(old["sizes"]) | set(new["sizes"]))
+    return merged
+
+
+def merge_commands(old: list[str], new: list[str]) -> list[str]:
+    """`old` followed by `new`, where the longest end of `old` that begins `new` is written once:
+    re-exporting a folder after more commands adds only those, exporting another folder appends
+    its history."""
+    for k in range(min(len(old), len(new)), 0, -1):
+        if old[len(old) - k:] == new[:k]:
+            return old[:len(old) - k] + new
+    return old + new

@@ -274,3 +274,30 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     assert "not extended: it ran out of max_steps=5" in capsys.readouterr().err
     assert json.loads((run_dir / "done.json").read_text())["step"] == 5
     assert json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"][-1] == "--extend"
+
+
+def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
+    # Two machines (or sessions) each ran a part of the sweep into a folder of their own.
+    parts = {n: tmp_path / f"part-{n}" for n in (100, 200)}
+    for n, out in parts.items():
+        assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+                     "--sizes", str(n)]) == 0
+    dest = tmp_path / "results" / "iid"
+    for out in parts.values():
+        assert main(["export", str(out), str(dest)]) == 0
+    assert json.loads((dest / "experiment.json").read_text())["sizes"] == [100, 200]
+    points = json.loads((dest / "report" / "report.json").read_text())["points"]
+    assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
+    history = (dest / "commands.jsonl").read_text().splitlines()
+    assert history == (parts[100] / "commands.jsonl").read_text().splitlines() + \
+        (parts[200] / "commands.jsonl").read_text().splitlines()
+    # Re-exporting a folder after another command on it adds that command only.
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(parts[200]), "--quiet", "--views", "rm",
+                 "--sizes", "200"]) == 0
+    assert main(["export", str(parts[200]), str(dest)]) == 0
+    assert (dest / "commands.jsonl").read_text().splitlines() == history + history[-1:]
+    # Another experiment's results are refused, not mixed in.
+    length = tmp_path / "length"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(length), "--quiet", "--views", "rm"]) == 0
+    assert main(["export", str(length), str(dest)]) == 2
+    assert json.loads((dest / "experiment.json").read_text())["kind"] == "iid"
