@@ -225,9 +225,9 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
         reason = done.get("stop_reason")
     except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
-    key = {"max_minutes": "max_minutes", "max_steps": "max_steps"}.get(reason)
-    if key is None:
+    if reason not in ("max_minutes", "max_steps"):
         return f"it stopped on {reason}, not on its budget"
+    key = reason
     asked = settings.get(f"train.{key}")
     asked = json.loads(asked) if asked is not None else None
     if asked is None or saved.get(key) is None or asked <= saved[key]:
