@@ -193,6 +193,7 @@ class TrainerState:
 
     step: int = 0
     elapsed_s: float = 0.0  # wall clock of all sessions, validation included
+    cpu_s: float = 0.0  # CPU time of this process over all sessions: a clock other jobs on the machine barely move
     tokens: int = 0  # example positions trained on (padding excluded)
     horizon: int | None = None  # schedule length estimated from a time budget
     stream: dict = field(default_factory=lambda: {"epoch": 0, "cursor": 0})
@@ -210,7 +211,7 @@ class TrainerState:
             state = cls(**{k: v for k, v in saved.items() if k != "rng"})
         except TypeError as e:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
-        numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float)}
+        numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
                or isinstance(getattr(state, k), bool)]
         stream = state.stream
@@ -371,6 +372,7 @@ class Trainer:
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
+        self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
         self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
         self.interrupted = False
@@ -398,6 +400,9 @@ class Trainer:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.session_start
+
+    def cpu(self) -> float:
+        return self.cpu_before + time.process_time() - self.cpu_start
 
     def horizon(self) -> int | None:
         return self.tc.decay_steps or self.tc.max_steps or self.state.horizon
@@ -432,7 +437,7 @@ class Trainer:
                                    tc.eval_every)
         if horizon != st.horizon:
             self.log.write({"kind": "schedule", "step": st.step, "horizon": horizon,
-                            "elapsed_s": round(self.elapsed(), 3)})
+                            "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
             if st.horizon is None:
                 self.echo(f"schedule: {horizon} steps estimated to fit {tc.max_minutes} minutes")
             st.horizon = horizon
@@ -442,7 +447,7 @@ class Trainer:
     def save(self, which: str, metrics: dict) -> None:
         last = which == "last"
         if last:
-            self.state.elapsed_s = self.elapsed()
+            self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
         save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
@@ -475,7 +480,7 @@ class Trainer:
         self.eval_s += time.perf_counter() - t0
         self.n_evals += 1
         self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved,
-                        "elapsed_s": round(self.elapsed(), 3)})
+                        "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         self.last_val = metrics
         return metrics
 
@@ -523,7 +528,7 @@ class Trainer:
                 self.save("last", self.last_val)
             self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
                             "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
-                            "elapsed_s": round(st.elapsed_s, 3)})
+                            "elapsed_s": round(st.elapsed_s, 3), "cpu_s": round(st.cpu_s, 3)})
         finally:
             if bar is not None:
                 bar.close()
@@ -538,7 +543,7 @@ class Trainer:
         epoch = st.stream["epoch"] + st.stream["cursor"] / max(1, self.rows_per_epoch)
         self.log.write({"kind": "train", "step": st.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens": st.tokens, "tok_s": round(tok_s, 1), "epoch": round(epoch, 4),
-                        "elapsed_s": round(self.elapsed(), 3)})
+                        "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
         window.update(loss=0.0, steps=0, tokens=0, start=time.perf_counter())
