@@ -28,6 +28,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
 
 KINDS = ("length", "depth", "iid", "shortcuts")
+REPORT_KINDS = (*KINDS, "recipe")  # a recipe comparison is a folder of `rlmlab train` runs, reported alike
 LEARNERS = ("rm", "cot")
 
 
@@ -371,10 +372,11 @@ def read_meta(out: Path) -> dict:
         raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
     except (ValueError, UnicodeDecodeError):
         raise DataError(f"{path}: not valid JSON") from None
-    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-        raise DataError(f"{path}: not an experiment description (its 'kind' should be one of {', '.join(KINDS)})")
+    if not isinstance(meta, dict) or meta.get("kind") not in REPORT_KINDS:
+        raise DataError(f"{path}: not an experiment description (its 'kind' should be one of "
+                        f"{', '.join(REPORT_KINDS)})")
     needs = {"length": {"threshold": int, "split": dict}, "depth": {"threshold": int, "split": dict},
-             "iid": {"sizes": list}, "shortcuts": {"constructions": list}}[meta["kind"]]
+             "iid": {"sizes": list}, "shortcuts": {"constructions": list}, "recipe": {"runs": list}}[meta["kind"]]
     for key, kind in needs.items():
         if not isinstance(meta.get(key), kind):
             raise DataError(f"{path}: a {meta['kind']} experiment needs '{key}' ({kind.__name__})")

@@ -42,3 +42,34 @@ def test_paper_rows_only_for_the_learners_the_paper_has():
     papers = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| paper")]
     assert papers == ["| paper RM (%)", "| paper CoT (%)"]
     assert "| rm-frames acc. (%) |" in md and "rm-frames" in tex
+
+
+def _write_run(path, view, batch, vals):
+    """A run folder as `rlmlab train` leaves it: config.json and metrics.jsonl with validations at
+    (wall seconds, CPU seconds, answer accuracy)."""
+    path.mkdir(parents=True)
+    cfg = {"model": {"preset": "small", "n_layer": None, "n_head": None, "n_embd": 192},
+           "data": {"view": view}, "train": {"batch_size": batch, "lr": 3e-3, "warmup_steps": 100}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    recs = [{"kind": "train", "step": 10, "tokens": 70_000, "elapsed_s": 5.0, "cpu_s": 5.0}]
+    for i, (wall, cpu, acc) in enumerate(vals, 1):
+        recs.append({"kind": "val", "step": 100 * i, "loss": 1 - acc, "token_acc": 0.9, "answer_acc": acc,
+                     "elapsed_s": wall, "cpu_s": cpu})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
+    from rlmlab.report import report
+
+    # Run a shared the machine: 35 wall minutes were 25 minutes of its own CPU time.
+    _write_run(tmp_path / "a", "cot", 32, [(600, 500, 0.5), (2100, 1500, 0.995), (2700, 1900, 0.99)])
+    _write_run(tmp_path / "b", "rm", 64, [(600, 600, 0.9), (1200, 1200, 0.98)])
+    (tmp_path / "experiment.json").write_text(json.dumps({"kind": "recipe", "runs": ["a", "b", "never-started"]}))
+    rows = json.loads((report(tmp_path) / "report.json").read_text())["runs"]
+    a, b = rows
+    assert (a["run"], a["shape"], a["positions_per_step"]) == ("a", "3L/4H/192", 7000)
+    assert a["at"] == {"15": 0.5, "30": 0.995} and a["minutes_to_99"] == 25.0
+    assert b["at"] == {"15": 0.9} and b["minutes_to_99"] is None and b["shape"] == "3L/4H/192"
+    table = (tmp_path / "report" / "table-recipe.md").read_text()
+    assert "| a | CoT | 3L/4H/192 | 32 (7,000) | 0.003 | 100 | 300 | 45 (32) | 50.0 | 99.5 | 99.5 | 25 | 90.0 |" in table
+    assert (tmp_path / "report" / "recipe-curves.png").exists()

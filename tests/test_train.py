@@ -97,6 +97,10 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [r["step"] for r in b] == list(range(1, 17))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exactly, not approximately
+    # Both clocks run on across the resume: the second session starts where the first saved.
+    for clock in ("elapsed_s", "cpu_s"):
+        times = [r[clock] for r in b]
+        assert times == sorted(times) and times[0] > 0
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):
