@@ -135,6 +135,18 @@ class ExperimentPreset:
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
+    def with_budget(self, minutes: float | None = None, max_steps: int | None = None) -> "ExperimentPreset":
+        """The preset with every learner's budget set to `minutes` / `max_steps` where given (as
+        `rlmlab run --minutes/--max-steps` asks), over the budgets it gives single learners."""
+        drop = {key for key, value in (("train.max_minutes", minutes), ("train.max_steps", max_steps))
+                if value is not None}
+
+        def without(table: dict) -> dict:
+            return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
+
+        return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
+                       per_view=without(self.per_view), shortcut_per_view=without(self.shortcut_per_view))
+
 
 PRESETS: dict[str, ExperimentPreset] = {
     # CI and tests: every stage of every experiment in seconds; the numbers mean nothing.
@@ -168,6 +180,14 @@ PRESETS: dict[str, ExperimentPreset] = {
         # draw every stratum below ~600) instead of up to 2,048 (median ~1,000): a third of the
         # training cost per example.
         shortcut_max_trace=600),
+    # The paper's splits on this CPU: its thresholds L = 595 and K = 10, its bins and 310
+    # evaluation expressions per bin, with the CPU-sized model and the training recipe chosen by
+    # the equal-time comparison in docs/recipe.md (results/recipe-595).
+    "paper-cpu": ExperimentPreset(
+        name="paper-cpu", model="small", length=595, depth=10, patience=12, eval_every=300, answer_eval=300,
+        train={"warmup_steps": 100, "lr": 3e-3},
+        per_view={"rm": {"train.batch_size": 64, "train.max_minutes": 90.0},
+                  "cot": {"train.batch_size": 32, "train.max_minutes": 240.0}}),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(

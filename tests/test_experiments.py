@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import shutil
+from fractions import Fraction
 
 import pyarrow.parquet as pq
 import pytest
@@ -301,3 +302,47 @@ def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
     assert main(["run", "length", "--preset", "smoke", "--out", str(length), "--quiet", "--views", "rm"]) == 0
     assert main(["export", str(length), str(dest)]) == 2
     assert json.loads((dest / "experiment.json").read_text())["kind"] == "iid"
+
+
+def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
+    """The CPU preset at the paper's thresholds: L = 595 and K = 10, the paper's fixed multiplier
+    bins, 310 evaluation expressions per bin (on a small pool here, so the far bins run short)."""
+    from rlmlab.experiments import plan_threshold
+    from rlmlab.splits import Split
+
+    preset = get_preset("paper-cpu").with_overrides(pool_n=6_000)
+    assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)
+    length = plan_threshold("length", preset, tmp_path)
+    depth = plan_threshold("depth", preset, tmp_path)
+    assert [j.view for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
+    for kind, labels, edges in [
+        ("length-595", ["<=0.25", "0.25-0.5", "0.5-1.0", "1.0-1.25", "1.25-1.5", "1.5-2.0", "2.0-2.5", "2.5-3.0",
+                        "3.0-5.0", ">5.0"], [0, 0.25, 0.5, 1, 1.25, 1.5, 2, 2.5, 3, 5]),
+        ("depth-10", ["<=0.3", "0.4-0.6", "0.7-1.0", "1.1", "1.2-1.3", "1.4-1.5", "1.6-1.7", "1.8-1.9", "2.0-2.1",
+                      ">=2.2"], [0, 0.35, 0.65, 1, 1.15, 1.35, 1.55, 1.75, 1.95, 2.15]),
+    ]:
+        split = Split.load(tmp_path / "data" / kind)
+        threshold = split.params["threshold"]
+        bins = split.params["bins"]
+        assert [b["label"] for b in bins] == labels
+        assert [float(Fraction(b["lo"])) for b in bins] == edges
+        assert [b["ood"] for b in bins] == [False] * 3 + [True] * 7
+        assert all(b["sampled"] == min(310, b["available"]) for b in bins)
+        ev = split.eval.to_pylist()
+        column = "trace_len" if kind.startswith("length") else "max_depth"
+        for row in ev:  # every evaluation expression sits in its bin's multiplier range of the threshold
+            b = bins[row["bin_index"]]
+            ratio = row[column] / threshold
+            assert ratio > float(Fraction(b["lo"])) or (ratio == 0 == float(Fraction(b["lo"])))
+            assert b["hi"] is None or ratio <= float(Fraction(b["hi"]))
+        assert max(r[column] for r in split.train.to_pylist()) <= threshold
+
+
+def test_run_budget_flags_override_every_learners_own_budget():
+    preset = get_preset("paper-cpu")
+    assert {v: s["train.max_minutes"] for v, s in preset.per_view.items()} == {"rm": 90.0, "cot": 240.0}
+    both = preset.with_budget(minutes=5.0)
+    assert both.minutes == both.iid_minutes == 5.0
+    assert all("train.max_minutes" not in s for s in both.per_view.values())
+    assert both.per_view["cot"]["train.batch_size"] == preset.per_view["cot"]["train.batch_size"]
+    assert preset.with_budget() == preset

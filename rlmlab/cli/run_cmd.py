@@ -77,8 +77,7 @@ def run(args) -> int:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
         train["threads"] = args.threads
-    preset = preset.with_overrides(minutes=args.minutes, iid_minutes=args.minutes, max_steps=args.max_steps,
-                                   train=train)
+    preset = preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "commands.jsonl", "a") as f:
