@@ -29,7 +29,8 @@ from rlmlab.model import PRESETS, ModelConfig, preset
 @dataclass(frozen=True)
 class ModelSettings:
     preset: str = "small"
-    """Architecture preset: paper (6L/6H/384), small (3L/4H/128, CPU-sized) or tiny (tests)."""
+    """Architecture preset: paper (6L/6H/384), small (3L/4H/128, CPU-sized), cpu (3L/8H/128, the paper-cpu
+    recipe) or tiny (tests)."""
     n_layer: int | None = None
     """Override the preset's number of Transformer blocks."""
     n_head: int | None = None

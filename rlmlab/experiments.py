@@ -184,10 +184,11 @@ PRESETS: dict[str, ExperimentPreset] = {
     # evaluation expressions per bin, with the CPU-sized model and the training recipe chosen by
     # the equal-time comparison in docs/recipe.md (results/recipe-595).
     "paper-cpu": ExperimentPreset(
-        name="paper-cpu", model="small", length=595, depth=10, patience=12, eval_every=300, answer_eval=300,
-        train={"warmup_steps": 100, "lr": 3e-3},
-        per_view={"rm": {"train.batch_size": 64, "train.max_minutes": 90.0},
-                  "cot": {"train.batch_size": 32, "train.max_minutes": 240.0}}),
+        name="paper-cpu", model="cpu", length=595, depth=10, patience=12, answer_eval=300,
+        per_view={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
+                         "train.eval_every": 300, "train.max_minutes": 90.0},
+                  "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
+                          "train.eval_every": 1000, "train.max_minutes": 240.0}}),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(

@@ -71,6 +71,10 @@ PRESETS: dict[str, dict[str, dict]] = {
     # must cover the longest frame / trace of the splits the small experiments evaluate.
     "small": {"rm": dict(n_layer=3, n_head=4, n_embd=128, block_size=512),
               "cot": dict(n_layer=3, n_head=4, n_embd=128, block_size=4096)},
+    # The small model with 8 heads of width 16: CoT learns its copies faster per CPU minute
+    # (docs/recipe.md); the paper-cpu preset trains both learners with it.
+    "cpu": {"rm": dict(n_layer=3, n_head=8, n_embd=128, block_size=512),
+            "cot": dict(n_layer=3, n_head=8, n_embd=128, block_size=4096)},
     # For tests: runs in milliseconds.
     "tiny": {"rm": dict(n_layer=2, n_head=2, n_embd=32, block_size=256),
              "cot": dict(n_layer=2, n_head=2, n_embd=32, block_size=2048)},
