@@ -311,8 +311,9 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
         exprs, extra = read_expressions(path)
         extra = _extra_columns(path, len(exprs)) or extra
+        # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         results, summary = evaluate(ModelPredictor(loaded.model), loaded.view, exprs, loaded.vocab,
-                                    model=loaded.model, extra=extra, batch_size=job.eval_batch)
+                                    model=loaded.model, extra=extra, batch_size=job.eval_batch, traces="inexact")
         summary.update({"set": set_name, "view": loaded.view, "step": loaded.step, "data": str(path)})
         write_results(eval_dir, results, summary)
         summaries[set_name] = summary

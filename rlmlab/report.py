@@ -715,7 +715,8 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     copied = size = checkpoints = data_files = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if rel.parts[0] == "report" or not path.is_file() or rel.parts in (("experiment.json",), ("commands.jsonl",)):
+        rebuilt = rel.parts[0] in ("report", "view")  # the report below; `rlmlab view` pages on demand
+        if rebuilt or not path.is_file() or rel.parts in (("experiment.json",), ("commands.jsonl",)):
             continue
         if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
             checkpoints += path.name == "checkpoint.json"

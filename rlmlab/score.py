@@ -134,8 +134,12 @@ RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "rea
 
 def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
                        per_token: Sequence[tuple[int, int]] | None = None,
-                       extra: Sequence[dict] | None = None, traces: bool = False) -> list[dict]:
-    """One flat dict per expression: the truth, the prediction, and what the decoding did."""
+                       extra: Sequence[dict] | None = None, traces: bool | str = False) -> list[dict]:
+    """One flat dict per expression: the truth, the prediction, and what the decoding did.
+    `traces`: True keeps every produced trace (`trace`, space-joined), "inexact" only those that
+    differ from the canonical trace (an exact one is the executor's), False none."""
+    if traces not in (False, True, "inexact"):
+        raise ValueError(f"traces must be False, True or 'inexact', got {traces!r}")
     out = []
     for k, (g, ex) in enumerate(zip(gens, executions)):
         produced = tuple(g.tokens)
@@ -154,7 +158,7 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
         }
         if per_token is not None:
             r["tf_correct"], r["tf_total"] = per_token[k]
-        if traces:
+        if traces is True or (traces == "inexact" and not exact):
             r["trace"] = " ".join(produced)
         if extra is not None:
             r.update(extra[k])
@@ -316,7 +320,7 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
 
 
 def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
-             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool = False,
+             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
              progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
     """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
     teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""

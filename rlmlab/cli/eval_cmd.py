@@ -1,9 +1,9 @@
 """`rlmlab eval RUN_DIR --data exprs`: greedy decoding of an expression set, scored.
 
 Writes `results.jsonl` (one line per expression: truth, prediction, validity, reason, trace
-statistics, per-token counts) and `summary.json`; prints a short table. `--oracle --view
-rm|cot` runs the true rule instead of a model, to check the drivers and the scoring on any
-expression set.
+statistics, per-token counts, the produced trace where it is not exact) and `summary.json`;
+prints a short table. `--oracle --view rm|cot` runs the true rule instead of a model, to check
+the drivers and the scoring on any expression set.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=Limits.max_new_tokens, help="generated tokens limit")
     p.add_argument("--max-frame-tokens", type=int, default=None, help="active-frame width limit "
                    "(default: none beyond the model's block size)")
-    p.add_argument("--traces", action="store_true", help="save each produced trace in results.jsonl")
+    p.add_argument("--traces", action="store_true", help="save every produced trace in results.jsonl (by "
+                   "default only those that differ from the canonical trace)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
@@ -98,7 +99,8 @@ def run(args) -> int:
     try:
         results, summary = evaluate(predictor, view, exprs, vocab, limits, args.batch_size,
                                     model=None if args.no_per_token else model, extra=extra,
-                                    traces=args.traces, progress=bar.update if bar else None)
+                                    traces=True if args.traces else "inexact",
+                                    progress=bar.update if bar else None)
     finally:
         if bar is not None:
             bar.close()
