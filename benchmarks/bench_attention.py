@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.model import BlockDiagonal  # noqa: E402
+from rlmlab.attention import BlockDiagonal  # noqa: E402
 from rlmlab.packing import collate, pack_rows  # noqa: E402
 from rlmlab.pool import build_pool  # noqa: E402
 from rlmlab.views import build_view_data  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
     cases = [("cot", 512, "packed"), ("cot", 1024, "solo"), ("rm", 128, "packed"), ("rm-frames", 128, "packed"),
              ("rm", 512, "packed")]
     chunks = [int(c) for c in args.chunks.split(",")]
-    print(f"| view | rows | dense mask ms | " + " | ".join(f"blocks c={c} ms" for c in chunks)
+    print("| view | rows | dense mask ms | " + " | ".join(f"blocks c={c} ms" for c in chunks)
           + " | pairs dense / blocks c=128 / useful |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|")
     for view, T, kind in cases:

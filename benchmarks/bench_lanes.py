@@ -21,9 +21,8 @@ from machine import print_facts  # noqa: E402
 import torch  # noqa: E402
 
 from rlmlab.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.expr import to_text  # noqa: E402
 from rlmlab.model import Transformer, preset  # noqa: E402
-from rlmlab.packing import micro_batches, pack_rows  # noqa: E402
+from rlmlab.packing import pack_rows  # noqa: E402
 from rlmlab.pool import build_pool  # noqa: E402
 from rlmlab.train import configure_optimizer, train_step  # noqa: E402
 from rlmlab.views import build_view_data  # noqa: E402

@@ -23,7 +23,76 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
-from rlmlab.model import PRESETS, ModelConfig, preset
+
+
+# --- model ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 64
+    """Vocabulary size (set from the data's vocabulary, not by hand)."""
+    n_layer: int = 6
+    """Transformer blocks."""
+    n_head: int = 6
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = 384
+    """Residual stream width."""
+    block_size: int = 2048
+    """Positional-embedding table size: the longest sequence (or frame) the model reads."""
+    dropout: float = 0.0
+    """Dropout on attention and residual branches (the paper uses none)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = float if f.name == "dropout" else int
+            if not isinstance(v, want) or isinstance(v, bool):
+                if not (want is float and isinstance(v, int) and not isinstance(v, bool)):
+                    raise ConfigError(f"model.{f.name} must be {want.__name__}, got {v!r}")
+        if min(self.vocab_size, self.n_layer, self.n_head, self.n_embd, self.block_size) < 1:
+            raise ConfigError("model sizes must be positive")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_head={self.n_head} must divide model.n_embd={self.n_embd}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
+PRESETS: dict[str, dict[str, dict]] = {
+    # The paper's backbone: 6 layers, 6 heads, width 384; 2,048 positions for RM, 4,096 for CoT.
+    "paper": {"rm": dict(n_layer=6, n_head=6, n_embd=384, block_size=2048),
+              "cot": dict(n_layer=6, n_head=6, n_embd=384, block_size=4096)},
+    # CPU-sized: 3 layers of width 128 train at 8-24k tok/s on 2 cores and learn as much per
+    # token as 4 layers of width 256 (docs/cpu-sizing.md). The positional tables
+    # must cover the longest frame / trace of the splits the small experiments evaluate.
+    "small": {"rm": dict(n_layer=3, n_head=4, n_embd=128, block_size=512),
+              "cot": dict(n_layer=3, n_head=4, n_embd=128, block_size=4096)},
+    # The small model with 8 heads of width 16: CoT learns its copies faster per CPU minute
+    # (docs/recipe.md); the paper-cpu preset trains both learners with it.
+    "cpu": {"rm": dict(n_layer=3, n_head=8, n_embd=128, block_size=512),
+            "cot": dict(n_layer=3, n_head=8, n_embd=128, block_size=4096)},
+    # For tests: runs in milliseconds.
+    "tiny": {"rm": dict(n_layer=2, n_head=2, n_embd=32, block_size=256),
+             "cot": dict(n_layer=2, n_head=2, n_embd=32, block_size=2048)},
+}
+
+
+def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
+    """The preset's sizes for a view: the "rm" column for views with short contexts (active
+    frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
+    from rlmlab.observe import observer
+
+    obs = observer(view)
+    base = dict(PRESETS[name][obs.family])
+    if obs.context_bound is not None:
+        # A window of K tokens must fit the positional table whatever the preset.
+        base["block_size"] = max(base["block_size"], obs.context_bound)
+    return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class ExperimentPreset:
     name: str
     """Preset name (smoke, small, paper)."""
     model: str
-    """Model preset of `rlmlab.model.PRESETS`."""
+    """Model preset of `rlmlab.config.PRESETS`."""
     pool_n: int = 500_000
     """Expressions in the pool the splits are drawn from (paper: 500,000)."""
     pool_seed: int = 42
@@ -107,7 +107,7 @@ class ExperimentPreset:
 
     def __post_init__(self):
         from rlmlab.config import RunConfig, apply_overrides
-        from rlmlab.model import PRESETS as MODEL_PRESETS
+        from rlmlab.config import PRESETS as MODEL_PRESETS
 
         where = f"experiment preset {self.name!r}"
         if self.model not in MODEL_PRESETS:
@@ -160,7 +160,7 @@ PRESETS: dict[str, ExperimentPreset] = {
     "small": ExperimentPreset(
         name="small", model="small", length=197, depth=5, minutes=150.0, patience=12, eval_every=300,
         answer_eval=300, train={"warmup_steps": 300},
-        # ~8-10k tokens per step, as in shared/notes/cpu-feasibility.md: an RM frame averages
+        # ~8-10k tokens per step, as planned in docs/cpu-sizing.md: an RM frame averages
         # ~30 tokens, a CoT trace below L=197 ~80.
         per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
         # Shortcut traces average ~460 tokens: 32 of them make ~15k positions per step. At 128
@@ -271,7 +271,8 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     from rlmlab.checkpoint import load_run
     from rlmlab.config import RunConfig, apply_overrides
     from rlmlab.infer import ModelPredictor
-    from rlmlab.score import answer_accuracy_fn, evaluate, read_expressions, write_results
+    from rlmlab.results import write_results
+    from rlmlab.score import answer_accuracy_fn, evaluate, read_expressions
     from rlmlab.train import prepare_data, resolve_device, train
 
     out = Path(out)
@@ -363,10 +364,10 @@ def _settings(p: ExperimentPreset, view: str, seed: int = 1337, per_view: dict |
     s.update({f"train.{k}": v for k, v in p.train.items()})
     # A view without settings of its own (rm-frames, a new observation function) takes those of
     # the learner whose driver it decodes with.
-    from rlmlab.views import driver_view
+    from rlmlab.observe import observer
 
     for table in (p.per_view, per_view or {}):
-        s.update(table.get(view, table.get(driver_view(view), {})))
+        s.update(table.get(view, table.get(observer(view).name, {})))
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in s.items()}
 
 

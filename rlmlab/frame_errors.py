@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from rlmlab.score import per_token_hits, share
+from rlmlab.stats import share
 from rlmlab.trace import Execution, execute
 from rlmlab.vocab import Vocab
 
@@ -50,6 +50,8 @@ def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution
     target lengths, the trace position of its first target (`start`: where CoT reads it), the
     number of mispredicted targets and the offset of the first, whether the call is in `seen`
     (when given), and the expression's `extra` columns (bins, OOD flags)."""
+    from rlmlab.score import per_token_hits  # the model pass; the tables below need no torch
+
     hits = per_token_hits(model, vocab, view, executions, max_tokens)
     out = []
     for i, (ex, h) in enumerate(zip(executions, hits)):

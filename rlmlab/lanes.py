@@ -17,8 +17,9 @@ positions are re-indexed to where each token sits in that frame.
 - `labels[i]` is the next target token that the state at i predicts, or -1.
 
 Targets are exactly the per-frame examples' targets (a test checks the per-target logits
-against running every example separately). `simulate_rm` reads RM's prediction for every
-prefix of a flattened sequence from one pass over its lanes.
+against running every example separately). The masks, the tensors and `simulate_rm` (RM's
+prediction for every prefix of a flattened sequence from one pass over its lanes) are in
+`rlmlab.attention`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from rlmlab.vocab import CALL, END_CALL, END_RETURN, RETURN, Vocab
+from rlmlab.vocab import CALL, END_CALL, END_RETURN, RETURN
 
 IGNORE = -1
 
@@ -47,33 +46,6 @@ class Lanes:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    def attention_mask(self) -> torch.Tensor:
-        """(T, T) bool, True = may attend."""
-        return lane_mask(torch.tensor(self.frame), torch.tensor(self.branch))
-
-    def encode(self, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(idx, pos, labels) as 1-D tensors; labels use IGNORE where there is no target."""
-        idx = torch.tensor(vocab.encode(self.tokens))
-        pos = torch.tensor(self.pos)
-        ids = vocab.ids
-        labels = torch.tensor([IGNORE if t is None else ids[t] for t in self.labels])
-        return idx, pos, labels
-
-
-def lane_visible(frame_q: torch.Tensor, branch_q: torch.Tensor, frame_k: torch.Tensor,
-                 branch_k: torch.Tensor) -> torch.Tensor:
-    """Whether queries (..., Tq) may see keys (..., Tk) of lane-packed examples, causality
-    aside: same frame, and a key on the trunk or on the query's own call block. (..., Tq, Tk)"""
-    same_frame = frame_q.unsqueeze(-1) == frame_k.unsqueeze(-2)
-    return same_frame & ((branch_k.unsqueeze(-2) == -1) | (branch_q.unsqueeze(-1) == branch_k.unsqueeze(-2)))
-
-
-def lane_mask(frame: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """Mask from per-token frame and branch ids (any leading batch dims): (..., T, T)."""
-    T = frame.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=frame.device).tril()
-    return causal & lane_visible(frame, branch, frame, branch)
 
 
 class _FrameLane:
@@ -198,18 +170,3 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
     out.example_targets = [[base[f] + s for f, s in ex] for ex in examples]
     out.owner = [base[f] + s for f, s in owner_slots]
     return out
-
-
-
-@torch.no_grad()
-def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> list[str]:
-    """RM's next-token prediction after every prefix `tokens[:t]`, t = prompt_len .. len(tokens),
-    from one forward pass over the lanes of the complete sequence: the executable form of the
-    paper's theorem that CoT can simulate RM. `tokens` must be a legal trace prefix."""
-    lanes = lane_pack(tokens, prompt_len)
-    idx, pos, _ = lanes.encode(vocab)
-    device = next(model.parameters()).device
-    mask = lanes.attention_mask().to(device)
-    logits = model(idx[None].to(device), pos[None].to(device), mask[None, None])[0]  # (T, V)
-    owners = torch.tensor(lanes.owner[prompt_len - 1:], device=device)
-    return vocab.decode(logits[owners].argmax(-1).tolist())

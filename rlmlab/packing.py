@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.lanes import lane_visible
-from rlmlab.model import BlockDiagonal
+from rlmlab.attention import lane_visible
+from rlmlab.attention import BlockDiagonal
 
 IGNORE = -100  # target id that F.cross_entropy skips
 

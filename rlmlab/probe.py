@@ -31,19 +31,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-import torch
-
 from rlmlab.errors import RlmlabError
 from rlmlab.expr import Call, parse, to_text, value_token
 from rlmlab.frames import StackReplay
 from rlmlab.infer import NEW, NO_TOKEN, Feed, Limits, Predictor, generate
 from rlmlab.observe import observer
-from rlmlab.score import wilson
+from rlmlab.stats import wilson
+from rlmlab.teacher import Row, teacher_forced_argmax
 from rlmlab.trace import execute, trace_stats
 from rlmlab.vocab import END_RETURN, RETURN, Vocab
-
-Row = tuple[list[int], int]  # (token ids, m): predict ids[i] from ids[:i] for every i >= m
-
 
 # --- teacher-forced greedy predictions ------------------------------------------------------
 
@@ -61,35 +57,8 @@ def forced_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: in
     """
     model = getattr(predictor, "model", None)
     if model is not None:
-        return _model_predictions(model, rows, max_tokens)
+        return teacher_forced_argmax(model, rows, max_tokens)
     return _walked_predictions(predictor, rows, batch_size)
-
-
-@torch.no_grad()
-def _model_predictions(model, rows: Sequence[Row], max_tokens: int) -> list[list[int]]:
-    block = model.cfg.block_size
-    device = next(model.parameters()).device
-    out: list[list[int]] = [[NO_TOKEN] * (len(ids) - m) for ids, m in rows]
-    order = sorted((r for r in range(len(rows)) if rows[r][1] <= block and len(rows[r][0]) > rows[r][1]),
-                   key=lambda r: min(len(rows[r][0]), block))
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end + 1 - start) * min(len(rows[order[end]][0]), block) <= max_tokens:
-            end += 1
-        batch = order[start:end]
-        T = min(max(len(rows[r][0]) for r in batch), block)
-        idx = torch.zeros(len(batch), T, dtype=torch.long)  # right-padded; causal, so padding is unseen
-        for b, r in enumerate(batch):
-            ids = rows[r][0][:T]
-            idx[b, :len(ids)] = torch.tensor(ids)
-        pred = model(idx.to(device)).argmax(-1).cpu()  # (b, T): pred[:, i-1] predicts token i
-        for b, r in enumerate(batch):
-            ids, m = rows[r]
-            last = min(len(ids), T + 1)  # tokens [m, last) are readable
-            out[r][:last - m] = pred[b, m - 1:last - 1].tolist()
-        start = end
-    return out
 
 
 def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: int) -> list[list[int]]:

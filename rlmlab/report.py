@@ -15,10 +15,19 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments import read_meta
 from rlmlab.frame_errors import render_frames
-from rlmlab.score import accuracy, bootstrap_ratio, read_results, share
+from rlmlab.results import read_results
+from rlmlab.stats import accuracy, auc_with_interval, bootstrap_ratio, share
 
 LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
 FRAME_TABLE_FUNCTIONS = 12  # the most frequent functions out of domain, in `rlmlab frames` tables
+# Best validation final-answer accuracy from which a learner counts as having fitted its training
+# distribution: the paper reports out-of-domain accuracy only from this plateau on.
+FIT_THRESHOLD = 0.99
+
+
+def fitted(best_validation: float | None) -> bool:
+    """Whether a learner whose best validation final-answer accuracy is this reached the plateau."""
+    return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
 
 
 def learner_name(view: str) -> str:
@@ -152,16 +161,26 @@ def threshold_rows(meta: dict, results: dict[str, list[dict] | None],
     return rows
 
 
-def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[str]) -> tuple[str, str]:
+def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[str],
+                     fits: dict[str, float | None] | None = None) -> tuple[str, str]:
+    """The paper's Table 2 for one split (Markdown and LaTeX). `fits` gives a learner's best
+    validation final-answer accuracy; a learner below `FIT_THRESHOLD` is *not fitted*: its
+    out-of-domain cells are withheld (the paper compares learners only from that plateau)."""
     unit = "L" if kind == "length" else "K"
     labels = [r["bin"] for r in rows]
     n_iid = sum(not r["ood"] for r in rows)
-    acc = {v: [r[v]["accuracy"] if r.get(v) else None for r in rows] for v in views}
+    unfit = {v: (fits or {}).get(v) for v in views if not fitted((fits or {}).get(v, FIT_THRESHOLD))}
+    acc = {v: [r[v]["accuracy"] if r.get(v) and not (r["ood"] and v in unfit) else None for r in rows]
+           for v in views}
     md = [f"| **{kind.capitalize()}** bin (×{unit}, {unit}={threshold}) | "
           + " | ".join(f"{lab}{' (IID)' if i < n_iid else ''}" for i, lab in enumerate(labels)) + " |",
           "|---" * (len(labels) + 1) + "|"]
     for v in views:
-        md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(_pct(a) for a in acc[v]) + " |")
+        if v in unfit:
+            md.append(f"| {learner_name(v)} acc. (%), not fitted (best validation {_pct(unfit[v])}) | "
+                      + " | ".join("not fitted" if r["ood"] else _pct(a) for r, a in zip(rows, acc[v])) + " |")
+        else:
+            md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(_pct(a) for a in acc[v]) + " |")
     if "rm" in acc and "cot" in acc:
         md.append("| Gap (pt) | " + " | ".join(_gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
     n = [max((r[v]["n"] for v in views if r.get(v)), default=0) for r in rows]
@@ -186,7 +205,8 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
            rf"\textbf{{Bin ($\times {unit}$)}} & " + " & ".join(_tex_label(x) for x in labels) + r" \\",
            r"\midrule"]
     for v in views:
-        tex.append(rf"\textbf{{{learner_name(v)} acc. (\%)}} & " + " & ".join(f"${_pct(a)}$" for a in acc[v]) + r" \\")
+        cells = ["n.f." if r["ood"] and v in unfit else f"${_pct(a)}$" for r, a in zip(rows, acc[v])]
+        tex.append(rf"\textbf{{{learner_name(v)} acc. (\%)}} & " + " & ".join(cells) + r" \\")
     if "rm" in acc and "cot" in acc:
         tex.append(r"\textbf{Gap (pt)} & " + " & ".join(f"${_gap(a, b)}$" for a, b in zip(acc["rm"], acc["cot"]))
                    + r" \\")
@@ -198,7 +218,9 @@ def _tex_label(label: str) -> str:
     return "$" + label.replace("<=", r"\le").replace(">=", r"\ge").replace("-", "$--$") + "$"
 
 
-def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: list[str]) -> None:
+def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: list[str],
+              unfit: frozenset = frozenset()) -> None:
+    """Accuracy per bin with Wilson bands; a learner in `unfit` is drawn in domain only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,14 +230,15 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
     xs = list(range(len(rows)))
     colors = {"rm": "#1f5fa8", "cot": "#c0392b"}
     for v in views:
-        pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v)]
+        pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v) and not (r["ood"] and v in unfit)]
         if not pts:
             continue
         x = [p[0] for p in pts]
         a = [100 * p[1]["accuracy"] for p in pts]
         lo = [100 * p[1]["ci95"][0] for p in pts]
         hi = [100 * p[1]["ci95"][1] for p in pts]
-        line, = ax.plot(x, a, "o-", color=colors.get(v), label=learner_name(v))
+        label = learner_name(v) + (" (not fitted: in domain only)" if v in unfit else "")
+        line, = ax.plot(x, a, "o-", color=colors.get(v), label=label)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
     n_iid = sum(not r["ood"] for r in rows)
     ax.axvline(n_iid - 0.5, color="gray", ls="--", lw=1)
@@ -290,7 +313,10 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
         raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
     probes = {v: _probe_groups(out, job, v, "eval") for v in views}
     rows = threshold_rows(meta, results, probes)
-    md, tex = threshold_tables(kind, threshold, rows, views)
+    runs = training_runs(out, job)
+    fits = {v: training_summary(runs[v])["best"] if v in runs else None for v in views}
+    unfit = frozenset(v for v in views if not fitted(fits[v]))
+    md, tex = threshold_tables(kind, threshold, rows, views, fits)
     t_max = meta["split"].get("t_max")
     diag = []
     for r in rows:
@@ -301,12 +327,60 @@ def report_threshold(out: Path, meta: dict, dest: Path) -> dict:
         md += (f"\nFrame-width diagnostic: T_max = {t_max} (widest active frame on the training side); "
                "RM accuracy on all OOD expressions of a bin vs those whose widest frame is within T_max:\n\n"
                "| bin | RM, all | RM, w_max ≤ T_max |\n|---|---|---|\n" + "\n".join(diag) + "\n")
+    probed = {v: _probe_rows(out, job, v, "eval") for v in views if v not in unfit}
+    predictors = {v: f for v, p in probed.items() if p and (f := failure_predictors(results[v], p))}
+    md += failure_prediction_table(predictors)
     md += _frame_errors(out, job, views)
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
-    plot_bins(dest / f"bins-{job}", kind, threshold, rows, views)
-    plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
-    return {"job": job, "rows": rows, "t_max": t_max}
+    plot_bins(dest / f"bins-{job}", kind, threshold, rows, views, unfit)
+    plot_learning_curves(dest / f"curves-{job}", runs)
+    return {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
+            "failure_prediction": predictors}
+
+
+def _probe_rows(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    """`rlmlab probe`'s per-expression rows of a learner's evaluation set, if it was probed."""
+    path = out / job / view / "probe" / set_name / "results.jsonl"
+    return read_results(path, required=("expr", "positions", "position_differ")) if path.exists() else None
+
+
+def failure_predictors(results: list[dict], probe_rows: list[dict]) -> dict | None:
+    """How well, expression by expression, the probe's non-invariance rate (non-invariant
+    prediction points over points probed, measured teacher-forced on the canonical trace)
+    tells the out-of-domain expressions a learner answers wrongly from those it answers
+    rightly: ROC AUC with a stratified bootstrap interval. Trace length, which drives both,
+    is the baseline a useful signal must beat. None when no probed OOD expression has points
+    or a learner's non-invariance is zero throughout (RM's, by construction)."""
+    key = "id" if all("id" in r for r in results) and all("id" in r for r in probe_rows) else "expr"
+    answered = {r[key]: r["correct"] for r in results}
+    scored = [(r["position_differ"] / r["positions"], r["trace_len"], not answered[r[key]])
+              for r in probe_rows if r.get("ood") and r.get("positions") and r[key] in answered]
+    if not scored or not any(s[0] for s in scored):
+        return None
+    rate, length, wrong = zip(*scored)
+    return {"n": len(scored), "wrong": sum(wrong), "non_invariance": auc_with_interval(rate, wrong),
+            "trace_len": auc_with_interval(length, wrong)}
+
+
+def failure_prediction_table(predictors: dict[str, dict]) -> str:
+    """Markdown section of `failure_predictors` per learner; empty when there are none."""
+    if not predictors:
+        return ""
+
+    def auc(a: dict) -> str:
+        if a["auc"] is None:
+            return "– (one class only)"
+        return f"{a['auc']:.2f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}]"
+
+    md = ["| learner | probed OOD expressions | answered wrongly | AUC, non-invariant positions | "
+          "AUC, trace length |", "|---|---|---|---|---|"]
+    md += [f"| {learner_name(v)} | {p['n']} | {p['wrong']} | {auc(p['non_invariance'])} | {auc(p['trace_len'])} |"
+           for v, p in predictors.items()]
+    return ("\nDoes non-invariance predict which out-of-domain expressions fail? ROC AUC over the probed OOD "
+            "expressions (0.5: no better than chance; 95% stratified bootstrap interval); the share of "
+            "non-invariant positions of an expression against its trace length as the predictor:\n\n"
+            + "\n".join(md) + "\n")
 
 
 # --- IID sweep ------------------------------------------------------------------------------
@@ -563,7 +637,7 @@ def _clock_s(record: dict) -> float:
 
 
 def _model_shape(model: dict, view: str) -> str:
-    from rlmlab.model import PRESETS
+    from rlmlab.config import PRESETS
 
     base = PRESETS.get(model.get("preset"), {}).get(view if view in ("rm", "cot") else "cot", {})
     shape = {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}

@@ -15,108 +15,44 @@ be recomputed from a results file without rerunning a model.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.expr import Call, parse, value_token
 from rlmlab.infer import Generation, Limits, ModelPredictor, generate
 from rlmlab.observe import observer
 from rlmlab.pool import read_pool
+from rlmlab.stats import summarize
+from rlmlab.teacher import teacher_forced_argmax
 from rlmlab.trace import Execution, execute, trace_stats
 from rlmlab.vocab import Vocab
 
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for k successes out of n (n = 0 gives (0, 1))."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # The bounds at k = 0 and k = n are exactly 0 and 1; say so rather than 1 - 1e-16.
-    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
-
-
-def bootstrap_ratio(num: Sequence[float], den: Sequence[float], n_boot: int = 2000, level: float = 0.95,
-                    seed: int = 0) -> tuple[float, float]:
-    """Percentile interval of sum(num)/sum(den) when whole samples (expressions) are resampled
-    with replacement: tokens of one expression stay together."""
-    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    n = len(num)
-    if n == 0 or den.sum() == 0:
-        return 0.0, 1.0
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n_boot)
-    chunk = max(1, 2_000_000 // n)  # resample in blocks to bound memory
-    for s in range(0, n_boot, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, n_boot - s), n))
-        d = den[idx].sum(1)
-        stats[s:s + len(idx)] = np.divide(num[idx].sum(1), d, out=np.zeros(len(idx)), where=d > 0)
-    a = (1 - level) / 2
-    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
-
-
-@torch.no_grad()
 def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
                    max_tokens: int = 16384) -> list[np.ndarray]:
     """Teacher-forced hits for `view`: per expression a boolean array over its generated tokens
     (the trace after the written expression), in trace order.
 
-    Rows (CoT: one per trace; RM: one per active-frame example, from position 0) are sorted by
-    length and batched up to `max_tokens` padded tokens. Every generated token is the target of
-    exactly one row, and rows cover the trace in order, so row targets land at fixed offsets.
-    An eligible position the model cannot read (beyond its block size) counts as wrong, as it
-    would be in generation.
+    Every generated token is the target of exactly one of the view's examples (CoT: one per
+    trace; RM: one per active-frame example), and the examples cover the trace in order, so
+    their targets concatenate to the generated tokens. An eligible position the model cannot
+    read (beyond its block size) counts as wrong, as it would be in generation.
     """
     obs = observer(view)
-    block = model.cfg.block_size
-    device = next(model.parameters()).device
-    rows: list[tuple[int, list[int], int, int]] = []  # (expression, token ids, first target, its offset)
-    hits = []
+    rows, owner = [], []
     for i, ex in enumerate(executions):
-        if obs.name == "rm":  # the executor has already cut the active-frame examples
-            segments = [(f.tokens, f.m) for f in ex.frames]
-        else:  # the observation's examples: CoT one per trace, a window one per target, ...
-            segments = obs.examples(ex.tokens, ex.prompt_len)
-        offset = 0
-        for toks, m in segments:
-            rows.append((i, vocab.encode(toks), m, offset))
-            offset += len(toks) - m
-        hits.append(np.zeros(offset, dtype=bool))
-    # Token j is predicted from positions [0, j): with a block of B positions tokens up to B
-    # can be scored; a row whose first target lies beyond that scores none.
-    rows = [r for r in rows if r[2] <= block]
-    rows.sort(key=lambda r: min(len(r[1]), block))
-    start = 0
-    while start < len(rows):
-        end = start + 1
-        while end < len(rows) and (end + 1 - start) * min(len(rows[end][1]), block) <= max_tokens:
-            end += 1
-        batch = rows[start:end]
-        T = min(max(len(r[1]) for r in batch), block)  # positions read
-        idx = torch.zeros(len(batch), T, dtype=torch.long)
-        tgt = torch.full((len(batch), T), -1, dtype=torch.long)  # tgt[:, j-1] = token j
-        for b, (_, ids, _, _) in enumerate(batch):
-            n, m = min(len(ids), T), min(len(ids) - 1, T)
-            idx[b, :n] = torch.tensor(ids[:n])
-            tgt[b, :m] = torch.tensor(ids[1:m + 1])
-        hit = (model(idx.to(device)).argmax(-1).cpu() == tgt).numpy()  # (b, T): hit[:, j-1] scores token j
-        for b, (i, ids, first, offset) in enumerate(batch):
-            last = min(len(ids), T + 1)  # tokens [first, last) are scored
-            hits[i][offset:offset + last - first] = hit[b, first - 1:last - 1]
-        start = end
-    return hits
+        for toks, m in obs.examples(ex.tokens, ex.prompt_len):
+            rows.append((vocab.encode(toks), m))
+            owner.append(i)
+    predicted = teacher_forced_argmax(model, rows, max_tokens)
+    parts: list[list[np.ndarray]] = [[] for _ in executions]
+    for i, (ids, m), pred in zip(owner, rows, predicted):
+        parts[i].append(np.asarray(pred, dtype=np.int64) == np.asarray(ids[m:], dtype=np.int64))
+    return [np.concatenate(p) if p else np.zeros(0, dtype=bool) for p in parts]
 
 
 def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execution],
@@ -164,78 +100,6 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
             r.update(extra[k])
         out.append(r)
     return out
-
-
-def accuracy(results: Sequence[dict]) -> dict:
-    return share(sum(bool(r["correct"]) for r in results), len(results))
-
-
-def share(k: int, n: int) -> dict:
-    """k of n with its 95% Wilson interval, as `accuracy()` reports it."""
-    lo, hi = wilson(k, n)
-    return {"n": n, "correct": k, "accuracy": k / n if n else 0.0, "ci95": [lo, hi]}
-
-
-def summarize(results: Sequence[dict], n_boot: int = 2000) -> dict:
-    """Headline numbers of a results list (all recomputable from the list alone)."""
-    s = accuracy(results)
-    n = len(results)
-    s["valid"] = sum(bool(r["valid"]) for r in results) / n if n else 0.0
-    s["trace_exact"] = sum(bool(r["trace_exact"]) for r in results) / n if n else 0.0
-    s["generated_tokens"] = sum(r["generated"] for r in results)
-    if n and "tf_total" in results[0]:
-        c = [r["tf_correct"] for r in results]
-        t = [r["tf_total"] for r in results]
-        s["per_token"] = sum(c) / sum(t) if sum(t) else 0.0
-        s["per_token_ci95"] = list(bootstrap_ratio(c, t, n_boot))
-        s["per_token_positions"] = sum(t)
-    s["invalid_reasons"] = dict(Counter(r["reason"] for r in results if not r["valid"]).most_common())
-    return s
-
-
-def group_accuracy(results: Sequence[dict], key: str | Callable[[dict], object]) -> list[dict]:
-    """Final-answer accuracy with Wilson intervals per group; `key` a result field or a function.
-    Groups come out sorted by key."""
-    fn = key if callable(key) else (lambda r: r[key])
-    groups: dict[object, list[dict]] = {}
-    for r in results:
-        groups.setdefault(fn(r), []).append(r)
-    return [{"group": g, **accuracy(rs)} for g, rs in sorted(groups.items(), key=lambda kv: _sort_key(kv[0]))]
-
-
-def _sort_key(v):
-    return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
-
-
-def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict) -> tuple[Path, Path]:
-    """results.jsonl (one expression per line) and summary.json."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    res, summ = out / "results.jsonl", out / "summary.json"
-    with open(res, "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
-    summ.write_text(json.dumps(summary, indent=2) + "\n")
-    return res, summ
-
-
-def read_results(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.jsonl"
-    try:
-        with open(path) as f:
-            results = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not a results file ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not a results file (not text)") from None
-    for i, r in enumerate(results, 1):
-        if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and isinstance(r.get("correct"), bool)):
-            raise DataError(f"{path}: record {i} is not a per-expression result (needs 'expr' and 'correct')")
-    return results
 
 
 def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[Call], list[dict]]:

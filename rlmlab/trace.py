@@ -1,4 +1,4 @@
-"""The executor: an expression becomes its canonical call/return trace (spec: shared/spec/trace-format.md).
+"""The executor: an expression becomes its canonical call/return trace (spec: docs/trace-format.md).
 
 `execute` writes the flattened trace and, independently of the replay in `frames`, the
 active-frame examples each frame produces; tests check that the two agree.

@@ -8,7 +8,7 @@ ends when the root's `</return>` closes it, which the inference driver detects b
 
 - "cot": one example per expression, the whole flattened trace; loss on every token after
   the written expression.
-- "rm": the active-frame examples (spec: shared/spec/trace-format.md); loss on the targets
+- "rm": the active-frame examples (spec: docs/trace-format.md); loss on the targets
   after each frame's boundary m, never on the visible context. The examples of each frame
   instance are lane-packed into one sequence (`rlmlab.lanes`), which computes exactly what
   they compute one by one; "rm-frames" keeps them as separate examples (the reference, ~1.7x

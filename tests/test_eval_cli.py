@@ -11,7 +11,7 @@ from rlmlab.cli import main
 from rlmlab.expr import to_text
 from rlmlab.model import Transformer, preset
 from rlmlab.pool import build_pool, write_pool
-from rlmlab.score import read_results
+from rlmlab.results import read_results
 from rlmlab.vocab import default_vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -86,8 +86,10 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm-frames"]) == 0
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()
-    assert [line.split(" |")[0] for line in table.splitlines() if "acc. (%)" in line] == \
-        ["| RM acc. (%)", "| CoT acc. (%)", "| rm-frames acc. (%)"]
+    assert [line.split(" acc. (%)")[0] for line in table.splitlines() if "acc. (%)" in line] == \
+        ["| RM", "| CoT", "| rm-frames"]
+    # Smoke-sized runs do not reach the plateau: every learner is marked, its OOD cells withheld.
+    assert table.count("not fitted (best validation") == 3
 
 
 def test_iid_and_shortcut_experiments_smoke(tmp_path):

@@ -4,7 +4,8 @@ import torch
 
 from conftest import sample_expressions
 from rlmlab.frames import active_frame
-from rlmlab.lanes import lane_pack, simulate_rm
+from rlmlab.attention import lane_attention_mask, lane_tensors, simulate_rm
+from rlmlab.lanes import lane_pack
 from rlmlab.model import Transformer, preset
 from rlmlab.trace import execute
 from rlmlab.vocab import default_vocab
@@ -37,9 +38,9 @@ def test_lane_logits_equal_per_frame_logits_and_loss():
     worst = 0.0
     for ex in _traces(40, 12):
         lanes = lane_pack(ex.tokens, ex.prompt_len)
-        idx, pos, labels = lanes.encode(VOCAB)
+        idx, pos, labels = lane_tensors(lanes, VOCAB)
         with torch.no_grad():
-            packed = model(idx[None], pos[None], lanes.attention_mask()[None, None])[0]
+            packed = model(idx[None], pos[None], lane_attention_mask(lanes)[None, None])[0]
         packed_loss = torch.nn.functional.cross_entropy(packed, labels, ignore_index=-1, reduction="sum")
         alone_loss = 0.0
         for f, lane_idx in zip(ex.frames, lanes.example_targets):

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from rlmlab.model import BlockDiagonal, Transformer, preset
+from rlmlab.attention import BlockDiagonal
+from rlmlab.model import Transformer, preset
 from rlmlab.vocab import default_vocab
 
 

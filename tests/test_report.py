@@ -3,7 +3,7 @@
 import json
 
 from rlmlab.report import iid_points, threshold_tables
-from rlmlab.score import wilson
+from rlmlab.stats import wilson
 
 
 def _write_results(path, correct: list[bool], tf_correct: list[int] | None = None):
@@ -73,3 +73,36 @@ def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
     table = (tmp_path / "report" / "table-recipe.md").read_text()
     assert "| a | CoT | 3L/4H/192 | 32 (7,000) | 0.003 | 100 | 300 | 45 (32) | 50.0 | 99.5 | 99.5 | 25 | 90.0 |" in table
     assert (tmp_path / "report" / "recipe-curves.png").exists()
+
+
+def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withheld():
+    views = ["rm", "cot"]
+    cell = {"n": 10, "correct": 4, "accuracy": 0.4, "ci95": [0.2, 0.7]}
+    rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 10, "rm": cell, "cot": cell} for i in range(10)]
+    md, tex = threshold_tables("length", 595, rows, views, fits={"rm": 0.99, "cot": 0.985})
+    lines = {line.split(" |")[0]: line for line in md.splitlines()}
+    assert lines["| RM acc. (%)"].count("40.0") == 10
+    cot = lines["| CoT acc. (%), not fitted (best validation 98.5)"]
+    assert cot.count("40.0") == 3 and cot.count("not fitted") == 8  # label + 7 OOD bins
+    assert lines["| Gap (pt)"].count("+0.0") == 3 and lines["| Gap (pt)"].count("–") == 7
+    assert tex.count("n.f.") == 7
+    # Without training records every learner is taken as fitted (tables of hand-made results).
+    md, _ = threshold_tables("length", 595, rows, views)
+    assert "not fitted" not in md
+
+
+def test_failure_predictors_join_probe_rows_to_answers_by_id():
+    from rlmlab.report import failure_predictors
+
+    results = [{"expr": f"e{i}", "id": i, "correct": i % 2 == 0} for i in range(40)]
+    # Wrong answers (odd ids) have the higher non-invariance; an IID row and a row without points are ignored.
+    probe = [{"expr": f"e{i}", "id": i, "ood": True, "positions": 10, "position_differ": 5 if i % 2 else 1,
+              "trace_len": 100 + i} for i in range(40)]
+    probe += [{"expr": "x", "id": 99, "ood": False, "positions": 10, "position_differ": 9, "trace_len": 5},
+              {"expr": "y", "id": 98, "ood": True, "positions": 0, "position_differ": 0, "trace_len": 5}]
+    p = failure_predictors(results, probe)
+    assert (p["n"], p["wrong"]) == (40, 20)
+    assert p["non_invariance"]["auc"] == 1.0
+    assert 0.4 < p["trace_len"]["auc"] < 0.6
+    # A learner invariant throughout (RM) has no predictor to report.
+    assert failure_predictors(results, [dict(r, position_differ=0) for r in probe]) is None

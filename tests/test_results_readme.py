@@ -49,11 +49,11 @@ MAIN = markdown_tables((ROOT / "README.md").read_text())
 @pytest.mark.parametrize("folder, table, readme_header, readme_rows", [
     ("length-197-small", "table-length-197.md", "Length bin (×L)", {
         "RM, L=197, small (%)": "RM acc. (%)",
-        "CoT, L=197, small (%)": "CoT acc. (%)",
+        "CoT, L=197, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 96.0)",
         "CoT non-invariant points, probe (%)": "CoT non-invariant positions (%)"}),
     ("depth-5-small", "table-depth-5.md", "Depth bin (×K)", {
         "RM, K=5, small (%)": "RM acc. (%)",
-        "CoT, K=5, small (%)": "CoT acc. (%)"}),
+        "CoT, K=5, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 80.3)"}),
 ])
 def test_main_readme_bin_tables_match_reports(folder, table, readme_header, readme_rows):
     quoted = table_with_header(MAIN, readme_header)

@@ -6,8 +6,9 @@ import torch
 from conftest import sample_expressions
 from rlmlab.infer import Generation, ModelPredictor, generate, oracle_predictor
 from rlmlab.model import Transformer, preset
-from rlmlab.score import accuracy, answer_accuracy_fn, bootstrap_ratio, evaluate, expression_results, group_accuracy, \
-    per_token_counts, per_token_hits, read_results, summarize, wilson, write_results
+from rlmlab.results import read_results, write_results
+from rlmlab.score import answer_accuracy_fn, evaluate, expression_results, per_token_counts, per_token_hits
+from rlmlab.stats import accuracy, bootstrap_ratio, group_accuracy, summarize, wilson
 from rlmlab.trace import execute, trace_stats
 from rlmlab.vocab import default_vocab
 

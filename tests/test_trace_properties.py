@@ -2,7 +2,6 @@
 
 from hypothesis import given, settings, strategies as st
 
-from conftest import sample_expressions
 from rlmlab.expr import evaluate, parse, to_text, tokens
 from rlmlab.frames import StackReplay, active_frame, check_prefix, cut_examples
 from rlmlab.trace import execute, trace_stats

@@ -14,7 +14,9 @@ from pathlib import Path
 from rlmlab.checkpoint import load_run
 from rlmlab.errors import ConfigError
 from rlmlab.infer import Limits, ModelPredictor, observation, oracle_predictor
-from rlmlab.score import RESULT_FIELDS, evaluate, group_accuracy, read_expressions, write_results
+from rlmlab.results import write_results
+from rlmlab.score import RESULT_FIELDS, evaluate, read_expressions
+from rlmlab.stats import group_accuracy
 from rlmlab.vocab import Vocab
 
 

@@ -15,7 +15,7 @@ from dataclasses import fields
 
 from rlmlab.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
 from rlmlab.checkpoint import checkpoint_dir, read_meta
-from rlmlab.model import PRESETS
+from rlmlab.config import PRESETS
 from rlmlab.views import VIEWS
 
 OVERRIDE = "override:"
