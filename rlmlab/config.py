@@ -151,19 +151,19 @@ class DataSettings:
 
     def __post_init__(self):
         _typecheck(self, "data")
-        from rlmlab.views import get_view
+        from rlmlab.learner import learner
 
         try:
-            get_view(self.view)
+            learner(self.view)
         except ConfigError as e:
             raise ConfigError(f"data.view: {e}") from None
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
 
     @property
     def row_length(self) -> int:
-        from rlmlab.views import driver_view
+        from rlmlab.learner import learner
 
-        return self.row_len or (128 if driver_view(self.view) == "rm" else 512)
+        return self.row_len or learner(self.view).row_length
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":

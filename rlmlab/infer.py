@@ -44,10 +44,9 @@ import torch.nn.functional as F
 from rlmlab.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
 from rlmlab.frames import StackReplay, active_frame
 from rlmlab.trace import execute, trace_stats
-from rlmlab.observe import NEW, OBSERVATIONS, POP, PUSH, Tracker, observer
+from rlmlab.observe import NEW, POP, PUSH, Tracker, observer
 from rlmlab.vocab import Vocab
 
-VIEWS = OBSERVATIONS  # what `generate` decodes in: "cot", "rm", "window:K", "reduce"
 NO_TOKEN = -1  # a predictor's "I have no next token" (the oracle off the canonical path)
 
 
@@ -468,7 +467,7 @@ def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
     canonical traces; a window shorter than the trace hides the frame's start, so there it is
     g* o Pi_rec of the window, not the true rule)."""
     oracle = Oracle(vocab, library)
-    return oracle if observation(view) == "rm" else OnActiveFrame(oracle.next_id, vocab)
+    return oracle if observer(view).shows_active_frame else OnActiveFrame(oracle.next_id, vocab)
 
 
 class TeacherForced:
@@ -540,14 +539,6 @@ class _Row:
         self.fed = 0
 
 
-def observation(view: str) -> str:
-    """The canonical name of what a learner reads (`rlmlab.observe.observer`): "cot" (the whole
-    trace), "rm" (the active frame), "window:K", "reduce". Training variants of RM
-    ("rm-frames", the lane-packed "rm") differ in how examples are packed, not in what the
-    model reads, so every "rm-..." view decodes as "rm"."""
-    return observer(view).name
-
-
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
              limits: Limits = Limits(), batch_size: int = 64,
              progress: Callable[[int], None] | None = None, longest_first: bool = True) -> list[Generation]:
@@ -616,8 +607,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
         for row in live:
             o = row.obs
             if block is not None and len(o.seq) > block:
-                what = {"rm": "active frame", "cot": "trace"}.get(obs.name, "observation")
-                finish(row, f"{what} of {len(o.seq)} tokens exceeds the model's block size {block}")
+                finish(row, f"{obs.context_word} of {len(o.seq)} tokens exceeds the model's block size {block}")
                 done += 1
                 continue
             feeds.append(Feed(row.slot, o.seq, o.keep, o.event))

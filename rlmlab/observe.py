@@ -82,6 +82,19 @@ class Observation(ABC):
     """Which model preset column fits its contexts: "cot" (whole-trace length) or "rm" (short)."""
     context_bound: int | None = None
     """Longest visible context whatever the trace (None: unbounded)."""
+    row_length: int = 512
+    """Base packed-row length of its training batches: short rows for short examples (a dense
+    mask costs attention over the whole row; an active-frame example averages ~30 tokens)."""
+    context_word: str = "observation"
+    """What a too-long visible context is called in a decoding error."""
+    shows_active_frame: bool = False
+    """Whether the observation is the active frame itself (Pi = Pi_rec): the true rule then reads
+    it as it is, with no stack replay of its own."""
+
+    @property
+    def label(self) -> str:
+        """Its name in tables."""
+        return self.name
 
     @abstractmethod
     def observe(self, tokens: Sequence[str], prompt_len: int = 0) -> list[str]:
@@ -138,6 +151,8 @@ class _Growing(Tracker):
 
 class Identity(Observation):
     name = "cot"
+    label = "CoT"
+    context_word = "trace"
 
     def observe(self, tokens, prompt_len=0):
         return list(tokens)
@@ -180,7 +195,11 @@ class _FrameStack(Tracker):
 
 class ActiveFrame(Observation):
     name = "rm"
+    label = "RM"
     family = "rm"
+    row_length = 128
+    context_word = "active frame"
+    shows_active_frame = True
 
     def observe(self, tokens, prompt_len=0):
         return active_frame(tokens)
@@ -357,9 +376,14 @@ OBSERVATIONS = ("cot", "rm", "window:K", "reduce")
 _WINDOW = re.compile(r"window:([1-9][0-9]*)")
 
 
-def observer(view: str) -> Observation:
+def observer(view) -> Observation:
     """The observation a view name reads: "cot", "rm" (and its packings "rm-..."), "window:K"
-    (K >= 1) or "reduce". An unknown name or a bad parameter is a one-line ConfigError."""
+    (K >= 1) or "reduce". An unknown name or a bad parameter is a one-line ConfigError. An
+    observation, or a resolved `rlmlab.learner.Learner`, is taken as it is."""
+    if isinstance(view, Observation):
+        return view
+    if isinstance(getattr(view, "observation", None), Observation):  # a Learner
+        return view.observation
     if not isinstance(view, str):
         raise ConfigError(f"a view is a name, got {view!r}")
     if view == "cot":

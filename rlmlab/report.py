@@ -12,13 +12,14 @@ import re
 import shutil
 from pathlib import Path
 
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments import read_meta
 from rlmlab.frame_errors import render_frames
+from rlmlab.learner import learner
 from rlmlab.results import read_results
 from rlmlab.stats import accuracy, auc_with_interval, bootstrap_ratio, share
 
-LEARNER_NAMES = {"rm": "RM", "cot": "CoT"}
+PAPER_LEARNERS = ("rm", "cot")  # the paper's two learners, first in every table
 FRAME_TABLE_FUNCTIONS = 12  # the most frequent functions out of domain, in `rlmlab frames` tables
 # Best validation final-answer accuracy from which a learner counts as having fitted its training
 # distribution: the paper reports out-of-domain accuracy only from this plateau on.
@@ -31,8 +32,12 @@ def fitted(best_validation: float | None) -> bool:
 
 
 def learner_name(view: str) -> str:
-    """Table label of a learner: the paper's names for its two, the view name for any other."""
-    return LEARNER_NAMES.get(view, view)
+    """Table label of a learner: "RM", "CoT", or the view name (also for a folder whose name
+    this version does not know)."""
+    try:
+        return learner(view).label
+    except ConfigError:
+        return view
 
 
 def learners(out: Path, jobs: list[str]) -> list[str]:
@@ -50,7 +55,7 @@ def _save(fig, path: Path) -> None:
 
 
 def _paper_order(views) -> list[str]:
-    return [v for v in LEARNER_NAMES if v in views] + sorted(set(views) - set(LEARNER_NAMES))
+    return [v for v in PAPER_LEARNERS if v in views] + sorted(set(views) - set(PAPER_LEARNERS))
 
 
 def training_runs(out: Path, job: str) -> dict[str, Path]:
@@ -639,7 +644,11 @@ def _clock_s(record: dict) -> float:
 def _model_shape(model: dict, view: str) -> str:
     from rlmlab.config import PRESETS
 
-    base = PRESETS.get(model.get("preset"), {}).get(view if view in ("rm", "cot") else "cot", {})
+    try:
+        family = learner(view).observation.family
+    except ConfigError:
+        family = "cot"
+    base = PRESETS.get(model.get("preset"), {}).get(family, {})
     shape = {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
     return f"{shape['n_layer']}L/{shape['n_head']}H/{shape['n_embd']}"
 

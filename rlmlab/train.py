@@ -44,7 +44,8 @@ from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.model import Transformer
 from rlmlab.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
 from rlmlab.pool import read_pool
-from rlmlab.views import ViewData, build_view_data, driver_view
+from rlmlab.learner import learner
+from rlmlab.views import ViewData, build_view_data
 from rlmlab.vocab import Vocab, default_vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
@@ -462,7 +463,7 @@ class Trainer:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.no_grad():
-                extra = self.validate_fn(model, self.vocab, driver_view(self.view))
+                extra = self.validate_fn(model, self.vocab, learner(self.view).driver)
             metrics.update({k: float(v) for k, v in extra.items()})
         model.train()
         if st.select_metric is None:

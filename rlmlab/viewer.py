@@ -27,6 +27,8 @@ from pathlib import Path
 
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.frames import StackReplay
+from rlmlab.learner import learner
+from rlmlab.report import learner_name
 from rlmlab.trace import Execution, execute
 from rlmlab.viewer_assets import CSS, EVAL_JS
 from rlmlab.vocab import Vocab
@@ -307,7 +309,16 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None) -> di
         }
         rows.append([row[c] for c in COLUMNS])
     return {"columns": list(COLUMNS), "alphabet": ALPHABET, "width": table.width, "tokens": table.tokens,
-            "bins": bins, "categories": categories, "view": str(es.summary.get("view", "")), "rows": rows}
+            "bins": bins, "categories": categories, "view": str(es.summary.get("view", "")),
+            "driver": _driver(str(es.summary.get("view", ""))), "rows": rows}
+
+
+def _driver(view: str) -> str:
+    """What the learner reads ("rm", "cot", ...), so that the page marks its side; "" if unknown."""
+    try:
+        return learner(view).driver
+    except RlmlabError:
+        return ""
 
 
 def _script_json(data: dict) -> str:
@@ -331,10 +342,6 @@ def _esc(v) -> str:
 
 def _pct(x) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
-
-
-def learner_name(view: str) -> str:
-    return {"rm": "RM", "cot": "CoT"}.get(view, view)
 
 
 def _header(es: EvalSet, title: str, back: str | None) -> str:
@@ -497,14 +504,14 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     executions: dict[str, Execution] = {}  # the learners of a job share their expressions
     pages, rows = [], []
     for set_dir in eval_sets(folder):
-        job, learner, set_name = set_dir.parts[-4], set_dir.parts[-3], set_dir.parts[-1]
-        rel = Path(job) / learner / f"{set_name}.html"
+        job, view, set_name = set_dir.parts[-4], set_dir.parts[-3], set_dir.parts[-1]
+        rel = Path(job) / view / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
-        title = f"{job} · {learner_name(learner)} · {set_name}"
+        title = f"{job} · {learner_name(view)} · {set_name}"
         page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions), len(es.results))
         pages.append(page)
         n = len(es.results)
-        rows.append((job, learner_name(learner), set_name, rel.as_posix(), n,
+        rows.append((job, learner_name(view), set_name, rel.as_posix(), n,
                      sum(r["correct"] for r in es.results) / n,
                      sum(bool(r.get("valid", r["correct"])) for r in es.results) / n,
                      sum(bool(r.get("trace_exact")) for r in es.results) / n))

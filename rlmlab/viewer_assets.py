@@ -72,7 +72,7 @@ EVAL_JS = r"""
   // Spelled out so that no tag-like text appears anywhere in the page's source.
   ["call", "/call", "return", "/return"].forEach(function (n) { CTL["\u003c" + n + ">"] = 1; });
   const FIRST_CELLS = 4000;  // positions drawn before "show all": runaway traces reach 32k
-  const mine = D.view.startsWith("rm") ? "rm" : (D.view === "cot" ? "cot" : "");
+  const mine = D.driver;  // "rm": this learner reads the active frame; "cot": the whole prefix
 
   function decode(s) {
     const out = new Array(s.length / W);

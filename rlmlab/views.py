@@ -117,13 +117,6 @@ View = Callable[[Execution], list[Example]]
 VIEWS: dict[str, View] = {"cot": cot_view, "rm": rm_lanes_view, "rm-frames": rm_frames_view}
 
 
-def driver_view(view: str) -> str:
-    """The observation a training view's model decodes with (`rlmlab.infer.generate`'s view):
-    every RM packing decodes with the stack driver ("rm"), any other view with its own
-    observation ("cot", "window:K", "reduce")."""
-    return observer(view).name
-
-
 def observation_view(obs: Observation) -> View:
     """The training view of an observation function: its examples, loss on the targets."""
 

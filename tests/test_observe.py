@@ -9,11 +9,12 @@ from conftest import Recorder, sample_expressions
 from rlmlab.config import DataSettings
 from rlmlab.errors import ConfigError
 from rlmlab.frames import active_frame
-from rlmlab.infer import NEW, POP, PUSH, Limits, ModelPredictor, TeacherForced, generate, observation, oracle_predictor
+from rlmlab.infer import NEW, POP, PUSH, Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
+from rlmlab.learner import as_learner, learner
 from rlmlab.model import Transformer, preset
 from rlmlab.observe import Reduce, Window, observer, reduce_calls, reference_examples
 from rlmlab.trace import execute
-from rlmlab.views import build_view_data, driver_view, get_view
+from rlmlab.views import build_view_data, get_view
 from rlmlab.vocab import default_vocab
 
 VOCAB = default_vocab()
@@ -207,9 +208,13 @@ def test_a_reduction_keeps_the_cache_prefix_on_return():
 # --- names and parameters -----------------------------------------------------------------
 
 def test_names_parameters_and_settings(tmp_path):
-    assert observation("rm-frames") == driver_view("rm-frames") == "rm" and driver_view("rm") == "rm"
-    assert driver_view("window:256") == observation("window:256") == "window:256"
-    assert driver_view("reduce") == "reduce" and driver_view("cot") == "cot"
+    assert learner("rm-frames").driver == observer("rm-frames").name == "rm" and learner("rm").driver == "rm"
+    assert learner("window:256").driver == observer("window:256").name == "window:256"
+    assert learner("reduce").driver == "reduce" and learner("cot").driver == "cot"
+    # Resolved once: the same object for a name, labels and row lengths from the observation alone.
+    assert learner("rm") is learner("rm") is as_learner(learner("rm")) and as_learner("cot") is learner("cot")
+    assert [learner(v).label for v in ("rm", "cot", "rm-frames", "window:8")] == ["RM", "CoT", "rm-frames", "window:8"]
+    assert [learner(v).row_length for v in ("rm", "rm-frames", "cot", "window:8", "reduce")] == [128, 128, 512, 512, 512]
     assert isinstance(observer("reduce"), Reduce) and observer("window:3").k == 3
     for bad in ("window", "window:0", "window:-3", "window:x", "window:08", "reduce:2", "stack"):
         with pytest.raises(ConfigError) as e:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rlmlab.checkpoint import load_run
 from rlmlab.errors import ConfigError
-from rlmlab.infer import Limits, ModelPredictor, observation, oracle_predictor
+from rlmlab.infer import Limits, ModelPredictor, oracle_predictor
+from rlmlab.learner import learner
 from rlmlab.results import write_results
 from rlmlab.score import RESULT_FIELDS, evaluate, read_expressions
 from rlmlab.stats import group_accuracy
@@ -57,7 +58,7 @@ def _check_args(args) -> None:
             raise ConfigError("give RUN_DIR or --oracle, not both")
         if args.view is None:
             raise ConfigError("--oracle needs --view rm or --view cot")
-        observation(args.view)  # an unknown view or a bad parameter is a one-line error
+        learner(args.view)  # an unknown view or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
             raise ConfigError("give RUN_DIR (a training run folder), or --oracle --view rm|cot")
