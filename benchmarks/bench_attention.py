@@ -5,7 +5,7 @@
 For rows packed the way training packs them (seed-42 pool, small-preset shapes: 4 heads of
 32), one forward + backward of attention alone with q, k, v of the row's shape, median of
 `--repeats`. Compared: `scaled_dot_product_attention` with the dense (B, 1, T, T) mask (or
-plain `is_causal` for rows of one example), and `rlmlab.model.BlockDiagonal` with pieces of
+plain `is_causal` for rows of one example), and `rlmlab.learning.model.BlockDiagonal` with pieces of
 `--chunks` queries (construction included). Every variant's output and gradients are first
 checked against the dense mask's. The pair counts say why: the CPU kernel's cost follows
 the (query, key) pairs it is given, masked or not, and is_causal does not skip the upper
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.attention import BlockDiagonal  # noqa: E402
-from rlmlab.packing import collate, pack_rows  # noqa: E402
-from rlmlab.pool import build_pool  # noqa: E402
-from rlmlab.views import build_view_data  # noqa: E402
-from rlmlab.vocab import default_vocab  # noqa: E402
+from rlmlab.learning.attention import BlockDiagonal  # noqa: E402
+from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
+from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 
 def fwd_bwd_ms(fn, inputs, grad, repeats: int) -> float:

@@ -30,11 +30,11 @@ from machine import print_facts  # noqa: E402
 
 import torch  # noqa: E402
 
-from rlmlab.infer import Limits, ModelPredictor, TeacherForced, generate, oracle_predictor  # noqa: E402
-from rlmlab.model import Transformer, preset  # noqa: E402
-from rlmlab.sampler import ExpressionSampler  # noqa: E402
-from rlmlab.trace import trace_stats  # noqa: E402
-from rlmlab.vocab import default_vocab  # noqa: E402
+from rlmlab.decoding.infer import Limits, ModelPredictor, TeacherForced, generate, oracle_predictor  # noqa: E402
+from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.task.sampler import ExpressionSampler  # noqa: E402
+from rlmlab.task.trace import trace_stats  # noqa: E402
+from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 VOCAB = default_vocab()
 L = 197  # the CPU notes' length threshold

@@ -20,13 +20,13 @@ from machine import print_facts  # noqa: E402
 
 import torch  # noqa: E402
 
-from rlmlab.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.model import Transformer, preset  # noqa: E402
-from rlmlab.packing import pack_rows  # noqa: E402
-from rlmlab.pool import build_pool  # noqa: E402
-from rlmlab.train import configure_optimizer, train_step  # noqa: E402
-from rlmlab.views import build_view_data  # noqa: E402
-from rlmlab.vocab import default_vocab  # noqa: E402
+from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.packing import pack_rows  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
+from rlmlab.learning.train import configure_optimizer, train_step  # noqa: E402
+from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 VIEWS = ("rm", "rm-frames", "cot")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.pool import build_pool, write_pool  # noqa: E402
+from rlmlab.task.pool import build_pool, write_pool  # noqa: E402
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
     python benchmarks/bench_train.py --presets small --views rm --seconds 30
     python benchmarks/bench_train.py --presets small --views plain:128,plain:512 --threads 1
 
-Each configuration runs real optimizer steps of `rlmlab.train` (packed rows at the training
+Each configuration runs real optimizer steps of `rlmlab.learning.train` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
 pool sample (the IID distribution: CoT traces up to the block size), after a short warm-up
 step, for at least `--seconds` and at least one step. The peak is the best fp32 2048^3
@@ -35,13 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.model import Transformer, preset  # noqa: E402
-from rlmlab.packing import Row, RowStream, collate, micro_batches, padding_fraction  # noqa: E402
-from rlmlab.pool import build_pool  # noqa: E402
-from rlmlab.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
-from rlmlab.views import ViewData, build_view_data  # noqa: E402
-from rlmlab.vocab import default_vocab  # noqa: E402
+from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.packing import Row, RowStream, collate, micro_batches, padding_fraction  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
+from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
+from rlmlab.learning.views import ViewData, build_view_data  # noqa: E402
+from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 
 def matmul_peak(seconds: float = 3.0, n: int = 2048) -> float:

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from rlmlab.sampler import ExpressionSampler
+from rlmlab.task.sampler import ExpressionSampler
 
 
 def sample_expressions(n: int, seed: int):

@@ -10,18 +10,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rlmlab.checkpoint import restore_optimizer, set_rng_state
+from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
-from rlmlab.experiments import get_preset, plan_threshold
-from rlmlab.expr import MAX_NESTING, parse
-from rlmlab.pool import read_pool
-from rlmlab.report import report
-from rlmlab.score import data_columns
-from rlmlab.train import TrainerState
-from rlmlab.trace import execute
-from rlmlab.views import build_view_data
-from rlmlab.vocab import default_vocab
+from rlmlab.experiments.jobs import get_preset, plan_threshold
+from rlmlab.task.expr import MAX_NESTING, parse
+from rlmlab.task.pool import read_pool
+from rlmlab.experiments.report import report
+from rlmlab.measuring.score import data_columns
+from rlmlab.learning.train import TrainerState
+from rlmlab.task.trace import execute
+from rlmlab.learning.views import build_view_data
+from rlmlab.task.vocab import default_vocab
 
 
 def one_line_error(capsys, argv: list[str]) -> str:

@@ -7,11 +7,11 @@ import pickle
 import pytest
 import torch
 
-import rlmlab.checkpoint as ck
-from rlmlab.checkpoint import load_run, save_checkpoint
+import rlmlab.learning.checkpoint as ck
+from rlmlab.learning.checkpoint import load_run, save_checkpoint
 from rlmlab.errors import CheckpointError
-from rlmlab.model import Transformer, preset
-from rlmlab.vocab import default_vocab
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.vocab import default_vocab
 
 
 def _trained_model(seed=0):

@@ -6,7 +6,7 @@ import pytest
 
 from rlmlab.cli import build_parser
 from rlmlab.cli.train_cmd import resolve_config
-from rlmlab.config import RunConfig, TrainConfig, apply_overrides, field_docs, load_config_file
+from rlmlab.learning.config import RunConfig, TrainConfig, apply_overrides, field_docs, load_config_file
 from rlmlab.errors import ConfigError
 
 
@@ -85,7 +85,7 @@ def test_cli_precedence(tmp_path):
 
 
 def test_every_field_is_documented():
-    from rlmlab.config import SECTIONS
+    from rlmlab.learning.config import SECTIONS
     from dataclasses import fields
 
     for cls in SECTIONS.values():

@@ -10,8 +10,8 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments import get_preset, plan_shortcuts, run_jobs
-from rlmlab.report import report
+from rlmlab.experiments.jobs import get_preset, plan_shortcuts, run_jobs
+from rlmlab.experiments.report import report
 
 
 def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
@@ -105,7 +105,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert all(line.endswith("| max_steps |") for line in table.splitlines() if line.startswith("| iid-N"))
     assert (out / "report" / "curves-iid-N200-s0.png").exists()
     # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
-    from rlmlab.experiments import run_experiment
+    from rlmlab.experiments.jobs import run_experiment
 
     run_experiment("iid", get_preset("smoke").with_overrides(iid_sizes=(100, 200, 9_000)), out, views=("rm",),
                    progress=False)
@@ -194,7 +194,7 @@ def test_report_and_run_errors(tmp_path):
 
 
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():
-    from rlmlab.experiments import _iid_settings
+    from rlmlab.experiments.jobs import _iid_settings
 
     preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
     settings = _iid_settings(preset, "rm", seed=2)
@@ -219,7 +219,7 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
 ])
 def test_experiment_presets_are_validated_on_construction(bad, message):
     from rlmlab.errors import ConfigError
-    from rlmlab.experiments import ExperimentPreset
+    from rlmlab.experiments.jobs import ExperimentPreset
 
     with pytest.raises(ConfigError, match=message):
         ExperimentPreset(**{"name": "t", "model": "tiny", **bad})
@@ -230,7 +230,7 @@ def test_experiment_presets_are_validated_on_construction(bad, message):
 def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch):
     from contextlib import contextmanager
 
-    import rlmlab.train
+    import rlmlab.learning.train
 
     @contextmanager
     def ctrl_c_at_once(echo):  # as if Ctrl-C came during the first step
@@ -240,7 +240,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
     run_dir = out / "length-96" / "rm"
     with monkeypatch.context() as m:
-        m.setattr(rlmlab.train, "_stop_on_sigint", ctrl_c_at_once)
+        m.setattr(rlmlab.learning.train, "_stop_on_sigint", ctrl_c_at_once)
         assert main(argv) == 130
     # `last` was saved after one step, but a half-trained run is neither done nor evaluated.
     assert json.loads((run_dir / "last" / "checkpoint.json").read_text())["step"] == 1
@@ -309,8 +309,8 @@ def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
 def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
     """The CPU preset at the paper's thresholds: L = 595 and K = 10, the paper's fixed multiplier
     bins, 310 evaluation expressions per bin (on a small pool here, so the far bins run short)."""
-    from rlmlab.experiments import plan_threshold
-    from rlmlab.splits import Split
+    from rlmlab.experiments.jobs import plan_threshold
+    from rlmlab.experiments.splits import Split
 
     preset = get_preset("paper-cpu").with_overrides(pool_n=6_000)
     assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)

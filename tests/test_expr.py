@@ -5,8 +5,8 @@ import re
 import pytest
 
 from rlmlab.errors import ExprError, LibraryError
-from rlmlab.expr import Call, evaluate, parse, to_text, tokens
-from rlmlab.library import PAPER_FUNCTIONS, PAPER_LIBRARY, FunctionDef, Library
+from rlmlab.task.expr import Call, evaluate, parse, to_text, tokens
+from rlmlab.task.library import PAPER_FUNCTIONS, PAPER_LIBRARY, FunctionDef, Library
 
 
 def test_library_has_the_papers_21_functions():

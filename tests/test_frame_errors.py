@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from conftest import sample_expressions
-from rlmlab.checkpoint import save_checkpoint
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.cli import main
-from rlmlab.expr import parse, to_text
-from rlmlab.frame_errors import ALL, frame_call, frame_records, summarize_frames, training_calls
-from rlmlab.model import Transformer, preset
-from rlmlab.score import per_token_counts
-from rlmlab.trace import execute
-from rlmlab.vocab import default_vocab
+from rlmlab.task.expr import parse, to_text
+from rlmlab.measuring.frame_errors import ALL, frame_call, frame_records, summarize_frames, training_calls
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.score import per_token_counts
+from rlmlab.task.trace import execute
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 WORKED = "add(sum_of_squares(2,3),double(4))"

@@ -8,12 +8,12 @@ import torch
 
 from conftest import Recorder, sample_expressions
 from rlmlab.errors import ConfigError
-from rlmlab.frames import active_frame
-from rlmlab.infer import NO_TOKEN, Limits, ModelPredictor, OnActiveFrame, Oracle, TeacherForced, generate, \
+from rlmlab.task.frames import active_frame
+from rlmlab.decoding.infer import NO_TOKEN, Limits, ModelPredictor, OnActiveFrame, Oracle, TeacherForced, generate, \
     oracle_predictor
-from rlmlab.model import Transformer, preset
-from rlmlab.trace import execute
-from rlmlab.vocab import default_vocab
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.trace import execute
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 

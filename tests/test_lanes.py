@@ -3,12 +3,12 @@
 import torch
 
 from conftest import sample_expressions
-from rlmlab.frames import active_frame
-from rlmlab.attention import lane_attention_mask, lane_tensors, simulate_rm
-from rlmlab.lanes import lane_pack
-from rlmlab.model import Transformer, preset
-from rlmlab.trace import execute
-from rlmlab.vocab import default_vocab
+from rlmlab.task.frames import active_frame
+from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
+from rlmlab.learning.lanes import lane_pack
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.trace import execute
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 

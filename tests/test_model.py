@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from rlmlab.attention import BlockDiagonal
-from rlmlab.model import Transformer, preset
-from rlmlab.vocab import default_vocab
+from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.vocab import default_vocab
 
 
 def test_paper_preset_parameter_count():

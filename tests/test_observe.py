@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from conftest import Recorder, sample_expressions
-from rlmlab.config import DataSettings
+from rlmlab.learning.config import DataSettings
 from rlmlab.errors import ConfigError
-from rlmlab.frames import active_frame
-from rlmlab.infer import NEW, POP, PUSH, Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
-from rlmlab.learner import as_learner, learner
-from rlmlab.model import Transformer, preset
-from rlmlab.observe import Reduce, Window, observer, reduce_calls, reference_examples
-from rlmlab.trace import execute
-from rlmlab.views import build_view_data, get_view
-from rlmlab.vocab import default_vocab
+from rlmlab.task.frames import active_frame
+from rlmlab.decoding.infer import NEW, POP, PUSH, Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
+from rlmlab.learning.learner import as_learner, learner
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.learning.observe import Reduce, Window, observer, reduce_calls, reference_examples
+from rlmlab.task.trace import execute
+from rlmlab.learning.views import build_view_data, get_view
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 WORKED = "add(sum_of_squares(2,3),double(4))"

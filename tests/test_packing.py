@@ -5,12 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlmlab.expr import to_text
-from rlmlab.model import Transformer, preset
-from rlmlab.packing import IGNORE, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction, \
+from rlmlab.task.expr import to_text
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.learning.packing import IGNORE, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction, \
     row_length_for
-from rlmlab.views import build_view_data
-from rlmlab.vocab import default_vocab
+from rlmlab.learning.views import build_view_data
+from rlmlab.task.vocab import default_vocab
 
 
 def _data(random_exprs, view, n=300):

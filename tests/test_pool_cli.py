@@ -9,9 +9,9 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import DataError
-from rlmlab.expr import parse
-from rlmlab.pool import build_pool, read_pool, write_pool
-from rlmlab.trace import execute
+from rlmlab.task.expr import parse
+from rlmlab.task.pool import build_pool, read_pool, write_pool
+from rlmlab.task.trace import execute
 
 
 def test_pool_is_the_same_for_any_number_of_workers():
@@ -104,7 +104,7 @@ def test_sampler_restricts_roots_and_rejects_unknown_ones():
     import random
 
     from rlmlab.errors import ConfigError
-    from rlmlab.sampler import ExpressionSampler
+    from rlmlab.task.sampler import ExpressionSampler
 
     sampler, rng = ExpressionSampler(roots=["factorial", "clamp"]), random.Random(3)
     roots = [sampler.sample(rng).fn for _ in range(400)]

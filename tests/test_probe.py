@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from conftest import sample_expressions
-from rlmlab.checkpoint import save_checkpoint
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.cli import main
-from rlmlab.frames import active_frame
-from rlmlab.infer import NO_TOKEN, ModelPredictor, Oracle, oracle_predictor
-from rlmlab.model import Transformer, preset
-from rlmlab.probe import completed_calls, forced_predictions, probe, probe_summary, summarize_probe
-from rlmlab.trace import execute
-from rlmlab.vocab import default_vocab
+from rlmlab.task.frames import active_frame
+from rlmlab.decoding.infer import NO_TOKEN, ModelPredictor, Oracle, oracle_predictor
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.probe import completed_calls, forced_predictions, probe, probe_summary, summarize_probe
+from rlmlab.task.trace import execute
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 WORKED = "add(sum_of_squares(2,3),double(4))"

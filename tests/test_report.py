@@ -2,8 +2,8 @@
 
 import json
 
-from rlmlab.report import iid_points, threshold_tables
-from rlmlab.stats import wilson
+from rlmlab.experiments.report import iid_points, threshold_tables
+from rlmlab.measuring.stats import wilson
 
 
 def _write_results(path, correct: list[bool], tf_correct: list[int] | None = None):
@@ -59,7 +59,7 @@ def _write_run(path, view, batch, vals):
 
 
 def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
-    from rlmlab.report import report
+    from rlmlab.experiments.report import report
 
     # Run a shared the machine: 35 wall minutes were 25 minutes of its own CPU time.
     _write_run(tmp_path / "a", "cot", 32, [(600, 500, 0.5), (2100, 1500, 0.995), (2700, 1900, 0.99)])
@@ -92,7 +92,7 @@ def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withhel
 
 
 def test_failure_predictors_join_probe_rows_to_answers_by_id():
-    from rlmlab.report import failure_predictors
+    from rlmlab.experiments.report import failure_predictors
 
     results = [{"expr": f"e{i}", "id": i, "correct": i % 2 == 0} for i in range(40)]
     # Wrong answers (odd ids) have the higher non-invariance; an IID row and a row without points are ignored.

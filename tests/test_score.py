@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from conftest import sample_expressions
-from rlmlab.infer import Generation, ModelPredictor, generate, oracle_predictor
-from rlmlab.model import Transformer, preset
-from rlmlab.results import read_results, write_results
-from rlmlab.score import answer_accuracy_fn, evaluate, expression_results, per_token_counts, per_token_hits
-from rlmlab.stats import accuracy, bootstrap_ratio, group_accuracy, summarize, wilson
-from rlmlab.trace import execute, trace_stats
-from rlmlab.vocab import default_vocab
+from rlmlab.decoding.infer import Generation, ModelPredictor, generate, oracle_predictor
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.results import read_results, write_results
+from rlmlab.measuring.score import answer_accuracy_fn, evaluate, expression_results, per_token_counts, per_token_hits
+from rlmlab.measuring.stats import accuracy, bootstrap_ratio, group_accuracy, summarize, wilson
+from rlmlab.task.trace import execute, trace_stats
+from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()
 

@@ -5,12 +5,12 @@ import random
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.expr import evaluate, parse, to_text
-from rlmlab.shortcuts import (ABLATIONS, CONSTRUCTIONS, RootView, ShortcutConfig, ShortcutDataset,
+from rlmlab.task.expr import evaluate, parse, to_text
+from rlmlab.experiments.shortcuts import (ABLATIONS, CONSTRUCTIONS, RootView, ShortcutConfig, ShortcutDataset,
                               ShortcutSampler, ValidityLimits, answer_position, build_shortcut_dataset, child,
                               check_identifiable, check_no_static_literal, check_not_one_to_one, frame_tree,
                               get_construction, internal_returns, root_view, shortcut_rate, shortcut_summary)
-from rlmlab.trace import execute
+from rlmlab.task.trace import execute
 
 CONFIG = ShortcutConfig()
 SIZES = dict(n_train=120, n_val=20, n_iid=30, n_ood=80, config=CONFIG)

@@ -6,8 +6,8 @@ from fractions import Fraction
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.pool import build_pool
-from rlmlab.splits import (DEPTH_BINS, DEPTH_THRESHOLDS, IID_SIZES, LENGTH_BINS, LENGTH_THRESHOLDS, Split,
+from rlmlab.task.pool import build_pool
+from rlmlab.experiments.splits import (DEPTH_BINS, DEPTH_THRESHOLDS, IID_SIZES, LENGTH_BINS, LENGTH_THRESHOLDS, Split,
                            Threshold, bin_labels, bin_of, depth_split, iid_split, length_split, threshold_split)
 
 
@@ -204,7 +204,7 @@ def test_load_refuses_incomplete_or_foreign_folders(pool, tmp_path):
 
 @pytest.mark.slow
 def test_every_paper_threshold_on_a_large_pool():
-    from rlmlab.splits import paper_splits
+    from rlmlab.experiments.splits import paper_splits
 
     pool = build_pool(100_000, 42, workers=2)
     splits = paper_splits(pool, n_val=1000, per_bin_cap=310)

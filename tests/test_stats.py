@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlmlab.stats import auc_with_interval, roc_auc
+from rlmlab.measuring.stats import auc_with_interval, roc_auc
 
 
 def pairwise_auc(scores, positive):

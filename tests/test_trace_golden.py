@@ -1,7 +1,7 @@
 """Golden traces: the spec's worked examples, token for token."""
 
-from rlmlab.frames import cut_examples
-from rlmlab.trace import execute, trace_stats
+from rlmlab.task.frames import cut_examples
+from rlmlab.task.trace import execute, trace_stats
 
 WORKED = ("add ( sum_of_squares ( 2 , 3 ) , double ( 4 ) ) x := <call> sum_of_squares ( 2 , 3 ) </call> "
           "a := 2 b := 3 return <return> <call> add ( square ( 2 ) , square ( 3 ) ) </call> "

@@ -2,10 +2,10 @@
 
 from hypothesis import given, settings, strategies as st
 
-from rlmlab.expr import evaluate, parse, to_text, tokens
-from rlmlab.frames import StackReplay, active_frame, check_prefix, cut_examples
-from rlmlab.trace import execute, trace_stats
-from rlmlab.vocab import CONTROL, default_vocab
+from rlmlab.task.expr import evaluate, parse, to_text, tokens
+from rlmlab.task.frames import StackReplay, active_frame, check_prefix, cut_examples
+from rlmlab.task.trace import execute, trace_stats
+from rlmlab.task.vocab import CONTROL, default_vocab
 
 
 def test_trace_value_equals_direct_evaluation(random_exprs):

@@ -8,17 +8,17 @@ import time
 import pytest
 import torch
 
-from rlmlab.checkpoint import load_run
+from rlmlab.learning.checkpoint import load_run
 from rlmlab.cli import main
-from rlmlab.config import DataSettings, ModelSettings, RunConfig, TrainConfig
+from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
 from rlmlab.errors import ConfigError
-from rlmlab.expr import to_text
-from rlmlab.pool import build_pool, write_pool
-from rlmlab.sampler import ExpressionSampler
-from rlmlab.trace import trace_stats
-from rlmlab.train import lr_at, schedule_horizon, train
-from rlmlab.views import build_view_data
-from rlmlab.vocab import default_vocab
+from rlmlab.task.expr import to_text
+from rlmlab.task.pool import build_pool, write_pool
+from rlmlab.task.sampler import ExpressionSampler
+from rlmlab.task.trace import trace_stats
+from rlmlab.learning.train import lr_at, schedule_horizon, train
+from rlmlab.learning.views import build_view_data
+from rlmlab.task.vocab import default_vocab
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_stopping_rules(data, tmp_path):
 
 
 def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
-    import rlmlab.score
+    import rlmlab.measuring.score
 
     asked = []
 
@@ -152,7 +152,7 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
         asked.append(list(exprs))
         return lambda model, vocab, view: {"answer_acc": 0.25, "answer_valid": 0.5}
 
-    monkeypatch.setattr(rlmlab.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
+    monkeypatch.setattr(rlmlab.measuring.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
     pool = tmp_path / "pool.parquet"
     write_pool(build_pool(150, 5, workers=1), pool)
     out = tmp_path / "run"

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from conftest import sample_expressions
-from rlmlab.checkpoint import save_checkpoint
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.cli import main
-from rlmlab.expr import to_text
-from rlmlab.frames import StackReplay, active_frame
-from rlmlab.model import Transformer, preset
-from rlmlab.trace import execute
-from rlmlab.viewer import WRONG_VALID, embedded_data, produced_tokens
-from rlmlab.vocab import default_vocab
+from rlmlab.task.expr import to_text
+from rlmlab.task.frames import StackReplay, active_frame
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.trace import execute
+from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
+from rlmlab.task.vocab import default_vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -267,7 +267,7 @@ def test_produced_tokens_keep_out_of_vocabulary_ids_whole():
 
 
 def test_the_viewer_does_not_import_torch():
-    code = "import sys, rlmlab.viewer; assert 'torch' not in sys.modules"
+    code = "import sys, rlmlab.experiments.viewer; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.expr import to_text
-from rlmlab.trace import execute
-from rlmlab.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_frames_view
-from rlmlab.vocab import default_vocab
+from rlmlab.task.expr import to_text
+from rlmlab.task.trace import execute
+from rlmlab.learning.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_frames_view
+from rlmlab.task.vocab import default_vocab
 
 WORKED = "add(sum_of_squares(2,3),double(4))"
 

@@ -1,7 +1,7 @@
 """The RM view is well posed: the next token is a function of the active frame alone."""
 
 from conftest import sample_expressions
-from rlmlab.trace import execute
+from rlmlab.task.trace import execute
 
 
 def test_identical_active_frames_have_the_same_next_token():

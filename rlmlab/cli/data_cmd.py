@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from rlmlab.pool import build_pool, write_pool
-from rlmlab.sampler import GeneratorConfig
+from rlmlab.task.pool import build_pool, write_pool
+from rlmlab.task.sampler import GeneratorConfig
 
 
 def register(sub) -> None:

@@ -28,8 +28,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rlmlab.experiments import get_preset, run_experiment
-    from rlmlab.report import report
+    from rlmlab.experiments.jobs import get_preset, run_experiment
+    from rlmlab.experiments.report import report
 
     out = Path(args.out)
     preset = get_preset("small")

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlmlab.checkpoint import load_run
+from rlmlab.learning.checkpoint import load_run
 from rlmlab.errors import ConfigError
-from rlmlab.infer import Limits, ModelPredictor, oracle_predictor
-from rlmlab.learner import learner
-from rlmlab.results import write_results
-from rlmlab.score import RESULT_FIELDS, evaluate, read_expressions
-from rlmlab.stats import group_accuracy
-from rlmlab.vocab import Vocab
+from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+from rlmlab.learning.learner import learner
+from rlmlab.measuring.results import write_results
+from rlmlab.measuring.score import RESULT_FIELDS, evaluate, read_expressions
+from rlmlab.measuring.stats import group_accuracy
+from rlmlab.task.vocab import Vocab
 
 
 def register(sub) -> None:

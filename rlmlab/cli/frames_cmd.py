@@ -1,7 +1,7 @@
 """`rlmlab frames RUN_DIR --data exprs [--train train.parquet]`: where a model errs, frame by frame.
 
 Scores the model teacher-forced on every active-frame example of every canonical trace
-(rlmlab.frame_errors) and writes `frames.parquet` (one row per example: function, call, depth,
+(rlmlab.measuring.frame_errors) and writes `frames.parquet` (one row per example: function, call, depth,
 lengths, mispredicted targets, whether training showed the call, the data file's columns),
 `summary.json` (wrong-example rates with 95% Wilson intervals per group, function and
 seen/unseen) and `table.md`, which it also prints.
@@ -43,10 +43,10 @@ def run(args) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlmlab.checkpoint import load_run
-    from rlmlab.frame_errors import frame_records, render_frames, summarize_frames, training_calls
-    from rlmlab.score import read_expressions, read_grouped
-    from rlmlab.trace import execute
+    from rlmlab.learning.checkpoint import load_run
+    from rlmlab.measuring.frame_errors import frame_records, render_frames, summarize_frames, training_calls
+    from rlmlab.measuring.score import read_expressions, read_grouped
+    from rlmlab.task.trace import execute
 
     for name in ("limit", "per_group", "top", "threads"):
         v = getattr(args, name)

@@ -1,4 +1,4 @@
-"""`rlmlab probe RUN_DIR --data exprs`: the invariance probe of a trained model (rlmlab.probe).
+"""`rlmlab probe RUN_DIR --data exprs`: the invariance probe of a trained model (rlmlab.measuring.probe).
 
 Writes `results.jsonl` (one line per expression: prediction points, non-invariant points,
 witnesses, subproblems, non-invariant answers, the data file's columns) and `summary.json`
@@ -42,10 +42,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rlmlab.checkpoint import load_run
-    from rlmlab.infer import Limits, ModelPredictor, oracle_predictor
-    from rlmlab.probe import probe, summarize_probe
-    from rlmlab.score import read_grouped
+    from rlmlab.learning.checkpoint import load_run
+    from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+    from rlmlab.measuring.probe import probe, summarize_probe
+    from rlmlab.measuring.score import read_grouped
 
     for name in ("limit", "per_group", "batch_size", "max_new_tokens", "threads"):
         v = getattr(args, name)
@@ -56,7 +56,7 @@ def run(args) -> int:
     if args.run_dir is not None and args.oracle is not None:
         raise ConfigError("give RUN_DIR or --oracle VIEW, not both")
     if args.oracle is not None:
-        from rlmlab.observe import observer
+        from rlmlab.learning.observe import observer
 
         observer(args.oracle)  # one-line error for an unknown view, before any data is read
         if args.out is None:
@@ -67,7 +67,7 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.oracle is not None:
-        from rlmlab.vocab import default_vocab
+        from rlmlab.task.vocab import default_vocab
 
         vocab, view, step, source, which = default_vocab(), args.oracle, None, f"oracle:{args.oracle}", "exact"
         predictor = oracle_predictor(view, vocab)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlmlab.report import report
+from rlmlab.experiments.report import report
 
 
 def register(sub) -> None:

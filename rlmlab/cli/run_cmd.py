@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
-from rlmlab.experiments import KINDS, LEARNERS, PRESETS, get_preset, run_experiment
-from rlmlab.views import get_view
+from rlmlab.experiments.jobs import KINDS, LEARNERS, PRESETS, get_preset, run_experiment
+from rlmlab.learning.views import get_view
 
 
 def register(sub) -> None:

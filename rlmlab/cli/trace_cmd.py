@@ -6,7 +6,7 @@ import json
 import sys
 
 from rlmlab.errors import RlmlabError
-from rlmlab.trace import Execution, execute
+from rlmlab.task.trace import Execution, execute
 
 BLUE, RED, BOLD, RESET = "\033[34m", "\033[31m", "\033[1m", "\033[0m"
 

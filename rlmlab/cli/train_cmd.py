@@ -13,10 +13,10 @@ import argparse
 import time
 from dataclasses import fields
 
-from rlmlab.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
-from rlmlab.checkpoint import checkpoint_dir, read_meta
-from rlmlab.config import PRESETS
-from rlmlab.views import VIEWS
+from rlmlab.learning.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
+from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
+from rlmlab.learning.config import PRESETS
+from rlmlab.learning.views import VIEWS
 
 OVERRIDE = "override:"
 
@@ -67,7 +67,7 @@ def resolve_config(args) -> RunConfig:
 
 
 def run(args) -> int:
-    from rlmlab.train import prepare_data, train
+    from rlmlab.learning.train import prepare_data, train
 
     cfg = resolve_config(args)
     t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def run(args) -> int:
     print(f"examples built in {time.perf_counter() - t0:.1f}s")
     validate_fn = None
     if cfg.train.answer_eval:
-        from rlmlab.score import answer_accuracy_fn
+        from rlmlab.measuring.score import answer_accuracy_fn
 
         validate_fn = answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval])
     result = train(cfg, split.train, split.val, args.out, resume=args.resume, validate_fn=validate_fn,

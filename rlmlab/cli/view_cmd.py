@@ -9,7 +9,7 @@ linked to one such page per evaluation set.
 from __future__ import annotations
 
 from rlmlab.errors import ConfigError
-from rlmlab.viewer import build_view
+from rlmlab.experiments.viewer import build_view
 
 
 def register(sub) -> None:

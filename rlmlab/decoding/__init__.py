@@ -1,0 +1,1 @@
+"""rlmlab, decoding: greedy generation through any observation's driver, KV caches, oracles."""

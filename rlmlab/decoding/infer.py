@@ -1,0 +1,624 @@
+"""Greedy decoding for every learner: one driver, any observation function.
+
+`generate(predictor, exprs, vocab, view)` runs many expressions at once. Each expression is a
+*row*: its flattened trace grows one token per step, and a `StackReplay` keeps the frame
+stack, decides legality and notices when the root's return block closes. What the row shows
+the predictor is the view's observation of that trace:
+
+- CoT: the whole flattened trace so far;
+- RM: the active (top) frame only. On `</call>` the payload q becomes a new frame; on
+  `</return>` with a parent below, the frame is popped and its payload appended to the parent.
+- any other observation of `rlmlab.learning.observe` ("window:K", "reduce"): its `Tracker` says how
+  the observation and the reusable cache prefix (`Feed.keep`) change on each token.
+
+A *predictor* maps a batch of rows to next-token ids. Two kinds share the interface:
+`ModelPredictor` (a Transformer, with or without a KV cache) and `Oracle` (the true rule g*,
+computed from the active frame alone). `OnActiveFrame` composes a frame predictor with the
+active-frame map Pi_rec so it can run in the CoT decoder, and `TeacherForced` runs one
+predictor while following another's tokens (logit checks, speed measurements on the true
+trace lengths).
+
+Rows live in a fixed number of *slots* (continuous batching: a finished row's slot takes the
+next expression at once). The KV cache keeps one row of keys/values per slot holding the
+slot's current frame at positions 0.. (every frame starts at position 0, as in training); a
+push parks the parent's keys/values on a per-slot stack and a pop puts them back, so a return
+costs the returned payload only, never the parent's prefix. Each step is one forward over
+everything new: one token for most rows, whole frames (packed end to end) for rows that just
+pushed one or started.
+
+Whatever a predictor emits, the driver does not raise: an illegal token, a special token, a
+stack deeper than the limit, a frame or trace longer than the model can read or longer than
+the limits ends that row as invalid with the reason, and the other rows go on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
+from rlmlab.task.frames import StackReplay, active_frame
+from rlmlab.task.trace import execute, trace_stats
+from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
+from rlmlab.task.vocab import Vocab
+
+NO_TOKEN = -1  # a predictor's "I have no next token" (the oracle off the canonical path)
+
+
+class Feed(NamedTuple):
+    """What a predictor sees of one row this step."""
+
+    slot: int  # the row's slot: stable for the row's lifetime, reused by the next row
+    seq: list[int]  # the observation: CoT the trace so far, RM the active frame, ... (read-only)
+    keep: int  # leading tokens of seq already fed to this slot's current frame and still valid
+    event: str | None  # NEW row in the slot, PUSH of a new frame, POP back to the parent, or None
+
+
+class Predictor(Protocol):
+    block_size: int | None  # longest seq it can read (None: unbounded)
+
+    def reset(self, n_slots: int) -> None: ...
+
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]: ...
+
+
+# --- KV cache -----------------------------------------------------------------------------
+
+
+class Group(NamedTuple):
+    """A span of a forward's flat token row that attends as a batch of its own: `rows` rows of
+    `T` tokens each (row-major). With `read` = hi the queries attend over positions [0, hi) of
+    their slots' cached frames (`slots` (rows,), or None for slots 0..rows-1 read as views),
+    written first; with `read` None the rows are packed new frames attending only among
+    themselves. mask (rows, 1, T, hi or T) bool, True = may attend."""
+
+    rows: int
+    T: int
+    read: int | None
+    slots: torch.Tensor | None
+    mask: torch.Tensor
+
+
+class KVCache:
+    """Keys and values of `n_slots` rows for every layer, with per-slot frame stacks.
+
+    Layout (2, n_layer, n_slots, n_head, capacity + 1, head_dim): k and v in one tensor so a
+    frame is parked or restored with one copy. A slot holds its current frame at positions
+    0..; the last time column is scratch, where padding tokens write.
+
+    One forward per decoding step: every token fed this step is one position of a single flat
+    row. Before the forward the caller sets a `plan`: where each token's key/value goes and
+    the `Group`s the row splits into; `attend` (called by every attention layer in place of
+    its own attention) stores the keys/values and attends group by group.
+    """
+
+    def __init__(self, n_layer: int, n_slots: int, n_head: int, head_dim: int, capacity: int = 128,
+                 dtype=torch.float32, device=None):
+        self.kv = torch.zeros(2, n_layer, n_slots, n_head, capacity + 1, head_dim, dtype=dtype, device=device)
+        self.parked: list[list[torch.Tensor]] = [[] for _ in range(n_slots)]
+        self._plan: tuple = ()
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[4] - 1
+
+    @property
+    def scratch(self) -> int:
+        return self.kv.shape[4] - 1
+
+    def reserve(self, n: int) -> None:
+        """Make positions [0, n) usable (grow by doubling; the scratch column moves to the end)."""
+        if n <= self.capacity:
+            return
+        cap = max(n, 2 * self.capacity)
+        grown = self.kv.new_zeros(*self.kv.shape[:4], cap + 1, self.kv.shape[5])
+        grown[:, :, :, :, :self.capacity] = self.kv[:, :, :, :, :self.capacity]
+        self.kv = grown
+
+    def clear(self, slot: int) -> None:
+        self.parked[slot].clear()
+
+    def park(self, slot: int, n: int) -> None:
+        """A frame is pushed above the slot's current one: keep its first n positions aside."""
+        self.parked[slot].append(self.kv[:, :, slot, :, :n].clone())  # (2, L, nh, n, hs)
+
+    def unpark(self, slot: int) -> None:
+        """The top frame returned: put the parent's keys/values back where they were."""
+        saved = self.parked[slot].pop()
+        self.kv[:, :, slot, :, :saved.shape[3]] = saved
+
+    def plan(self, slots: torch.Tensor, pos: torch.Tensor, groups: list[Group]) -> None:
+        """slots, pos (N,): where each of the flat row's N tokens stores its key and value."""
+        self._plan = (slots, pos, groups)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        slots, pos, groups = self._plan
+        _, nh, N, hs = q.shape  # (1, nh, N, hs): one flat row
+        K, V = self.kv[0, layer], self.kv[1, layer]  # (n_slots, nh, cap+1, hs)
+        K[slots, :, pos] = k[0].transpose(0, 1)  # (N, nh, hs) at per-token (slot, position)
+        V[slots, :, pos] = v[0].transpose(0, 1)
+        out, start = [], 0
+        for g in groups:
+            n = g.rows * g.T
+
+            def rows(t):  # (1, nh, N, hs) -> this group's (rows, nh, T, hs)
+                return t[0, :, start:start + n].reshape(nh, g.rows, g.T, hs).transpose(0, 1)
+
+            if g.read is None:
+                keys, values = rows(k), rows(v)
+            elif g.slots is None:
+                keys, values = K[:g.rows, :, :g.read], V[:g.rows, :, :g.read]  # views, no copy
+            else:
+                keys, values = K[g.slots, :, :g.read], V[g.slots, :, :g.read]
+            y = F.scaled_dot_product_attention(rows(q), keys, values, attn_mask=g.mask)  # (rows, nh, T, hs)
+            out.append(y.transpose(0, 1).reshape(nh, n, hs))
+            start += n
+        return torch.cat(out, dim=1)[None] if len(out) > 1 else out[0][None]  # (1, nh, N, hs)
+
+
+# --- predictors ---------------------------------------------------------------------------
+
+
+class ModelPredictor:
+    """Greedy next tokens from a Transformer, for either view (the feeds carry the view).
+
+    With `use_cache` each step feeds only what is new, all in one forward. Most rows have one
+    new token, which attends to its slot's cached frame. Rows that start a frame (a new
+    expression, or an RM push) have the whole frame to read: their tokens are packed end to
+    end into rows of about `pack` tokens, each attending only within its own frame. Without
+    the cache every step recomputes every row from position 0: the reference the cached path
+    is checked against, and the benchmark's baseline.
+    `logits` keeps the last step's next-token logits, one row per feed. Inference only: the
+    cached path applies no dropout. Cache memory is 8 x n_layer x n_slots x n_embd bytes per
+    position of the longest row decoded (CoT: the longest trace; RM: the widest frame).
+    """
+
+    def __init__(self, model, use_cache: bool = True, pack: int = 256):
+        self.model = model
+        self.cfg = model.cfg
+        self.block_size = model.cfg.block_size
+        self.use_cache = use_cache
+        self.pack = pack
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache: KVCache | None = None
+        self.fed: list[int] = []
+        self.logits: torch.Tensor | None = None
+
+    def reset(self, n_slots: int) -> None:
+        c = self.cfg
+        if self.use_cache:
+            self.cache = KVCache(c.n_layer, n_slots, c.n_head, c.n_embd // c.n_head,
+                                 dtype=self.dtype, device=self.device)
+        self.fed = [0] * n_slots
+
+    @torch.no_grad()
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]:
+        logits = self._cached(feeds) if self.use_cache else self._recompute(feeds)
+        self.logits = logits
+        return logits.argmax(-1).tolist()
+
+    def _tensor(self, data) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.long, device=self.device)
+
+    def _recompute(self, feeds: Sequence[Feed]) -> torch.Tensor:
+        T = max(len(f.seq) for f in feeds)
+        idx = self._tensor([f.seq + [0] * (T - len(f.seq)) for f in feeds])  # (n, T), right-padded
+        last = self._tensor([len(f.seq) - 1 for f in feeds])
+        out = self.model(idx)  # causal: a row's real tokens never see its padding
+        return out[torch.arange(len(feeds), device=self.device), last]  # (n, V)
+
+    def _cached(self, feeds: Sequence[Feed]) -> torch.Tensor:
+        cache, fed = self.cache, self.fed
+        # Grow first: the scratch column must stay put while this step's destinations are chosen.
+        cache.reserve(max(len(f.seq) for f in feeds))
+        one, fresh, more = [], [], []  # (index, feed): one new token / a new frame / several after a kept prefix
+        for i, f in enumerate(feeds):
+            if f.event == NEW:
+                cache.clear(f.slot)
+            elif f.event == PUSH:
+                cache.park(f.slot, fed[f.slot])
+            elif f.event == POP:
+                cache.unpark(f.slot)
+            if len(f.seq) - f.keep == 1:
+                one.append((i, f))
+            else:
+                (fresh if f.keep == 0 else more).append((i, f))
+            fed[f.slot] = len(f.seq)
+        flat = _Flat(cache.scratch, len(feeds))
+        groups = []
+        if one:
+            groups.append(self._decode(one, flat))
+        if more:
+            groups.append(self._extend(more, flat))
+        if fresh:
+            groups.append(self._prefill(fresh, flat))
+        cache.plan(self._tensor(flat.slots), self._tensor(flat.at), groups)
+        out = self.model(self._tensor(flat.tok)[None], self._tensor(flat.pos)[None], None, cache)[0]  # (N, V)
+        return out[self._tensor(flat.last)]  # (n, V)
+
+    def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """One new token per row, at position keep of its frame, attending to positions [0, keep]."""
+        slots = [f.slot for _, f in feeds]
+        span = max(slots) + 1
+        hi = max(f.keep for _, f in feeds) + 1
+        if 2 * len(feeds) >= span:
+            # Run slots 0..span-1 on views of the cache; a slot not decoding this step is a
+            # padding row that writes to the scratch column and attends to position 0.
+            by_slot = {f.slot: (i, f) for i, f in feeds}
+            keep = []
+            for s in range(span):
+                if s in by_slot:
+                    i, f = by_slot[s]
+                    flat.add(f.seq[-1], f.keep, s, f.keep, i)
+                    keep.append(f.keep)
+                else:
+                    flat.add(0, 0, s, flat.scratch)
+                    keep.append(0)
+            read_slots = None
+        else:
+            # Few rows (the end of a run): gather them rather than run every slot.
+            for i, f in feeds:
+                flat.add(f.seq[-1], f.keep, f.slot, f.keep, i)
+            keep = [f.keep for _, f in feeds]
+            read_slots = self._tensor(slots)
+        mask = torch.arange(hi, device=self.device) <= self._tensor(keep)[:, None]  # (rows, hi)
+        return Group(len(keep), 1, hi, read_slots, mask[:, None, None, :])
+
+    def _extend(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """Several new tokens after a kept prefix (a multi-token return payload): rows padded to
+        T, reading the prefix back from the cache."""
+        T = max(len(f.seq) - f.keep for _, f in feeds)
+        hi = max(len(f.seq) for _, f in feeds)
+        for i, f in feeds:
+            n = len(f.seq)
+            for j in range(f.keep, n):
+                flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+            for _ in range(T - (n - f.keep)):
+                flat.add(0, 0, f.slot, flat.scratch)
+        keep = self._tensor([f.keep for _, f in feeds])
+        # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
+        limit = keep[:, None] + torch.arange(T, device=self.device)  # (rows, T)
+        mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (rows, T, hi)
+        return Group(len(feeds), T, hi, self._tensor([f.slot for _, f in feeds]), mask[:, None])
+
+    def _prefill(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        """Whole new frames packed end to end into rows of up to max(pack, longest) tokens; a
+        token attends to the tokens before it in its own frame only."""
+        width = max(self.pack, max(len(f.seq) for _, f in feeds))
+        packs: list[list[tuple[int, Feed]]] = []  # first fit, longest frames first
+        used: list[int] = []
+        for i, f in sorted(feeds, key=lambda item: -len(item[1].seq)):
+            for r in range(len(packs)):
+                if used[r] + len(f.seq) <= width:
+                    packs[r].append((i, f))
+                    used[r] += len(f.seq)
+                    break
+            else:
+                packs.append([(i, f)])
+                used.append(len(f.seq))
+        T = max(used)
+        seg = []  # per packed token: which frame of its row (-1: padding)
+        for members, n_used in zip(packs, used):
+            for k, (i, f) in enumerate(members):
+                n = len(f.seq)
+                for j in range(n):
+                    flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+                seg += [k] * n
+            for _ in range(T - n_used):
+                flat.add(0, 0, members[0][1].slot, flat.scratch)
+            seg += [-1] * (T - n_used)
+        seg_t = self._tensor(seg).view(len(packs), T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+        mask = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # (rows, T, T)
+        return Group(len(packs), T, None, None, mask[:, None])
+
+
+class _Flat:
+    """The one flat row a cached step feeds: token, position in its frame, where its key/value
+    goes, and for each feed the index whose logits predict its next token."""
+
+    __slots__ = ("tok", "pos", "slots", "at", "last", "scratch")
+
+    def __init__(self, scratch: int, n_feeds: int):
+        self.tok: list[int] = []
+        self.pos: list[int] = []
+        self.slots: list[int] = []
+        self.at: list[int] = []
+        self.last = [0] * n_feeds
+        self.scratch = scratch
+
+    def add(self, tok: int, pos: int, slot: int, at: int, last_of: int | None = None) -> None:
+        """One token; `last_of`: the feed whose next token this token's logits predict."""
+        if last_of is not None:
+            self.last[last_of] = len(self.tok)
+        self.tok.append(tok)
+        self.pos.append(pos)
+        self.slots.append(slot)
+        self.at.append(at)
+
+
+class Oracle:
+    """The true next-token rule g* as a function of the active frame alone (an RM predictor).
+
+    A frame starts with the written call q it evaluates. Executing q gives every active-frame
+    example of q's frame (and, in passing, of every frame below it); the frame seen now is one
+    of those examples' context plus a prefix of its targets, and the next token is the next
+    target. Tables are built per distinct q on first sight. A frame that is not on q's
+    canonical path (only a wrong predictor produces one) gets NO_TOKEN.
+    """
+
+    block_size = None
+
+    def __init__(self, vocab: Vocab, library=None, max_calls: int = 200_000):
+        self.vocab = vocab
+        self.library = library
+        self.max_calls = max_calls
+        self.open_id, self.close_id = vocab.ids["("], vocab.ids[")"]
+        # A written call has only function names, literals, parentheses and commas, and its
+        # frame continues with a parameter name or `return`: with byte-sized ids the call's
+        # extent is one C-level regex match rather than a Python loop over it every step.
+        call_ids = [i for i, t in enumerate(vocab.tokens)
+                    if t in ("(", ")", ",") or t in LITERALS or t in (self.library or default_library())]
+        self.call_re = re.compile(b"[" + re.escape(bytes(call_ids)) + b"]*") if len(vocab) <= 256 else None
+        # q (ids) -> [(m, example tokens)] for q's own frame, in execution order
+        self.table: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+
+    def reset(self, n_slots: int) -> None:
+        """Stateless per row: its tables only grow."""
+
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]:
+        return [self.next_id(tuple(f.seq)) for f in feeds]
+
+    def _call_len(self, frame: Sequence[int]) -> int | None:
+        """Length of the written call that opens a frame (if the frame is well-formed, which
+        the lookup checks by parsing it)."""
+        if self.call_re is not None:
+            return self.call_re.match(bytes(frame)).end() or None
+        depth = 0
+        for i, t in enumerate(frame):
+            if t == self.open_id:
+                depth += 1
+            elif t == self.close_id:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+        return None
+
+    def next_id(self, frame: tuple[int, ...]) -> int:
+        n = self._call_len(frame)
+        if n is None:
+            return NO_TOKEN
+        q = frame[:n]
+        examples = self.table.get(q)
+        if examples is None:
+            examples = self._learn(q)
+        n = len(frame)
+        for m, toks in examples:
+            if m <= n < len(toks) and toks[:n] == frame:
+                return toks[n]
+        return NO_TOKEN
+
+    def _learn(self, q: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
+        if len(self.table) > self.max_calls:
+            self.table.clear()  # bound memory on long runs; tables are rebuilt on demand
+        try:
+            ex = execute(parse(" ".join(self.vocab.decode(q)), self.library), self.library)
+        except Exception:  # noqa: BLE001 - not a well-formed call: no rule applies
+            self.table[q] = []
+            return []
+        by_call: dict[tuple[int, ...], list] = {}
+        for f in ex.frames:
+            toks = tuple(self.vocab.encode(f.tokens))
+            fq = toks[:self._call_len(toks)]
+            if fq not in self.table:
+                by_call.setdefault(fq, []).append((f.m, toks))
+        for fq, examples in by_call.items():
+            # A call repeated in the tree contributes its (identical) examples once.
+            self.table[fq] = list(dict.fromkeys(examples))
+        return self.table[q]
+
+
+class OnActiveFrame:
+    """A frame predictor run on whole traces: g o Pi_rec, a CoT predictor.
+
+    Pi_rec is kept incrementally per slot with `StackReplay` (equal to `active_frame` on legal
+    prefixes, tested in test_trace_properties); on an illegal prefix it falls back to
+    `active_frame` itself, which is total. The inner function sees each frame afresh, so this
+    is for cache-free frame rules such as the oracle.
+    """
+
+    block_size = None
+
+    def __init__(self, frame_fn: Callable[[tuple[int, ...]], int], vocab: Vocab):
+        self.frame_fn = frame_fn
+        self.vocab = vocab
+        self.replays: list[StackReplay | None] = []
+        self.seen: list[int] = []
+
+    def reset(self, n_slots: int) -> None:
+        self.replays = [None] * n_slots
+        self.seen = [0] * n_slots
+
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]:
+        toks, ids = self.vocab.tokens, self.vocab.ids
+        out = []
+        for f in feeds:
+            r = self.replays[f.slot]
+            if r is None or f.event == NEW or f.keep < self.seen[f.slot]:
+                r = self.replays[f.slot] = StackReplay()
+                self.seen[f.slot] = 0
+            for t in f.seq[self.seen[f.slot]:]:
+                r.feed(toks[t])
+            self.seen[f.slot] = len(f.seq)
+            frame = r.top if r.error is None else active_frame(toks[t] for t in f.seq)
+            out.append(self.frame_fn(tuple(map(ids.__getitem__, frame))))
+        return out
+
+
+def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
+    """The oracle for a view: g* on the active frame (RM), or g* o Pi_rec of whatever the view
+    shows (CoT, reduction: Pi_rec of the observation is Pi_rec of the trace, so it reproduces
+    canonical traces; a window shorter than the trace hides the frame's start, so there it is
+    g* o Pi_rec of the window, not the true rule)."""
+    oracle = Oracle(vocab, library)
+    return oracle if observer(view).shows_active_frame else OnActiveFrame(oracle.next_id, vocab)
+
+
+class TeacherForced:
+    """Runs `predictor` at every step (its caches, its `logits`) but emits `guide`'s tokens.
+
+    With the oracle as guide, a model is driven along the canonical trace: its logits can be
+    compared step by step, and its speed measured on the true trace lengths."""
+
+    def __init__(self, predictor: Predictor, guide: Predictor):
+        self.predictor, self.guide = predictor, guide
+        self.block_size = predictor.block_size
+
+    def reset(self, n_slots: int) -> None:
+        self.predictor.reset(n_slots)
+        self.guide.reset(n_slots)
+
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]:
+        self.predictor(feeds)
+        return self.guide(feeds)
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a row stops as invalid. Apply to the produced trace whatever the view, so that the
+    two learners' outputs end for the same reasons."""
+
+    max_depth: int = 64
+    """Frames on the stack (the root is depth 1); the paper's generator reaches about 23."""
+    max_frame_tokens: int | None = None
+    """Tokens of the active frame, visible plus generated (None: no limit beyond what the
+    predictor can read, its block size)."""
+    max_new_tokens: int = 32768
+    """Generated trace tokens (the paper's generator's longest traces have about 5,000)."""
+
+
+@dataclass
+class Generation:
+    """One expression's decoding outcome."""
+
+    expr: str
+    tokens: list[str]  # the flattened trace produced, written expression first; an invalid row
+    # ends with the token that stopped it (an id outside the vocabulary shows as "<id N>")
+    prompt_len: int
+    answer: str | None  # the root's returned payload, space-joined, if the root returned
+    valid: bool
+    reason: str | None  # why the row stopped as invalid
+    max_depth: int
+    n_frames: int  # active-frame examples cut (= frames of the paper's table on a full trace)
+    fed: int  # tokens the predictor was fed (prefills included): the decoding cost
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+class _Row:
+    __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed")
+
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs):
+        prompt = expr_tokens(expr)
+        self.i, self.slot, self.text = i, slot, to_text(expr)
+        self.replay = StackReplay(prompt)
+        self.prompt = prompt
+        self.out: list[int] = []  # generated ids
+        self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the view
+        self.fed = 0
+
+
+def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
+             limits: Limits = Limits(), batch_size: int = 64,
+             progress: Callable[[int], None] | None = None, longest_first: bool = True) -> list[Generation]:
+    """Greedy-decode every expression in `view`, `batch_size` rows at a time; results in input order.
+
+    `exprs` are written expressions (text or parsed); `progress(k)` is called as k rows finish.
+    With `longest_first` the expressions with the longest canonical traces enter the slots
+    first: rows are independent, so this changes no result, only shortens the run's tail (a
+    long trace started last would decode alone at the end).
+    """
+    obs = observer(view)
+    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    order = list(range(len(calls)))
+    if longest_first:
+        order.sort(key=lambda i: -trace_stats(calls[i]).trace_len)
+    block = predictor.block_size
+    max_frame = limits.max_frame_tokens
+    toks = vocab.tokens
+    n_vocab = len(toks)
+    results: list[Generation | None] = [None] * len(exprs)
+    todo = iter(order)
+    n_slots = max(1, min(batch_size, len(exprs)))
+    slots: list[_Row | None] = [None] * n_slots
+    predictor.reset(n_slots)
+
+    def finish(row: _Row, reason: str | None) -> None:
+        r = row.replay
+        trace = row.prompt + [toks[t] if 0 <= t < n_vocab else f"<id {t}>" for t in row.out]
+        answer = " ".join(r.answer) if reason is None and r.answer is not None else None
+        results[row.i] = Generation(row.text, trace, len(row.prompt), answer, reason is None,
+                                    reason, r.max_depth, len(r.examples), row.fed)
+        slots[row.slot] = None
+
+    def advance(row: _Row, t: int) -> str | None:
+        """Append the predicted token; returns why the row stops, "" when it is done, else None."""
+        row.out.append(t)
+        if not 0 <= t < n_vocab:
+            return "predictor returned no token" if t == NO_TOKEN else f"token id {t} outside the vocabulary"
+        r = row.replay
+        event = r.feed(toks[t])
+        if event == "error":
+            return r.error
+        if event == "done":
+            return ""
+        if len(row.out) > limits.max_new_tokens:
+            return f"more than {limits.max_new_tokens} generated tokens"
+        if event == "push" and r.depth > limits.max_depth:
+            return f"deeper than {limits.max_depth} frames"
+        if max_frame is not None and len(r.top) > max_frame:
+            return f"active frame longer than {max_frame} tokens"
+        row.obs.advance(t, event, r)
+        return None
+
+    while True:
+        for s in range(n_slots):
+            if slots[s] is None:
+                i = next(todo, None)
+                if i is None:
+                    break
+                slots[s] = _Row(i, s, calls[i], vocab, obs)
+        live = [row for row in slots if row is not None]
+        if not live:
+            break
+        done = 0
+        feeds = []
+        for row in live:
+            o = row.obs
+            if block is not None and len(o.seq) > block:
+                finish(row, f"{obs.context_word} of {len(o.seq)} tokens exceeds the model's block size {block}")
+                done += 1
+                continue
+            feeds.append(Feed(row.slot, o.seq, o.keep, o.event))
+            row.fed += len(o.seq) - o.keep
+        if feeds:
+            for f, t in zip(feeds, predictor(feeds)):
+                row = slots[f.slot]
+                stop = advance(row, t)
+                if stop is not None:
+                    finish(row, stop or None)
+                    done += 1
+        if progress is not None and done:
+            progress(done)
+    return results

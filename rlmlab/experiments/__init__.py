@@ -1,0 +1,1 @@
+"""rlmlab, experiments: splits, shortcut constructions, presets and jobs, reports, the HTML viewer."""

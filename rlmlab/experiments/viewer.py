@@ -1,0 +1,590 @@
+"""Static HTML pages for reading what a model wrote: one page per evaluation set, an index per experiment.
+
+An evaluation page (`eval_page`) shows every expression of a `results.jsonl`: its canonical
+trace, re-executed here, aligned token by token with the trace the model produced, the first
+divergence, and the frame stack at that point: the active frame RM reads next to the whole
+prefix CoT reads. The rows are embedded as compact JSON (one character per token) and drawn by
+the browser on demand, a filtered, paged list and one expression in detail, so a page of
+thousands of expressions stays a few megabytes and opens at once. Results saved without the
+produced traces (older folders) still show the canonical trace at the recorded divergence.
+
+An experiment index (`experiment_index`) shows the report's tables and figures and links one
+evaluation page per `<job>/<learner>/eval/<set>/`. Every page is self-contained: inline CSS,
+JS and images, no network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlmlab.errors import DataError, RlmlabError
+from rlmlab.task.frames import StackReplay
+from rlmlab.learning.learner import learner
+from rlmlab.experiments.report import learner_name
+from rlmlab.task.trace import Execution, execute
+from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
+from rlmlab.task.vocab import Vocab
+
+RESULTS, SUMMARY = "results.jsonl", "summary.json"
+
+# Outcome categories a page filters on; an invalid trace's category names why it stopped.
+EXACT = "exact trace"
+RIGHT_INEXACT = "right answer, trace differs"
+WRONG_VALID = "wrong answer on a valid trace"
+INVALID = "invalid trace: "
+
+# The columns of each embedded row, in order (the page's JSON lists them too).
+COLUMNS = ("expr", "value", "prediction", "correct", "valid", "category", "bin", "id", "trace_len",
+           "pred_trace_len", "prompt_len", "diverge_at", "gold", "produced", "stack", "top_m")
+
+# Printable ASCII that needs no escaping in JSON or in an HTML script element: a coded trace
+# costs one byte per token as long as the token table fits (the vocabulary has 59 tokens).
+ALPHABET = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in "\"\\<>&'")
+
+# The decoder writes a token id outside the vocabulary as "<id N>", a token with a space in it.
+_PRODUCED_TOKEN = re.compile(r"<id \d+>|\S+")
+
+_MAX_ECHO = 160  # characters of a user's value quoted in an error
+
+
+@dataclass
+class EvalSet:
+    """An evaluation folder's per-expression results and summary."""
+
+    folder: Path
+    results: list[dict]
+    summary: dict
+    total: int  # expressions in the file (more than `results` under a limit)
+    lines: list[int]  # the line of each result in the file, for errors
+
+
+@dataclass
+class Page:
+    """A written page: where, how many expressions it shows, its size."""
+
+    path: Path
+    n: int
+    bytes: int
+    seconds: float
+    sets: list[Page] = field(default_factory=list)  # an index's evaluation pages
+
+
+def _short(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= _MAX_ECHO else text[:_MAX_ECHO] + "..."
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def read_eval_set(folder: str | Path, limit: int | None = None) -> EvalSet:
+    """The first `limit` (default all) results of an evaluation folder, checked line by line."""
+    folder = Path(folder)
+    path = folder / RESULTS
+    if not path.is_file():
+        raise DataError(f"{folder}: no {RESULTS} (not an evaluation folder)")
+    results, lines, total = [], [], 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                total += 1
+                if limit is None or len(results) < limit:
+                    results.append(_check_result(line, path, n))
+                    lines.append(n)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a results file (not UTF-8 text)") from None
+    if not results:
+        raise DataError(f"{path}: no results")
+    summary = {}
+    if (folder / SUMMARY).exists():
+        try:
+            summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise DataError(f"{folder / SUMMARY}: not valid JSON") from None
+        if not isinstance(summary, dict):
+            raise DataError(f"{folder / SUMMARY}: not a summary (a JSON object)")
+    return EvalSet(folder, results, summary, total, lines)
+
+
+def _check_result(line: str, path: Path, n: int) -> dict:
+    where = f"{path}: line {n}"
+    try:
+        r = json.loads(line)
+    except ValueError as e:
+        raise DataError(f"{where}: not JSON ({_short(getattr(e, 'msg', e))})") from None
+    if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and isinstance(r.get("correct"), bool)):
+        raise DataError(f"{where}: not a per-expression result (needs 'expr' and 'correct')")
+    kinds = {"trace": str, "diverge_at": int, "reason": str, "valid": bool, "trace_exact": bool}
+    for key, kind in kinds.items():
+        v = r.get(key)
+        if v is not None and not _is(v, kind):
+            raise DataError(f"{where}: '{key}' should be {kind.__name__}, got {_short(repr(v))}")
+    return r
+
+
+def _is(value, kind: type) -> bool:
+    # bool is a subclass of int: `true` is no position, and 1 is no flag.
+    return isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
+
+
+# --- one expression --------------------------------------------------------------------------
+
+def produced_tokens(trace: str) -> list[str]:
+    """A saved produced trace (space-joined tokens) split back into tokens."""
+    return _PRODUCED_TOKEN.findall(trace)
+
+
+def first_divergence(gold: Sequence[str], produced: Sequence[str]) -> int | None:
+    """The first position where the two traces differ (one ending counts), None if equal."""
+    for j, (a, b) in enumerate(zip(gold, produced)):
+        if a != b:
+            return j
+    return None if len(gold) == len(produced) else min(len(gold), len(produced))
+
+
+def frame_stack(tokens: Sequence[str], prompt_len: int, at: int) -> tuple[list[tuple[str, ...]], int]:
+    """The frame stack after the legal prefix `tokens[:at]`, bottom (root) first, and the number
+    of context tokens of the top frame (its boundary m): the top frame is what RM reads there."""
+    replay = StackReplay(tokens[:min(at, prompt_len)])
+    for t in tokens[prompt_len:at]:
+        if replay.feed(t) == "error":
+            raise ValueError(f"not a legal trace prefix: {replay.error}")
+    return [tuple(f.tokens) for f in replay.stack], replay.stack[-1].seg_start
+
+
+def category(result: dict) -> str:
+    """The outcome a page filters on: exact, right answer on another trace, wrong answer on a
+    valid trace, or invalid with its reason."""
+    valid = result.get("valid", result["correct"])
+    if result["correct"]:
+        return EXACT if result.get("trace_exact", True) else RIGHT_INEXACT
+    if valid:
+        return WRONG_VALID
+    return INVALID + (result.get("reason") or "unknown reason")
+
+
+@dataclass
+class ExpressionView:
+    """What a page shows of one expression (tokens, not yet coded)."""
+
+    gold: tuple[str, ...]
+    prompt_len: int
+    produced: list[str] | None  # None: not saved
+    produced_saved: bool
+    diverge_at: int | None
+    stack: list[tuple[str, ...]] | None
+    top_m: int | None
+
+
+def expression_view(result: dict, execution: Execution, where: str = "") -> ExpressionView:
+    """Align a result with its canonical trace. The divergence comes from the produced trace when
+    it was saved; otherwise from the recorded `diverge_at` (an exact trace is the canonical one)."""
+    gold = execution.tokens
+    saved = isinstance(result.get("trace"), str)
+    if saved:
+        produced = produced_tokens(result["trace"])
+    elif result.get("trace_exact"):
+        produced = list(gold)
+    else:
+        produced = None
+    if produced is not None:
+        d = first_divergence(gold, produced)
+    else:
+        d = result.get("diverge_at")
+        if d is not None and not 0 <= d <= len(gold):
+            raise DataError(f"{where}diverge_at {d} lies outside its canonical trace of {len(gold)} tokens")
+    stack = top_m = None
+    if d is not None:
+        stack, top_m = frame_stack(gold, execution.prompt_len, d)
+    return ExpressionView(gold, execution.prompt_len, produced, saved, d, stack, top_m)
+
+
+# --- an evaluation page ----------------------------------------------------------------------
+
+class _TokenTable:
+    """Tokens to small integers (the vocabulary first, then anything else a trace holds), coded
+    as fixed-width strings over ALPHABET once the table is complete."""
+
+    def __init__(self):
+        self.tokens = list(Vocab.from_library().tokens)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+
+    def ids(self, tokens: Sequence[str]) -> list[int]:
+        index = self.index
+        try:
+            return [index[t] for t in tokens]
+        except KeyError:  # a token outside the table (an out-of-vocabulary id): add it
+            pass
+        out = []
+        for t in tokens:
+            i = index.get(t)
+            if i is None:
+                i = index[t] = len(self.tokens)
+                self.tokens.append(t)
+            out.append(i)
+        return out
+
+    @property
+    def width(self) -> int:
+        w = 1
+        while len(ALPHABET) ** w < len(self.tokens):
+            w += 1
+        return w
+
+    def coder(self):
+        w, base = self.width, len(ALPHABET)
+        if w == 1:
+            table = str.maketrans({i: c for i, c in enumerate(ALPHABET)})
+            return lambda ids: "".join(map(chr, ids)).translate(table)
+
+        def code(ids):
+            out = []
+            for i in ids:
+                digits = []
+                for _ in range(w):
+                    i, r = divmod(i, base)
+                    digits.append(ALPHABET[r])
+                out.append("".join(reversed(digits)))
+            return "".join(out)
+
+        return code
+
+
+def _bins(results: Sequence[dict]) -> list[str]:
+    """Bin labels in the order of `bin_index` when the results have it, else as they come."""
+    first: dict[str, tuple] = {}
+    for k, r in enumerate(results):
+        if r.get("bin") is not None:
+            label = str(r["bin"])
+            index = r.get("bin_index")
+            first.setdefault(label, (0, index, k) if isinstance(index, (int, float)) else (1, 0, k))
+    return sorted(first, key=first.get)
+
+
+def page_data(es: EvalSet, executions: dict[str, Execution] | None = None) -> dict:
+    """The JSON a page embeds: the token table, bins, categories and one row per expression
+    (`COLUMNS`; traces coded one `width` characters per token)."""
+    executions = {} if executions is None else executions
+    table = _TokenTable()
+    bins = _bins(es.results)
+    bin_index = {b: i for i, b in enumerate(bins)}
+    cats = [category(r) for r in es.results]
+    fixed = [c for c in (EXACT, RIGHT_INEXACT, WRONG_VALID) if c in cats]
+    categories = fixed + [c for c, _ in Counter(c for c in cats if c.startswith(INVALID)).most_common()]
+    cat_index = {c: i for i, c in enumerate(categories)}
+    raw = []
+    for n, r in zip(es.lines, es.results):
+        where = f"{es.folder / RESULTS}: line {n}: "
+        ex = executions.get(r["expr"])
+        if ex is None:
+            try:
+                ex = executions[r["expr"]] = execute(r["expr"])
+            except RlmlabError as e:
+                raise DataError(where + _short(e)) from None
+        v = expression_view(r, ex, where)
+        raw.append((r, v, table.ids(v.gold), None if not v.produced_saved else table.ids(v.produced),
+                    None if v.stack is None else [table.ids(f) for f in v.stack]))
+    code = table.coder()
+    rows = []
+    for (r, v, gold, produced, stack), cat in zip(raw, cats):
+        row = {
+            "expr": r["expr"], "value": r.get("value"), "prediction": r.get("prediction"),
+            "correct": int(r["correct"]), "valid": int(bool(r.get("valid", r["correct"]))),
+            "category": cat_index[cat], "bin": bin_index.get(str(r["bin"])) if r.get("bin") is not None else None,
+            "id": r.get("id"), "trace_len": len(v.gold),
+            "pred_trace_len": len(v.produced) if v.produced is not None else r.get("pred_trace_len"),
+            "prompt_len": v.prompt_len, "diverge_at": v.diverge_at, "gold": code(gold),
+            # A produced trace equal to the canonical one is not repeated: 1 stands for it.
+            "produced": code(produced) if produced is not None else (1 if v.produced is not None else None),
+            "stack": None if stack is None else [code(f) for f in stack], "top_m": v.top_m,
+        }
+        rows.append([row[c] for c in COLUMNS])
+    return {"columns": list(COLUMNS), "alphabet": ALPHABET, "width": table.width, "tokens": table.tokens,
+            "bins": bins, "categories": categories, "view": str(es.summary.get("view", "")),
+            "driver": _driver(str(es.summary.get("view", ""))), "rows": rows}
+
+
+def _driver(view: str) -> str:
+    """What the learner reads ("rm", "cot", ...), so that the page marks its side; "" if unknown."""
+    try:
+        return learner(view).driver
+    except RlmlabError:
+        return ""
+
+
+def _script_json(data: dict) -> str:
+    # Inside <script> only "</" could end the element; escaping <, > and & covers it and any
+    # token such as <call>, so no markup from the data ever reaches the HTML parser.
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def embedded_data(page: str) -> dict:
+    """The JSON embedded in a page written by `eval_page` (for tests and scripts)."""
+    m = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    if m is None:
+        raise DataError("not an evaluation page (no embedded data)")
+    return json.loads(m.group(1))
+
+
+def _esc(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
+
+
+def _header(es: EvalSet, title: str, back: str | None) -> str:
+    s, res = es.summary, es.results
+    n = len(res)
+    correct = sum(r["correct"] for r in res)
+    parts = [f'<p class="back"><a href="{_esc(back)}">&larr; experiment index</a></p>' if back else "",
+             f"<h1>{_esc(title)}</h1>"]
+    who = []
+    if s.get("view"):
+        who.append(f"learner <b>{_esc(learner_name(s['view']))}</b> (view <code>{_esc(s['view'])}</code>)")
+    if s.get("predictor") == "oracle":
+        who.append("oracle predictor")
+    elif s.get("run_dir"):
+        who.append(f"run <code>{_esc(s['run_dir'])}</code>")
+    if s.get("step") is not None:
+        who.append(f"checkpoint step {_esc(s['step'])}")
+    if s.get("data"):
+        who.append(f"data <code>{_esc(s['data'])}</code>")
+    who.append(f"folder <code>{_esc(es.folder)}</code>")
+    parts.append(f'<p class="meta">{" · ".join(who)}</p>')
+    shown = f"{n:,} expressions" + (f" (the first {n:,} of {es.total:,})" if es.total > n else "")
+    stats = [shown, f"final answer {_pct(correct / n)} ({correct:,}/{n:,})",
+             f"valid traces {_pct(sum(bool(r.get('valid', r['correct'])) for r in res) / n)}",
+             f"exact traces {_pct(sum(bool(r.get('trace_exact')) for r in res) / n)}"]
+    if isinstance(s.get("per_token"), (int, float)) and es.total == n:
+        stats.append(f"per-token (teacher-forced) {_pct(s['per_token'])}")
+    parts.append(f'<p class="stats">{" · ".join(stats)}</p>')
+    inexact = [r for r in res if not r.get("trace_exact")]
+    saved = sum(isinstance(r.get("trace"), str) for r in inexact)
+    if inexact and saved < len(inexact):
+        run = Path(s.get("run_dir") or es.folder.parent.parent)
+        cmd = f"rlmlab eval {run} --data {s.get('data', 'EXPRS')} --out {es.folder} --traces"
+        # `rlmlab export` leaves checkpoints behind: say where the one to use lives.
+        where = "" if (run / "best" / "checkpoint.json").exists() else (
+            f" (<code>{_esc(run)}</code> holds no checkpoint: give the run folder this one was exported from, "
+            "or retrain it with the command in the experiment's commands.jsonl)")
+        parts.append(f'<p class="note">The produced trace was saved for {saved:,} of the {len(inexact):,} '
+                     "expressions whose trace is not exact; for the others the page shows the canonical "
+                     "trace, the recorded divergence and the frames there. To see what the model wrote, "
+                     f"re-run the evaluation with the run's checkpoint: <code>{_esc(cmd)}</code>{where}.</p>")
+    return "\n".join(p for p in parts if p)
+
+
+_EVAL_BODY = """
+<div id="bins"></div>
+<div id="main">
+<section id="left">
+<div class="filters">
+<select id="f-bin" title="bin"></select>
+<select id="f-correct" title="correctness"><option value="">right and wrong</option>
+<option value="wrong">wrong answers</option><option value="correct">right answers</option></select>
+<select id="f-cat" title="outcome"></select>
+<input id="f-text" type="search" placeholder="expression contains…">
+</div>
+<div class="pager"><button id="prev">&lsaquo; prev</button> <span id="range"></span>
+<button id="next">next &rsaquo;</button></div>
+<table class="list"><thead><tr><th>#</th><th>bin</th><th></th><th>outcome</th><th>len</th><th>div.</th>
+<th>expression</th></tr></thead><tbody id="list-body"></tbody></table>
+</section>
+<section id="detail"><p class="hint">Pick an expression on the left (&uarr;/&darr; or j/k move).</p></section>
+</div>
+<noscript><p>This page draws its expressions with JavaScript.</p></noscript>
+"""
+
+
+def eval_page(es: EvalSet, title: str, back: str | None = None,
+              executions: dict[str, Execution] | None = None) -> str:
+    """A self-contained HTML page of one evaluation set."""
+    data = page_data(es, executions)
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n<header>",
+        _header(es, title, back), "</header>", _EVAL_BODY,
+        f'<script type="application/json" id="data">{_script_json(data)}</script>\n',
+        f"<script>{EVAL_JS}</script>\n</body></html>\n"])
+
+
+# --- an experiment index ---------------------------------------------------------------------
+
+def markdown_to_html(text: str) -> str:
+    """The Markdown the report writes: pipe tables, bullet lists, headings and paragraphs, with
+    `code` and **bold** inline; everything else is escaped text."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if not line:
+            i += 1
+        elif line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                block.append(_cells(lines[i]))
+                i += 1
+            out.append(_table(block))
+        elif line.startswith(("- ", "* ")):
+            items = []
+            while i < len(lines) and lines[i].strip().startswith(("- ", "* ")):
+                items.append(f"<li>{_inline(lines[i].strip()[2:])}</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+        elif line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")) + 2, 6)
+            out.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+            i += 1
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(("|", "- ", "* ", "#")):
+                para.append(lines[i].strip())
+                i += 1
+            out.append(f"<p>{_inline(' '.join(para))}</p>")
+    return "\n".join(out)
+
+
+def _cells(line: str) -> list[str]:
+    s = line.strip()
+    s = s[1:] if s.startswith("|") else s
+    s = s[:-1] if s.endswith("|") else s
+    return [c.strip() for c in s.split("|")]
+
+
+def _table(rows: list[list[str]]) -> str:
+    head, body = rows[0], rows[1:]
+    if body and all(re.fullmatch(r":?-+:?", c) for c in body[0]):
+        body = body[1:]
+    th = "".join(f"<th>{_inline(c)}</th>" for c in head)
+    trs = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+    return f'<table class="report"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+
+
+def _inline(text: str) -> str:
+    s = html.escape(text, quote=False)
+    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
+
+
+def eval_sets(folder: str | Path) -> list[Path]:
+    """Evaluation folders of an experiment: `<job>/<learner>/eval/<set>/` with a results file."""
+    return sorted(p.parent for p in Path(folder).glob(f"*/*/eval/*/{RESULTS}"))
+
+
+def read_experiment(folder: Path) -> dict:
+    path = folder / "experiment.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise DataError(f"{path}: not valid JSON") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("kind"), str):
+        raise DataError(f"{path}: not an experiment description (no 'kind')")
+    return meta
+
+
+def experiment_index(folder: str | Path, out: str | Path, limit: int | None = None) -> Page:
+    """Write `out/index.html` (the report's tables and figures, a table of evaluation sets) and
+    one page per evaluation set at `out/<job>/<learner>/<set>.html`."""
+    t0 = time.perf_counter()
+    folder, out = Path(folder), Path(out)
+    meta = read_experiment(folder)
+    executions: dict[str, Execution] = {}  # the learners of a job share their expressions
+    pages, rows = [], []
+    for set_dir in eval_sets(folder):
+        job, view, set_name = set_dir.parts[-4], set_dir.parts[-3], set_dir.parts[-1]
+        rel = Path(job) / view / f"{set_name}.html"
+        es = read_eval_set(set_dir, limit)
+        title = f"{job} · {learner_name(view)} · {set_name}"
+        page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions), len(es.results))
+        pages.append(page)
+        n = len(es.results)
+        rows.append((job, learner_name(view), set_name, rel.as_posix(), n,
+                     sum(r["correct"] for r in es.results) / n,
+                     sum(bool(r.get("valid", r["correct"])) for r in es.results) / n,
+                     sum(bool(r.get("trace_exact")) for r in es.results) / n))
+    index = write_page(out / "index.html", lambda: _index_html(folder, meta, rows, limit), 0)
+    index.sets, index.seconds = pages, time.perf_counter() - t0
+    return index
+
+
+def _index_html(folder: Path, meta: dict, rows: list[tuple], limit: int | None) -> str:
+    title = f"{folder.resolve().name}: {meta['kind']} experiment"
+    parts = [f"<h1>{_esc(title)}</h1>", f'<p class="meta">folder <code>{_esc(folder)}</code></p>',
+             "<h2>Evaluation sets</h2>"]
+    if rows:
+        note = f" (the first {limit:,} expressions of each)" if limit else ""
+        parts.append(f"<p>One page per learner and set{note}: every expression's trace against the "
+                     "canonical one, where it first diverges and what each learner read there.</p>")
+        trs = "".join(f'<tr><td>{_esc(j)}</td><td>{_esc(lrn)}</td><td><a href="{_esc(href)}">{_esc(s)}</a></td>'
+                      f"<td>{n:,}</td><td>{_pct(acc)}</td><td>{_pct(valid)}</td><td>{_pct(exact)}</td></tr>"
+                      for j, lrn, s, href, n, acc, valid, exact in rows)
+        parts.append('<table class="report"><thead><tr><th>run</th><th>learner</th><th>set</th><th>expressions</th>'
+                     f"<th>final answer</th><th>valid traces</th><th>exact traces</th></tr></thead><tbody>{trs}"
+                     "</tbody></table>")
+    else:
+        parts.append("<p>No evaluation sets yet (<code>&lt;run&gt;/&lt;learner&gt;/eval/&lt;set&gt;/results.jsonl"
+                     "</code>).</p>")
+    report = folder / "report"
+    tables = sorted(report.glob("table-*.md"))
+    figures = sorted(report.glob("*.png"))
+    if tables:
+        parts.append("<h2>Tables</h2>")
+        for md in tables:
+            try:
+                text = md.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{md}: not UTF-8 text") from None
+            parts.append(f'<h3>{_esc(md.stem)}</h3>\n<div class="md">{markdown_to_html(text)}</div>')
+    if figures:
+        parts.append("<h2>Figures</h2>")
+        for png in figures:
+            b64 = base64.b64encode(png.read_bytes()).decode("ascii")
+            parts.append(f'<figure><img alt="{_esc(png.stem)}" src="data:image/png;base64,{b64}">'
+                         f"<figcaption>{_esc(png.name)}</figcaption></figure>")
+    if not tables and not figures:
+        parts.append(f"<p>No report yet: <code>rlmlab report {_esc(folder)}</code> writes its tables and "
+                     "figures.</p>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body class=\"index\">\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+def write_page(path: Path, render, n: int) -> Page:
+    t0 = time.perf_counter()
+    text = render()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return Page(path, n, path.stat().st_size, time.perf_counter() - t0)
+
+
+def build_view(path: str | Path, out: str | Path | None = None, limit: int | None = None) -> Page:
+    """Pages for an evaluation folder (`out/index.html`) or an experiment folder (an index and a
+    page per evaluation set); `out` defaults to `path/view`."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such folder")
+    if not path.is_dir():
+        raise DataError(f"{path}: not a folder (give an evaluation folder or an experiment folder)")
+    out = Path(out) if out is not None else path / "view"
+    if (path / RESULTS).exists():
+        es = read_eval_set(path, limit)
+        return write_page(out / "index.html", lambda: eval_page(es, str(path)), len(es.results))
+    if (path / "experiment.json").exists():
+        return experiment_index(path, out, limit)
+    raise DataError(f"{path}: neither an evaluation folder ({RESULTS}, from `rlmlab eval` or `rlmlab run`) "
+                    "nor an experiment folder (experiment.json)")

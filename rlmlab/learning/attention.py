@@ -1,0 +1,148 @@
+"""Attention masks other than plain causal, all in one place: the block-diagonal mask of packed
+training rows (`BlockDiagonal`, kept as its blocks so that attention runs per example), and the
+lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`): a query sees only keys of its
+own frame that are on the frame's trunk or on its own pending call block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rlmlab.learning.lanes import IGNORE, Lanes, lane_pack
+from rlmlab.task.vocab import Vocab
+
+
+def lane_visible(frame_q: torch.Tensor, branch_q: torch.Tensor, frame_k: torch.Tensor,
+                 branch_k: torch.Tensor) -> torch.Tensor:
+    """Whether queries (..., Tq) may see keys (..., Tk) of lane-packed examples, causality
+    aside: same frame, and a key on the trunk or on the query's own call block. (..., Tq, Tk)"""
+    same_frame = frame_q.unsqueeze(-1) == frame_k.unsqueeze(-2)
+    return same_frame & ((branch_k.unsqueeze(-2) == -1) | (branch_q.unsqueeze(-1) == branch_k.unsqueeze(-2)))
+
+
+def lane_mask(frame: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """Mask from per-token frame and branch ids (any leading batch dims): (..., T, T)."""
+    T = frame.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=frame.device).tril()
+    return causal & lane_visible(frame, branch, frame, branch)
+
+
+def lane_attention_mask(lanes: Lanes) -> torch.Tensor:
+    """(T, T) bool, True = may attend."""
+    return lane_mask(torch.tensor(lanes.frame), torch.tensor(lanes.branch))
+
+
+def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(idx, pos, labels) of a lane sequence as 1-D tensors; labels use IGNORE where there is no target."""
+    idx = torch.tensor(vocab.encode(lanes.tokens))
+    pos = torch.tensor(lanes.pos)
+    ids = vocab.ids
+    labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
+    return idx, pos, labels
+
+
+def _bucket_length(n: torch.Tensor) -> torch.Tensor:
+    """Padded length of a block of n positions: few distinct lengths (few kernel calls) for
+    at most ~12% of padding beyond 32 positions."""
+    step = torch.where(n <= 128, 16, torch.where(n <= 256, 32, 64))
+    return (n + step - 1) // step * step
+
+
+class BlockDiagonal:
+    """A block-diagonal attention mask over packed rows, kept as its blocks.
+
+    Block i is one example: `length[i]` positions from `start[i]` in row `row[i]`, attending
+    causally within itself; for lane-packed examples (`frame`, `branch` given, as in
+    `rlmlab.learning.packing.PackedBatch`) a query further sees only keys of its own frame that are on
+    the trunk or on its own call block.
+
+    Why not a dense (B, 1, T, T) mask: the CPU attention kernel computes (and differentiates)
+    every pair of a row whatever the mask says, and does not skip the upper triangle even for
+    `is_causal`. So `attend` cuts each block into pieces of `chunk` queries (fewer, longer
+    pieces for blocks longer than `max_pieces` chunks: short query pieces against long key
+    ranges run the kernel far below its best rate), each with the keys up to its last query,
+    gathers the pieces into batches of one padded shape and attends those. A block of n
+    positions then costs about n^2/2 + n*max(chunk, n/max_pieces)/2 pairs instead of its
+    row's T^2. Padded slots repeat a real position, and the mask keeps them from every real
+    query. Positions outside every block (row padding) output zeros.
+    """
+
+    def __init__(self, B: int, T: int, row: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+                 frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, chunk: int = 128,
+                 max_pieces: int = 4):
+        dev = row.device
+        piece = torch.clamp((length + max_pieces - 1) // max_pieces, min=chunk)
+        piece = (piece + 15) // 16 * 16  # queries per piece, per block
+        pieces = (length + piece - 1) // piece
+        block = torch.repeat_interleave(torch.arange(len(length), device=dev), pieces)  # block of each piece
+        first_piece = torch.cumsum(pieces, 0) - pieces
+        q_start = (torch.arange(len(block), device=dev) - first_piece[block]) * piece[block]
+        n_k = torch.minimum(q_start + piece[block], length[block])  # keys: the block up to the piece's last query
+        n_q = n_k - q_start
+        first = row[block] * T + start[block]  # flat index of the block's first position
+        pad_q, pad_k = _bucket_length(n_q), _bucket_length(n_k)
+        scatter = torch.full((B * T,), -1, dtype=torch.long, device=dev)
+        self.groups: list[tuple[int, int, int, torch.Tensor | None]] = []  # pieces, query / key length, mask
+        q_parts, k_parts = [], []
+        offset = 0
+        for Lq, Lk in sorted(set(zip(pad_q.tolist(), pad_k.tolist()))):
+            sel = ((pad_q == Lq) & (pad_k == Lk)).nonzero().squeeze(1)
+            E = len(sel)
+            i, t = torch.arange(Lq, device=dev), torch.arange(Lk, device=dev)
+            qs, nq, nk, f0 = q_start[sel, None], n_q[sel, None], n_k[sel, None], first[sel, None]
+            q_index = f0 + qs + torch.minimum(i, nq - 1)  # (E, Lq)
+            k_index = f0 + torch.minimum(t, nk - 1)  # (E, Lk)
+            real = i < nq
+            scatter[(f0 + qs + i)[real]] = offset + (torch.arange(E, device=dev)[:, None] * Lq + i)[real]
+            mask = None
+            if frame is not None or Lq != Lk or bool((qs > 0).any()):
+                mask = t[None, None, :] <= (qs + i)[:, :, None]  # (E, Lq, Lk) causal, aligned to the piece
+                if frame is not None:
+                    f, b = frame.reshape(-1), branch.reshape(-1)
+                    mask &= lane_visible(f[q_index], b[q_index], f[k_index], b[k_index])
+                mask = mask.unsqueeze(1)  # (E, 1, Lq, Lk)
+            self.groups.append((E, Lq, Lk, mask))
+            q_parts.append(q_index.reshape(-1))
+            k_parts.append(k_index.reshape(-1))
+            offset += E * Lq
+        # One gather per tensor for all groups: the backward of each gather allocates (and
+        # zero-fills) a gradient the size of the whole batch, so per-group gathers would cost
+        # more than the attention they feed.
+        self.q_index, self.k_index = torch.cat(q_parts), torch.cat(k_parts)
+        self.scatter = torch.where(scatter < 0, offset, scatter)  # `offset` = the zero row appended in attend
+        self.shape = (B, T)
+
+    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        """q, k, v (B, nh, T, hs) -> attention output (B, nh, T, hs)."""
+        B, nh, T, hs = q.shape
+        q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs) for t in (q, k, v))
+        qs = q.index_select(0, self.q_index).split([E * Lq for E, Lq, _, _ in self.groups])
+        ks = k.index_select(0, self.k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        vs = v.index_select(0, self.k_index).split([E * Lk for E, _, Lk, _ in self.groups])
+        outs = []
+        for (E, Lq, Lk, mask), qb, kb, vb in zip(self.groups, qs, ks, vs):
+            qb = qb.view(E, Lq, nh, hs).transpose(1, 2)  # (E, nh, Lq, hs)
+            kb, vb = (t.view(E, Lk, nh, hs).transpose(1, 2) for t in (kb, vb))  # (E, nh, Lk, hs)
+            y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None,
+                                               dropout_p=dropout_p)
+            outs.append(y.transpose(1, 2).reshape(E * Lq, nh, hs))
+        outs.append(q.new_zeros(1, nh, hs))
+        y = torch.cat(outs).index_select(0, self.scatter)  # (B * T, nh, hs)
+        return y.view(B, T, nh, hs).transpose(1, 2)
+
+
+@torch.no_grad()
+def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> list[str]:
+    """RM's next-token prediction after every prefix `tokens[:t]`, t = prompt_len .. len(tokens),
+    from one forward pass over the lanes of the complete sequence: the executable form of the
+    paper's theorem that CoT can simulate RM. `tokens` must be a legal trace prefix."""
+    lanes = lane_pack(tokens, prompt_len)
+    idx, pos, _ = lane_tensors(lanes, vocab)
+    device = next(model.parameters()).device
+    mask = lane_attention_mask(lanes).to(device)
+    logits = model(idx[None].to(device), pos[None].to(device), mask[None, None])[0]  # (T, V)
+    owners = torch.tensor(lanes.owner[prompt_len - 1:], device=device)
+    return vocab.decode(logits[owners].argmax(-1).tolist())

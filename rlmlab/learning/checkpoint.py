@@ -1,0 +1,249 @@
+"""Checkpoints: safetensors for tensors, JSON for everything else; atomic; never unpickled.
+
+A run folder holds
+
+    config.json        the run's configuration (for people; each checkpoint carries its own copy)
+    metrics.jsonl      one JSON record per training log, validation and end of run
+    last/              the latest state: resumes the run exactly
+    best/              the weights that scored best on the selection metric (no optimizer)
+
+and a checkpoint folder holds
+
+    model.safetensors      weights (the tied output embedding stored once)
+    optimizer.safetensors  AdamW moments and step counts (last/ only)
+    checkpoint.json        format, step, view, model config, run config, vocabulary, metrics,
+                           optimizer hyper-parameters, trainer state (RNG, data cursor, clock)
+                           and the SHA-256 of each tensor file
+
+A checkpoint is written into a temporary folder next to its final place, synced, then
+renamed into place; the previous one is moved aside first and deleted last. A save killed at
+any point leaves either the old or the new checkpoint complete (`load` falls back to the
+moved-aside one if the kill came between the two renames).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from rlmlab.errors import CheckpointError, RlmlabError
+from rlmlab.learning.model import ModelConfig, Transformer
+from rlmlab.task.vocab import Vocab
+
+FORMAT = "rlmlab-checkpoint/1"
+MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
+# What checkpoint.json must hold, and the JSON type of each entry.
+META_TYPES = {"step": int, "view": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
+              "files": dict, "optimizer": dict, "trainer": dict}
+JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+WHICH = ("best", "last")
+
+
+@dataclass
+class LoadedRun:
+    """A trained model ready for inference, with what it was trained on."""
+
+    model: Transformer  # eval mode
+    vocab: Vocab
+    view: str  # "cot" or "rm"
+    config: dict  # the run configuration: {"model": ..., "data": ..., "train": ...}
+    step: int
+    metrics: dict  # validation (and training) metrics at that step
+
+
+# --- writing ----------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer's state dict into tensors (for safetensors) and JSON."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, st in sd["state"].items():
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{idx}.{key}"] = v.detach().contiguous().cpu()
+            else:
+                scalars[f"{idx}.{key}"] = v
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    try:
+        state: dict[int, dict] = {}
+        for name, t in tensors.items():
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = t
+        for name, v in meta["scalars"].items():
+            idx, key = name.split(".", 1)
+            state.setdefault(int(idx), {})[key] = v
+        groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"optimizer state is malformed or does not fit this model ({e})") from None
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if device.type == "cuda":
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    def tensor(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s, validate=True)), dtype=torch.uint8)
+
+    try:
+        torch.set_rng_state(tensor(state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # binascii.Error is a ValueError
+        raise CheckpointError(f"saved random-number state is malformed ({type(e).__name__})") from None
+
+
+def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, view: str,
+                    config: dict, step: int, metrics: dict, optimizer: torch.optim.Optimizer | None = None,
+                    trainer: dict | None = None) -> Path:
+    """Write `run_dir/<which>/` atomically; returns its path."""
+    if which not in WHICH:
+        raise ValueError(f"which must be one of {WHICH}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(f".{which}.tmp-*"):  # left by a save that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = run_dir / f".{which}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    meta = {"format": FORMAT, "step": step, "view": view, "model_config": model.cfg.to_dict(), "config": config,
+            "vocab": list(vocab.tokens), "metrics": metrics, "files": {}}
+    save_model(model, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
+    files = [MODEL_FILE]
+    if optimizer is not None:
+        tensors, meta["optimizer"] = optimizer_tensors(optimizer)
+        save_file(tensors, str(tmp / OPTIM_FILE), metadata={"format": FORMAT})
+        files.append(OPTIM_FILE)
+    if trainer is not None:
+        meta["trainer"] = trainer
+    for name in files:
+        meta["files"][name] = _sha256(tmp / name)
+        _fsync(tmp / name)
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    _fsync(tmp / META_FILE)
+    _fsync(tmp)
+
+    final, aside = run_dir / which, run_dir / f".{which}.old"
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    _fsync(run_dir)
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+# --- reading ----------------------------------------------------------------
+
+def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
+    """The folder of a run's `which` checkpoint, checked to exist."""
+    run_dir = Path(run_dir)
+    if which not in WHICH:
+        raise CheckpointError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such run folder")
+    for candidate in (run_dir / which, run_dir / f".{which}.old"):
+        if (candidate / META_FILE).exists():
+            return candidate
+    have = [w for w in WHICH if (run_dir / w).is_dir()]
+    raise CheckpointError(f"{run_dir}: no '{which}' checkpoint" + (f" (has: {', '.join(have)})" if have else ""))
+
+
+def read_meta(ckpt: Path) -> dict:
+    """checkpoint.json, with the tensor files it names checked against their SHA-256."""
+    try:
+        meta = json.loads((ckpt / META_FILE).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{ckpt}: not an {FORMAT} checkpoint")
+    for key, kind in META_TYPES.items():
+        if key not in meta:
+            if key in ("optimizer", "trainer"):  # only in 'last' checkpoints
+                continue
+            raise CheckpointError(f"{ckpt}: {META_FILE} lacks '{key}'")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise CheckpointError(f"{ckpt}: {META_FILE}: '{key}' should be {JSON_NAMES[kind]}, "
+                                  f"not {type(meta[key]).__name__}")
+    if not all(isinstance(t, str) for t in meta["vocab"]):
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'vocab' should list token strings")
+    for name, digest in meta["files"].items():
+        if name not in (MODEL_FILE, OPTIM_FILE) or not isinstance(digest, str):
+            raise CheckpointError(f"{ckpt}: {META_FILE} names an unexpected file {name!r}")
+        path = ckpt / name
+        if not path.exists():
+            raise CheckpointError(f"{ckpt}: {name} is missing")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{ckpt}: {name} is corrupt (checksum mismatch)")
+    return meta
+
+
+def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu") -> Transformer:
+    try:
+        cfg = ModelConfig(**meta["model_config"])
+    except (TypeError, RlmlabError) as e:
+        raise CheckpointError(f"{ckpt}: bad model config ({e})") from None
+    model = Transformer(cfg)
+    try:
+        load_model(model, str(ckpt / MODEL_FILE), strict=True)
+    except (SafetensorError, RuntimeError, OSError) as e:
+        raise CheckpointError(f"{ckpt}: cannot load {MODEL_FILE} ({str(e).splitlines()[0]})") from None
+    return model.to(device)
+
+
+def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> None:
+    if "optimizer" not in meta or OPTIM_FILE not in meta["files"]:
+        raise CheckpointError(f"{ckpt}: no optimizer state (only 'last' checkpoints can be resumed)")
+    try:
+        tensors = load_file(str(ckpt / OPTIM_FILE))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{ckpt}: cannot load {OPTIM_FILE} ({e})") from None
+    # Optimizer.load_state_dict moves each moment to its parameter's device (and leaves step
+    # counts where AdamW keeps them), so CPU tensors serve any device.
+    restore_optimizer(optimizer, tensors, meta["optimizer"])
+
+
+def load_run(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
+    """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem)."""
+    ckpt = checkpoint_dir(run_dir, which)
+    meta = read_meta(ckpt)
+    try:
+        vocab = Vocab(meta["vocab"])
+    except RlmlabError as e:
+        raise CheckpointError(f"{ckpt}: bad vocabulary ({e})") from None
+    model = build_model(meta, ckpt, device).eval()
+    if model.cfg.vocab_size != len(vocab):
+        raise CheckpointError(f"{ckpt}: model has {model.cfg.vocab_size} token ids, vocabulary {len(vocab)}")
+    return LoadedRun(model, vocab, meta["view"], meta["config"], int(meta["step"]), meta["metrics"])

@@ -1,0 +1,429 @@
+"""Run configuration: three dataclass sections (model, data, train), validated on construction.
+
+Every field has a docstring (shown by `rlmlab train --help`). A run's settings come from, in
+order: the defaults below, a config file (JSON or TOML, with sections `model`, `data`,
+`train`), `--section.key=value` overrides, then the dedicated flags (`--view`, `--max-steps`, ...).
+Unknown keys and values of the wrong type raise a one-line `ConfigError` naming the key.
+
+What "batch" means with packing: `train.batch_size` is the paper's 64 examples, turned into
+a token budget per optimizer step of batch_size x (mean positions per training example),
+filled with whole packed rows. A step therefore holds about batch_size examples (exactly that
+many tokens' worth) and every step costs the same compute, which keeps shapes static and
+steps comparable between the views; the loss is the mean over the step's target tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from rlmlab.errors import ConfigError
+
+
+# --- model ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 64
+    """Vocabulary size (set from the data's vocabulary, not by hand)."""
+    n_layer: int = 6
+    """Transformer blocks."""
+    n_head: int = 6
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = 384
+    """Residual stream width."""
+    block_size: int = 2048
+    """Positional-embedding table size: the longest sequence (or frame) the model reads."""
+    dropout: float = 0.0
+    """Dropout on attention and residual branches (the paper uses none)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = float if f.name == "dropout" else int
+            if not isinstance(v, want) or isinstance(v, bool):
+                if not (want is float and isinstance(v, int) and not isinstance(v, bool)):
+                    raise ConfigError(f"model.{f.name} must be {want.__name__}, got {v!r}")
+        if min(self.vocab_size, self.n_layer, self.n_head, self.n_embd, self.block_size) < 1:
+            raise ConfigError("model sizes must be positive")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_head={self.n_head} must divide model.n_embd={self.n_embd}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
+PRESETS: dict[str, dict[str, dict]] = {
+    # The paper's backbone: 6 layers, 6 heads, width 384; 2,048 positions for RM, 4,096 for CoT.
+    "paper": {"rm": dict(n_layer=6, n_head=6, n_embd=384, block_size=2048),
+              "cot": dict(n_layer=6, n_head=6, n_embd=384, block_size=4096)},
+    # CPU-sized: 3 layers of width 128 train at 8-24k tok/s on 2 cores and learn as much per
+    # token as 4 layers of width 256 (docs/cpu-sizing.md). The positional tables
+    # must cover the longest frame / trace of the splits the small experiments evaluate.
+    "small": {"rm": dict(n_layer=3, n_head=4, n_embd=128, block_size=512),
+              "cot": dict(n_layer=3, n_head=4, n_embd=128, block_size=4096)},
+    # The small model with 8 heads of width 16: CoT learns its copies faster per CPU minute
+    # (docs/recipe.md); the paper-cpu preset trains both learners with it.
+    "cpu": {"rm": dict(n_layer=3, n_head=8, n_embd=128, block_size=512),
+            "cot": dict(n_layer=3, n_head=8, n_embd=128, block_size=4096)},
+    # For tests: runs in milliseconds.
+    "tiny": {"rm": dict(n_layer=2, n_head=2, n_embd=32, block_size=256),
+             "cot": dict(n_layer=2, n_head=2, n_embd=32, block_size=2048)},
+}
+
+
+def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
+    """The preset's sizes for a view: the "rm" column for views with short contexts (active
+    frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
+    from rlmlab.learning.observe import observer
+
+    obs = observer(view)
+    base = dict(PRESETS[name][obs.family])
+    if obs.context_bound is not None:
+        # A window of K tokens must fit the positional table whatever the preset.
+        base["block_size"] = max(base["block_size"], obs.context_bound)
+    return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    preset: str = "small"
+    """Architecture preset: paper (6L/6H/384), small (3L/4H/128, CPU-sized), cpu (3L/8H/128, the paper-cpu
+    recipe) or tiny (tests)."""
+    n_layer: int | None = None
+    """Override the preset's number of Transformer blocks."""
+    n_head: int | None = None
+    """Override the preset's attention heads."""
+    n_embd: int | None = None
+    """Override the preset's residual width."""
+    block_size: int | None = None
+    """Override the preset's positional table (longest example the model reads)."""
+    dropout: float | None = None
+    """Override the preset's dropout (the paper uses none)."""
+
+    def __post_init__(self):
+        _typecheck(self, "model")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(PRESETS)})")
+
+    def build(self, view: str, vocab_size: int) -> ModelConfig:
+        overrides = {f.name: getattr(self, f.name) for f in fields(self)
+                     if f.name != "preset" and getattr(self, f.name) is not None}
+        return preset(self.preset, view, vocab_size, **overrides)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    view: str = "rm"
+    """What the model reads: "rm" (active frames, lane-packed), "rm-frames" (active frames one by
+    one: same objective, more tokens), "cot" (whole flattened trace), "window:K" (the last K
+    tokens) or "reduce" (completed calls collapsed to their values); docs/observation.md."""
+    train: str | None = None
+    """Training expressions: a pool parquet (`rlmlab data pool`) or any parquet with an `expr` column."""
+    val: str | None = None
+    """Validation expressions (parquet); when absent, `val_size` expressions are split off `train`."""
+    val_size: int = 1000
+    """Expressions split off for validation when no `val` file is given (paper: 1,000)."""
+    val_seed: int = 0
+    """Seed of that split; independent of train.seed so that every seed sees the same split."""
+    train_size: int | None = None
+    """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
+    row_len: int | None = None
+    """Base packed-row length; a longer example gets a row of its own. Default: 128 for the RM
+    views (an active-frame example averages ~30 tokens, a frame's lanes ~35; a dense mask costs
+    attention over the whole row, so short rows train ~1.5x faster than 512 on CPU), 512 for cot."""
+    drop_too_long: bool = True
+    """Drop examples longer than the model's positional table (counted and reported); if false, fail."""
+    cache_dir: str | None = None
+    """Where encoded examples are cached as .npz (default: ~/.cache/rlmlab/views; "" disables)."""
+    workers: int | None = None
+    """Processes that execute expressions when building examples (default: every core)."""
+
+    def __post_init__(self):
+        _typecheck(self, "data")
+        from rlmlab.learning.learner import learner
+
+        try:
+            learner(self.view)
+        except ConfigError as e:
+            raise ConfigError(f"data.view: {e}") from None
+        _positive(self, "data", "val_size", "row_len", "train_size", "workers")
+
+    @property
+    def row_length(self) -> int:
+        from rlmlab.learning.learner import learner
+
+        return self.row_len or learner(self.view).row_length
+
+    def resolved_cache_dir(self) -> Path | None:
+        if self.cache_dir == "":
+            return None
+        return Path(self.cache_dir) if self.cache_dir else Path.home() / ".cache" / "rlmlab" / "views"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-3
+    """Peak learning rate (paper: 1e-3)."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas (paper: 0.9, 0.99)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay, applied to 2-D weights only (paper: 0.1; the IID sweep uses 0)."""
+    batch_size: int = 64
+    """Examples per optimizer step, as a token budget: batch_size x mean positions per training
+    example, filled with whole packed rows (paper: 64)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    warmup_steps: int = 2000
+    """Linear warm-up steps from 0 to `lr` (paper: 2,000)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr x min_lr_ratio."""
+    decay_steps: int | None = None
+    """Length of the warm-up + cosine schedule. Default: max_steps; with only a time budget, it is
+    estimated from the measured step time once, after `warmup_steps` or 50 steps, and stored."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps."""
+    max_minutes: float | None = None
+    """Stop after this much wall-clock time (validation included; summed across resumes)."""
+    patience: int | None = None
+    """Stop when the selection metric has not improved for this many validations (None: never)."""
+    min_delta: float = 0.0
+    """Improvement smaller than this does not reset the patience counter."""
+    select_metric: str = "auto"
+    """Validation metric that picks the best checkpoint: "auto" = answer_acc when a final-answer
+    validator is plugged in, else loss; or any reported name (loss, token_acc, example_acc, ...)."""
+    eval_every: int = 500
+    """Validate every this many steps (and at the end)."""
+    answer_eval: int = 0
+    """`rlmlab train` only: greedy-decode the first N validation expressions at each validation
+    and report answer_acc, the final-answer accuracy (uses rlmlab.decoding.infer; 0: off)."""
+    save_every: int | None = None
+    """Write the `last` checkpoint every this many steps (default: eval_every) and at the end."""
+    log_every: int = 10
+    """Write a training record to metrics.jsonl every this many steps."""
+    micro_batch_tokens: int = 16384
+    """Most positions one forward/backward pass processes; a larger step accumulates gradients."""
+    seed: int = 1337
+    """Seed of the initial weights, the data order and dropout."""
+    device: str = "auto"
+    """"auto" (cuda when present, else cpu), "cpu", "cuda" or "cuda:N"."""
+    compile: bool = False
+    """torch.compile the model (worth it on CUDA; on CPU it gains ~0-5% for a ~1 min compile)."""
+    threads: int | None = None
+    """CPU threads for torch (default: torch's choice)."""
+
+    def __post_init__(self):
+        _typecheck(self, "train")
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas must lie in [0, 1), got {self.betas}")
+        for name in ("weight_decay", "grad_clip", "min_delta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _positive(self, "train", "batch_size", "decay_steps", "max_steps", "max_minutes", "patience",
+                  "eval_every", "save_every", "log_every", "micro_batch_tokens", "threads", "warmup_steps",
+                  "answer_eval", allow_zero=("warmup_steps", "answer_eval"))
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.save_every or self.eval_every
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return apply_dict(cls(), d)
+
+    def require_stop_rule(self) -> None:
+        t = self.train
+        if t.max_steps is None and t.max_minutes is None and t.patience is None:
+            raise ConfigError("no stopping rule: set train.max_steps (--max-steps), train.max_minutes "
+                              "(--minutes) or train.patience")
+
+
+SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainConfig}
+
+# Fields a resumed run may change: when and how it stops, logs and runs, never what it learns.
+RESUMABLE = frozenset({"train.max_steps", "train.max_minutes", "train.patience", "train.min_delta",
+                       "train.eval_every", "train.save_every", "train.log_every", "train.device",
+                       "train.compile", "train.threads", "train.micro_batch_tokens", "data.cache_dir",
+                       "data.workers"})
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field, read from the source (for --help)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs[a.target.id] = " ".join(str(b.value.value).split())
+    return docs
+
+
+# --- typing and parsing -----------------------------------------------------
+
+def _hints(cls) -> dict[str, object]:
+    return typing.get_type_hints(cls)
+
+
+def _allowed(tp) -> tuple[object, bool]:
+    """(base type, whether None is allowed) of an annotation like `int | None`."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _type_name(tp) -> str:
+    base, optional = _allowed(tp)
+    name = "pair of floats" if typing.get_origin(base) is tuple else base.__name__
+    return name + (" or null" if optional else "")
+
+
+def _conforms(value, tp) -> bool:
+    base, optional = _allowed(tp)
+    if value is None:
+        return optional
+    if typing.get_origin(base) is tuple:
+        args = typing.get_args(base)
+        return isinstance(value, tuple) and len(value) == len(args) and \
+            all(_conforms(v, a) for v, a in zip(value, args))
+    if base is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, base)
+
+
+def _typecheck(obj, section: str) -> None:
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, list):  # from JSON/TOML
+            v = tuple(v)
+            object.__setattr__(obj, f.name, v)
+        if _allowed(hints[f.name])[0] is float and isinstance(v, int) and not isinstance(v, bool):
+            object.__setattr__(obj, f.name, float(v))
+        if isinstance(v, tuple):
+            object.__setattr__(obj, f.name, tuple(float(x) if isinstance(x, int) and not isinstance(x, bool)
+                                                  else x for x in v))
+        if not _conforms(getattr(obj, f.name), hints[f.name]):
+            raise ConfigError(f"{section}.{f.name}: expected {_type_name(hints[f.name])}, got {v!r}")
+
+
+def _positive(obj, section: str, *names: str, allow_zero: tuple[str, ...] = ()) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if v is not None and (v < 0 or (v == 0 and name not in allow_zero)):
+            raise ConfigError(f"{section}.{name} must be {'>= 0' if name in allow_zero else '> 0'}, got {v}")
+
+
+def parse_value(text: str, tp, key: str):
+    """A command-line string as a value of annotation `tp` (JSON syntax accepted)."""
+    base, optional = _allowed(tp)
+    low = text.strip().lower()
+    if optional and low in ("none", "null"):
+        return None
+    if base is str:
+        return text
+    if base is bool:
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = [x for x in text.split(",")] if typing.get_origin(base) is tuple else text
+        if typing.get_origin(base) is tuple and isinstance(value, list):
+            try:
+                value = tuple(json.loads(x) if isinstance(x, str) else x for x in value)
+            except ValueError:
+                pass
+        if _conforms(value, tp):
+            return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {text!r}")
+
+
+def apply_dict(cfg: RunConfig, d: dict, where: str = "config") -> RunConfig:
+    """Overlay a nested {section: {key: value}} mapping; unknown keys raise."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected an object with sections {', '.join(SECTIONS)}")
+    sections = {}
+    for name, values in d.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{where}: unknown config section {name!r} (have: {', '.join(SECTIONS)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: section {name!r} must be an object")
+        known = {f.name for f in fields(SECTIONS[name])}
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"{where}: unknown config key '{name}.{key}'")
+        sections[name] = replace(getattr(cfg, name), **values)
+    return replace(cfg, **sections)
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, str]) -> RunConfig:
+    """Apply `section.key=value` strings (or a {"section.key": "value"} mapping)."""
+    items = overrides.items() if isinstance(overrides, dict) else [_split(o) for o in overrides]
+    nested: dict[str, dict] = {}
+    for key, text in items:
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
+            raise ConfigError(f"unknown config key '{key}'")
+        nested.setdefault(section, {})[name] = parse_value(text, _hints(SECTIONS[section])[name], key)
+    return apply_dict(cfg, nested, where="override")
+
+
+def _split(override: str) -> tuple[str, str]:
+    key, eq, value = override.removeprefix("--").partition("=")
+    if not eq:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    return key, value
+
+
+def load_config_file(path: str | Path, base: RunConfig | None = None) -> RunConfig:
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from None
+    try:
+        d = tomllib.loads(text.decode()) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} "
+                          f"({str(e).splitlines()[0]})") from None
+    return apply_dict(base or RunConfig(), d, where=str(path))
+
+
+def changed_keys(a: RunConfig, b: RunConfig) -> list[str]:
+    da, db = a.to_dict(), b.to_dict()
+    return [f"{s}.{k}" for s in da for k in da[s] if da[s][k] != db[s][k]]

@@ -1,0 +1,172 @@
+"""Lane packing: every active-frame example of a trace in one sequence, exactly.
+
+A frame's committed tokens only ever grow; what the active-frame map removes are the
+pending `<call> ... </call>` blocks. So the examples of one trace form a forest: per frame
+instance, a *trunk* of committed tokens (its call payload, then what it writes and the
+values its children return), with each pending call block *branching* off the trunk at
+the point where it was opened. This is the construction of the paper's CoT-simulates-RM
+proof: every ordinary token has an owner frame, every token of an unfinished block is
+pending, attention is restricted to the tokens the active frame would contain, and
+positions are re-indexed to where each token sits in that frame.
+
+`lane_pack(tokens, prompt_len)` returns the lane sequence of one trace:
+- token i may attend to token j iff both belong to the same frame instance, j comes no
+  later than i, and j is on the trunk or on i's own branch;
+- `pos[i]` is the token's position inside its frame (trunk tokens after a closed branch
+  reuse the positions the branch had: the returned value sits where `<call>` stood);
+- `labels[i]` is the next target token that the state at i predicts, or -1.
+
+Targets are exactly the per-frame examples' targets (a test checks the per-target logits
+against running every example separately). The masks, the tensors and `simulate_rm` (RM's
+prediction for every prefix of a flattened sequence from one pass over its lanes) are in
+`rlmlab.learning.attention`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlmlab.task.vocab import CALL, END_CALL, END_RETURN, RETURN
+
+IGNORE = -1
+
+
+@dataclass
+class Lanes:
+    """One trace (or several, concatenated) in lane form; all lists have one entry per lane token."""
+
+    tokens: list[str]
+    pos: list[int]
+    frame: list[int]  # frame instance id (unique within the packed sequence)
+    branch: list[int]  # -1 on the trunk, else the id of the pending call block
+    labels: list[str | None]  # next-token target predicted at this position, or None
+    example_targets: list[list[int]]  # per active-frame example (in cut order): lane index of each target
+    owner: list[int]  # per token of the flattened input: lane index whose state is the active frame after it
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class _FrameLane:
+    __slots__ = ("trunk_len", "branch", "branch_len", "payload", "open_return", "segment")
+
+    def __init__(self):
+        self.trunk_len = 0  # committed tokens: the next trunk token's position
+        self.branch = -1  # id of the open call block, if any
+        self.branch_len = 0
+        self.payload: list[str] = []  # tokens between the open <call> and now
+        self.open_return: int | None = None  # lane index of this frame's open <return>
+        self.segment: list[int] = []  # lane indices of the targets of the current segment
+
+
+def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
+              strict: bool = True) -> Lanes:
+    """Lane form of a flattened trace (or of any legal prefix of one).
+
+    The caller guarantees legality (`frames.check_prefix`); with `strict`, an ill-formed
+    block raises ValueError.
+    """
+    out = Lanes([], [], [], [], [], [], [])
+    lane_of_frame: list[_FrameLane] = []
+    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch, is_target)]
+    n_branches = 0
+
+    def new_frame() -> int:
+        lane_of_frame.append(_FrameLane())
+        per_frame_tokens.append([])
+        return len(lane_of_frame) - 1
+
+    # Lane indices are assigned after all frames are known (frames are laid out one after
+    # another), so record (frame, slot) first and resolve at the end.
+    def add(f: int, tok: str, pos: int, branch: int, target: bool) -> tuple[int, int]:
+        per_frame_tokens[f].append((tok, pos, branch, target))
+        slot = (f, len(per_frame_tokens[f]) - 1)
+        if target:
+            lane_of_frame[f].segment.append(slot)
+        return slot
+
+    stack = [new_frame()]
+    owner_slots: list[tuple[int, int]] = []
+    examples: list[list[tuple[int, int]]] = []
+    root = lane_of_frame[stack[0]]
+    for t in tokens[:prompt_len]:
+        owner_slots.append(add(stack[0], t, root.trunk_len, -1, False))
+        root.trunk_len += 1
+
+    def commit(f: int, toks: list[str]) -> tuple[int, int]:
+        """Append input tokens (a child's call payload, or a returned value) to frame f's trunk;
+        returns the last one's slot, whose state is the new active frame."""
+        fl = lane_of_frame[f]
+        for tok in toks:
+            slot = add(f, tok, fl.trunk_len, -1, False)
+            fl.trunk_len += 1
+        return slot
+
+    def cut(fl: _FrameLane) -> None:
+        examples.append(fl.segment)
+        fl.segment = []
+
+    for t in tokens[prompt_len:]:
+        f = stack[-1]
+        fl = lane_of_frame[f]
+        if fl.branch != -1:  # inside a pending call block
+            slot = add(f, t, fl.trunk_len + fl.branch_len, fl.branch, True)
+            fl.branch_len += 1
+            if t != END_CALL:
+                if strict and t in (CALL, RETURN, END_RETURN):
+                    raise ValueError(f"control token {t} inside a call block")
+                fl.payload.append(t)
+                owner_slots.append(slot)
+                continue
+            payload, fl.payload = fl.payload, []
+            if strict and not payload:
+                raise ValueError("empty call payload")
+            cut(fl)
+            fl.branch = -1
+            child = new_frame()
+            stack.append(child)
+            owner_slots.append(commit(child, payload))
+            continue
+        if t == CALL:
+            fl.branch = n_branches
+            n_branches += 1
+            fl.branch_len = 1
+            owner_slots.append(add(f, t, fl.trunk_len, fl.branch, True))
+            continue
+        slot = add(f, t, fl.trunk_len, -1, True)
+        fl.trunk_len += 1
+        if t == RETURN:
+            fl.open_return = len(per_frame_tokens[f]) - 1
+        if t == END_RETURN and len(stack) >= 2:
+            if strict and fl.open_return is None:
+                raise ValueError("</return> with no open <return>")
+            start = fl.open_return + 1
+            payload = [tok for tok, _, b, _ in per_frame_tokens[f][start:-1] if b == -1]
+            cut(fl)
+            stack.pop()
+            owner_slots.append(commit(stack[-1], payload))
+            continue
+        owner_slots.append(slot)
+    for f in reversed(stack):  # segments still open (the root's last one, or a prefix's)
+        if lane_of_frame[f].segment:
+            cut(lane_of_frame[f])
+
+    # Lay the frames out one after another and translate slots to lane indices.
+    base, start = [], 0
+    for f, toks in enumerate(per_frame_tokens):
+        base.append(start)
+        start += len(toks)
+        for i, (tok, pos, b, target) in enumerate(toks):
+            out.tokens.append(tok)
+            out.pos.append(pos)
+            out.frame.append(frame_offset + f)
+            out.branch.append(b)
+            out.labels.append(None)
+    for targets in examples:
+        for f, s in targets:
+            # A target is predicted from the state just before it in its frame's lane order.
+            out.labels[base[f] + s - 1] = per_frame_tokens[f][s][0]
+    out.example_targets = [[base[f] + s for f, s in ex] for ex in examples]
+    out.owner = [base[f] + s for f, s in owner_slots]
+    return out

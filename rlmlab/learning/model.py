@@ -1,0 +1,114 @@
+"""The decoder-only Transformer both learners share (paper appendix "Transformer Architecture").
+
+Pre-LayerNorm blocks, learned absolute positional embeddings, GELU MLP with expansion 4,
+attention through `scaled_dot_product_attention`. CoT and RM use this one class: what
+differs between them is only which tokens a row holds, their positions and which
+of them attend to each other, all given by the caller (`pos`, `attn_mask`).
+
+Packed training rows pass their mask as a `BlockDiagonal` (the blocks of a block-diagonal mask)
+rather than a dense tensor: attention then runs per example, at a cost that grows with the
+examples' lengths instead of the row's.
+
+A `cache` (see `rlmlab.decoding.infer.KVCache`) may be passed for decoding: each attention layer then
+hands it its queries, keys and values, and the cache stores the new keys/values and computes
+the attention over whatever its caller laid out (cached frames, freshly packed ones), masks
+included; `attn_mask` is not used then.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from rlmlab.learning.attention import BlockDiagonal
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        drop = self.dropout if self.training else 0.0
+        if cache is not None:
+            y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
+        elif attn_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        elif isinstance(attn_mask, BlockDiagonal):
+            y = attn_mask.attend(q, k, v, drop)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def num_params(self, include_positions: bool = True) -> int:
+        """Distinct parameters (the tied embedding counted once); optionally without the positional table."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_positions else n - self.wpe.weight.numel()
+
+    def forward(self, idx, pos=None, attn_mask=None, cache=None):
+        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, T) bool,
+        True = may attend, or a `BlockDiagonal` (default causal); cache: see the module docstring.
+        Returns logits (B, T, V)."""
+        B, T = idx.shape
+        if pos is None:
+            pos = torch.arange(T, device=idx.device).expand(B, T)
+        if int(pos.max()) >= self.cfg.block_size:
+            raise ValueError(f"position {int(pos.max())} beyond the model's {self.cfg.block_size}")
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask, cache, i)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)

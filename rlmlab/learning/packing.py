@@ -1,0 +1,269 @@
+"""Packing variable-length examples into fixed-length rows without cross-talk.
+
+An example of n tokens occupies n-1 row positions: the inputs tokens[:-1], each predicting
+the next token (targets tokens[1:], -100 where the loss mask is off). Within a row every
+example restarts its positions at 0 and attends only to itself (block-diagonal causal mask),
+so a packed row computes exactly what the examples would compute one by one.
+
+Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
+keeps padding at a few percent. The dense mask (`attn_mask`) defines what a packed row
+computes; training hands it to the model in the form that is fastest on CPU
+(`PackedBatch.attention`), for long rows a `BlockDiagonal`, whose attention cost follows the
+examples' lengths, not the row's. An example longer than `row_len` gets a row of its own,
+rounded up to a multiple of 64 positions: such rows need no mask at all (plain causal
+attention), and long CoT traces are most of CoT's tokens.
+
+`RowStream` turns a dataset into an endless, seeded, resumable sequence of rows: epoch e
+shuffles the examples with seed (seed, e) and packs them; its state is (epoch, row cursor).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlmlab.learning.attention import lane_visible
+from rlmlab.learning.attention import BlockDiagonal
+
+IGNORE = -100  # target id that F.cross_entropy skips
+
+
+@dataclass(frozen=True)
+class Row:
+    """One packed row: `length` positions holding `examples` (dataset indices) left to right."""
+
+    length: int
+    examples: tuple[int, ...]
+
+
+DENSE_ROW = 128  # rows up to this many positions attend with a dense mask, longer ones by blocks
+SOLO_ROUND = 64  # a row of its own is rounded up to a multiple of this many positions
+
+
+def row_length_for(n: int, row_len: int) -> int:
+    """The row an example of n positions opens: the base row, or its own rounded up."""
+    return row_len if n <= row_len else -(-n // SOLO_ROUND) * SOLO_ROUND
+
+
+def pack_rows(lengths: np.ndarray, row_len: int, order: np.ndarray | None = None, window: int = 2048) -> list[Row]:
+    """Pack examples (of `lengths` positions each, taken in `order`) into rows.
+
+    Each row starts with the oldest pending example. One longer than `row_len` stays alone;
+    otherwise the row repeatedly takes the longest pending example that still fits (oldest
+    first among equal lengths) from a window of the next `window` examples. Every example is
+    placed exactly once.
+    """
+    lengths = np.asarray(lengths)
+    order = np.arange(len(lengths)) if order is None else np.asarray(order)
+    if len(order) and int(lengths[order].min()) < 1:
+        raise ValueError("every packed example needs at least one position")
+    lens = lengths.tolist()
+    by_len: dict[int, deque[int]] = {}
+    present: list[int] = []  # sorted lengths with pending examples
+    arrival: deque[int] = deque()
+    taken = np.zeros(len(lengths), dtype=bool)
+    source = iter(order.tolist())
+    pending = 0
+    rows: list[Row] = []
+
+    def refill() -> None:
+        nonlocal pending
+        while pending < window:
+            i = next(source, None)
+            if i is None:
+                return
+            n = lens[i]
+            q = by_len.get(n)
+            if q is None:
+                q = by_len[n] = deque()
+            if not q:
+                bisect.insort(present, n)
+            q.append(i)
+            arrival.append(i)
+            pending += 1
+
+    def take(n: int) -> int:
+        nonlocal pending
+        q = by_len[n]
+        i = q.popleft()
+        if not q:
+            del present[bisect.bisect_left(present, n)]
+        taken[i] = True
+        pending -= 1
+        return i
+
+    refill()
+    while pending:
+        while taken[arrival[0]]:
+            arrival.popleft()
+        head = take(lens[arrival.popleft()])  # the oldest pending is also the oldest of its length
+        T = row_length_for(lens[head], row_len)
+        free = T - lens[head] if T == row_len else 0
+        members = [head]
+        refill()
+        while present and present[0] <= free:
+            n = present[bisect.bisect_right(present, free) - 1]
+            members.append(take(n))
+            free -= n
+            refill()
+        rows.append(Row(T, tuple(members)))
+    return rows
+
+
+def padding_fraction(rows: list[Row], lengths: np.ndarray) -> float:
+    """Share of processed row positions that hold no example."""
+    total = sum(r.length for r in rows)
+    used = sum(int(lengths[list(r.examples)].sum()) for r in rows)
+    return 1.0 - used / total if total else 0.0
+
+
+@dataclass
+class PackedBatch:
+    """Rows of one length, ready for `Transformer.forward(idx, pos, attn_mask)`."""
+
+    idx: torch.Tensor  # (B, T) input ids (pad id on padding)
+    targets: torch.Tensor  # (B, T) next-token ids, IGNORE where there is no loss
+    pos: torch.Tensor  # (B, T) position within the example, 0 on padding
+    doc: torch.Tensor  # (B, T) dataset index of the example at each position, -1 on padding
+    n_targets: int  # loss-bearing positions
+    n_tokens: int  # positions holding an example (the rest is padding)
+    one_per_row: bool  # every row holds a single example starting at position 0
+    frame: torch.Tensor | None = None  # (B, T) lane-packed examples: frame id within the example
+    branch: torch.Tensor | None = None  # (B, T) lane-packed examples: pending call block id, -1 = trunk
+    blocks: torch.Tensor | None = None  # (k, 3) (row, start, length) of each example
+
+    def to(self, device) -> "PackedBatch":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return PackedBatch(self.idx.to(device), self.targets.to(device), self.pos.to(device),
+                           self.doc.to(device), self.n_targets, self.n_tokens, self.one_per_row,
+                           move(self.frame), move(self.branch), move(self.blocks))
+
+    def attention(self) -> BlockDiagonal | torch.Tensor | None:
+        """The mask of `attn_mask` in the form the model computes fastest on CPU: rows longer
+        than `DENSE_ROW` that hold several examples as the blocks of a `BlockDiagonal` (whose
+        cost follows the examples' lengths: 1.5x faster attention on CoT rows of 512); rows of
+        one example as plain causal attention (None), and rows of up to `DENSE_ROW` positions
+        as the dense mask, which win there (`benchmarks/bench_attention.py`)."""
+        B, T = self.doc.shape
+        if T > DENSE_ROW and not (self.one_per_row and self.frame is None):
+            row, start, length = self.blocks.unbind(1)
+            return BlockDiagonal(B, T, row, start, length, self.frame, self.branch)
+        return self.attn_mask()
+
+    def attn_mask(self) -> torch.Tensor | None:
+        """(B, 1, T, T) bool, True = may attend: causal and within the same example.
+
+        Padding positions attend to earlier padding, so no query row is empty (an all-False
+        row would make softmax NaN); no example position ever sees padding or another example.
+        None when a plain causal mask is exact (one example per row, padding only after it),
+        which lets attention skip the upper triangle.
+        """
+        if self.one_per_row and self.frame is None:
+            return None
+        T = self.doc.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.doc.device).tril()
+        same = self.doc[:, :, None] == self.doc[:, None, :]  # (B, T, T)
+        if self.frame is not None:
+            same &= lane_visible(self.frame, self.branch, self.frame, self.branch)
+        return (same & causal).unsqueeze(1)
+
+
+def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,
+            layout: np.ndarray | None = None) -> PackedBatch:
+    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ViewData`."""
+    T = rows[0].length
+    if any(r.length != T for r in rows):
+        raise ValueError("a packed batch holds rows of one length")
+    B = len(rows)
+    ex = np.fromiter((e for r in rows for e in r.examples), dtype=np.int64)
+    per_row = np.fromiter((len(r.examples) for r in rows), dtype=np.int64)
+    row_of = np.repeat(np.arange(B), per_row)  # (k,) row of each example
+    lens = offsets[ex + 1] - offsets[ex] - 1  # (k,) positions per example
+    flat_start = np.cumsum(lens) - lens  # start of each example in the batch's concatenation
+    first_of_row = np.cumsum(per_row) - per_row
+    start_in_row = flat_start - flat_start[first_of_row][row_of]
+    if np.any(start_in_row + lens > T):
+        raise ValueError("examples overflow their row")
+    within = np.arange(int(lens.sum())) - np.repeat(flat_start, lens)  # position inside the example
+    src = np.repeat(offsets[ex], lens) + within  # input token in the flat id array
+    dst = np.repeat(row_of * T + start_in_row, lens) + within
+
+    idx = np.full(B * T, pad_id, dtype=np.int64)
+    targets = np.full(B * T, IGNORE, dtype=np.int64)
+    pos = np.zeros(B * T, dtype=np.int64)
+    doc = np.full(B * T, -1, dtype=np.int64)
+    idx[dst] = ids[src]
+    targets[dst] = np.where(loss[src + 1], ids[src + 1].astype(np.int64), IGNORE)
+    pos[dst] = within if layout is None else layout[src, 0]
+    doc[dst] = np.repeat(ex, lens)
+    as_t = lambda a: torch.from_numpy(a.reshape(B, T))  # noqa: E731
+    frame = branch = None
+    if layout is not None:
+        frame = np.full(B * T, -1, dtype=np.int64)
+        branch = np.full(B * T, -1, dtype=np.int64)
+        frame[dst] = layout[src, 1]
+        branch[dst] = layout[src, 2]
+        frame, branch = as_t(frame), as_t(branch)
+    blocks = torch.from_numpy(np.stack([row_of, start_in_row, lens], axis=1))
+    return PackedBatch(as_t(idx), as_t(targets), as_t(pos), as_t(doc), int((targets != IGNORE).sum()),
+                       len(within), bool(np.all(per_row == 1)), frame, branch, blocks)
+
+
+def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
+    """Group rows by length (shortest first) into chunks of at most `max_tokens` positions
+    (at least one row each): one forward/backward pass per chunk."""
+    by_len: dict[int, list[Row]] = {}
+    for r in rows:
+        by_len.setdefault(r.length, []).append(r)
+    out = []
+    for T in sorted(by_len):
+        group = by_len[T]
+        per = max(1, max_tokens // T)
+        out.extend(group[i:i + per] for i in range(0, len(group), per))
+    return out
+
+
+class RowStream:
+    """Endless rows over a dataset, epoch after epoch; resumable from `state()`.
+
+    Epoch e packs the examples in the order of a permutation seeded by (seed, e), so the rows
+    of any epoch can be rebuilt from the seed alone and the cursor is two integers.
+    """
+
+    def __init__(self, lengths: np.ndarray, row_len: int, seed: int, window: int = 2048):
+        self.lengths = np.asarray(lengths)
+        if len(self.lengths) == 0:
+            raise ValueError("no examples to stream")
+        self.row_len, self.seed, self.window = row_len, seed, window
+        self.epoch, self.cursor = 0, 0
+        self._packed: tuple[int, list[Row]] | None = None
+
+    def epoch_rows(self, epoch: int) -> list[Row]:
+        """The rows of epoch `epoch`, in the order they are taken (the latest epoch is kept)."""
+        if self._packed is None or self._packed[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
+            self._packed = (epoch, pack_rows(self.lengths, self.row_len, order, self.window))
+        return self._packed[1]
+
+    def take(self, budget: int) -> list[Row]:
+        """The next rows, until they hold at least `budget` positions (padding included)."""
+        out, got = [], 0
+        while got < budget:
+            rows = self.epoch_rows(self.epoch)
+            if self.cursor == len(rows):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                continue
+            out.append(rows[self.cursor])
+            got += rows[self.cursor].length
+            self.cursor += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

@@ -1,0 +1,577 @@
+"""The training loop both learners share; the view is only in the data it is given.
+
+    split = prepare_data(cfg.data)                       # pool -> train/val examples of one view
+    result = train(cfg, split.train, split.val, "runs/x", validate_fn=...)
+
+One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
+"batch" means), runs them through the model in micro-batches of one row length, and
+minimises the mean cross-entropy over the step's target tokens. AdamW decays 2-D weights
+only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio.
+
+Validation every `eval_every` steps: teacher-forced loss, per-token accuracy (argmax at every
+target position) and example accuracy (every target of an example right) on held-out examples
+of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
+final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
+checkpoint follows `train.select_metric`; training stops on max steps, the wall-clock
+budget, a validation plateau, or Ctrl-C (after finishing the step and saving).
+
+Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
+`last` checkpoint, so on CPU a resumed run computes the very losses of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlmlab.learning.checkpoint import build_model, checkpoint_dir, load_optimizer_state, read_meta, rng_state, \
+    save_checkpoint, set_rng_state
+from rlmlab.learning.config import RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
+from rlmlab.errors import CheckpointError, ConfigError, DataError
+from rlmlab.learning.model import Transformer
+from rlmlab.learning.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
+from rlmlab.task.pool import read_pool
+from rlmlab.learning.learner import learner
+from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.task.vocab import Vocab, default_vocab
+
+ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
+
+
+# --- data -------------------------------------------------------------------
+
+@dataclass
+class DataSplit:
+    """A view's training and validation examples, and the validation expressions themselves
+    (for greedy final-answer validation)."""
+
+    train: ViewData
+    val: ViewData
+    val_exprs: list[str]
+
+
+def read_expressions(path: str | Path) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet."""
+    return read_pool(path).column("expr").to_pylist()
+
+
+def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
+    """Read the expressions, split off validation unless a file gives it, and build the
+    configured view's training and validation examples (cached, see `build_view_data`)."""
+    if data.train is None:
+        raise ConfigError("data.train: no training data given (--data pool.parquet)")
+    vocab = vocab or default_vocab()
+    exprs = read_expressions(data.train)
+    if data.val is not None:
+        val_exprs, train_exprs = read_expressions(data.val), exprs
+    else:
+        if len(exprs) <= data.val_size:
+            raise DataError(f"{data.train}: {len(exprs)} expressions, too few to split off "
+                            f"data.val_size={data.val_size} for validation")
+        is_val = np.zeros(len(exprs), dtype=bool)
+        is_val[np.random.default_rng(data.val_seed).permutation(len(exprs))[:data.val_size]] = True
+        val_exprs = [e for e, v in zip(exprs, is_val) if v]
+        train_exprs = [e for e, v in zip(exprs, is_val) if not v]
+    if data.train_size is not None:
+        if data.train_size > len(train_exprs):
+            raise DataError(f"data.train_size={data.train_size} but only {len(train_exprs)} training expressions")
+        train_exprs = train_exprs[:data.train_size]
+    workers = data.workers or os.cpu_count() or 1
+    cache = data.resolved_cache_dir()
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache), val_exprs)
+
+
+def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
+    """Remove examples that read beyond the positional table (an example of n tokens reads n-1)."""
+    needed = data.positions_needed
+    too_long = needed > block_size
+    n = int(too_long.sum())
+    if n and not drop:
+        raise DataError(f"{n} {what} examples are longer than the model's block_size={block_size} "
+                        f"(longest {int(needed.max())}); raise model.block_size or set data.drop_too_long")
+    if n == len(data):
+        raise DataError(f"every {what} example is longer than the model's block_size={block_size}")
+    return data.select(~too_long), n
+
+
+# --- optimisation -----------------------------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available")
+    return torch.device(name)
+
+
+def configure_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.AdamW:
+    # Weight decay on matrices (and embedding tables) only; biases and LayerNorm gains are not
+    # scales the model should be pulled away from.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # The fused kernel is one pass over all parameters, ~4x faster than the per-tensor loop on CPU too.
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, fused=True)
+
+
+def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the floor."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    if horizon is None or horizon <= tc.warmup_steps:
+        return tc.lr
+    progress = min(1.0, (step - tc.warmup_steps) / (horizon - tc.warmup_steps))
+    floor = tc.lr * tc.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
+
+
+PACE_WINDOW = 200  # steps whose median time is the pace of a time-budgeted schedule
+
+
+def schedule_horizon(step: int, remaining_s: float, step_times: list[float], per_eval_s: float,
+                     eval_every: int) -> int:
+    """The last step of a cosine schedule that should end with a time budget: the steps that
+    fit `remaining_s` at the median time of the last PACE_WINDOW steps (robust to one-off
+    stalls) plus the validations' share, at least one more step."""
+    per_step = statistics.median(step_times[-PACE_WINDOW:]) + per_eval_s / eval_every
+    return step + max(1, int(remaining_s / per_step))
+
+
+def autocast_for(device: torch.device):
+    # bf16 on CUDA (no loss scaling needed); CPU bf16 matmuls are far slower than fp32 there.
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy over the batch's targets, logits)."""
+    with autocast_for(device):
+        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attention())  # (B, T, V)
+    logits = logits.float()
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
+                           reduction="sum")
+    return loss, logits
+
+
+@torch.no_grad()
+def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy."""
+    loss_sum, correct, n_targets = 0.0, 0, 0
+    wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
+    for b in batches:
+        b = b.to(device)
+        loss, logits = batch_loss(fwd, b, device)
+        is_target = b.targets != IGNORE
+        hit = (logits.argmax(-1) == b.targets) & is_target
+        loss_sum += float(loss)
+        correct += int(hit.sum())
+        n_targets += int(is_target.sum())
+        miss_doc = torch.where(is_target & ~hit, b.doc, n_examples)
+        wrong_example[miss_doc.view(-1)] = True
+    return {"loss": loss_sum / n_targets, "token_acc": correct / n_targets,
+            "example_acc": 1.0 - int(wrong_example[:n_examples].sum()) / n_examples}
+
+
+# --- the loop ---------------------------------------------------------------
+
+@dataclass
+class TrainerState:
+    """What the loop carries between steps beyond weights and optimizer (saved as JSON)."""
+
+    step: int = 0
+    elapsed_s: float = 0.0  # wall clock of all sessions, validation included
+    cpu_s: float = 0.0  # CPU time of this process over all sessions: a clock other jobs on the machine barely move
+    tokens: int = 0  # example positions trained on (padding excluded)
+    horizon: int | None = None  # schedule length estimated from a time budget
+    stream: dict = field(default_factory=lambda: {"epoch": 0, "cursor": 0})
+    select_metric: str | None = None
+    best_score: float | None = None
+    best_step: int | None = None
+    bad_evals: int = 0  # validations since the last improvement by more than min_delta
+    last_eval_step: int | None = None
+    dropped: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_saved(cls, saved: dict, ckpt: Path) -> "TrainerState":
+        """The state a checkpoint recorded, its types checked (CheckpointError otherwise)."""
+        try:
+            state = cls(**{k: v for k, v in saved.items() if k != "rng"})
+        except TypeError as e:
+            raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
+        numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
+        bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
+               or isinstance(getattr(state, k), bool)]
+        stream = state.stream
+        if not (isinstance(stream, dict) and all(isinstance(stream.get(k), int) for k in ("epoch", "cursor"))):
+            bad.append("stream")
+        if bad:
+            raise CheckpointError(f"{ckpt}: malformed trainer state ({', '.join(bad)})")
+        return state
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    stop_reason: str
+    select_metric: str | None
+    best_score: float | None
+    best_step: int | None
+    val: dict  # the last validation's metrics
+
+
+@contextmanager
+def _stop_on_sigint(echo):
+    """First Ctrl-C: finish the step, save and stop. Second: abort at once."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        echo("\ninterrupt: stopping after this step and saving (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, flushed as written."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        """A new log, or with `resume_step` the existing one continued after that step."""
+        self.path = path
+        if resume_step is not None and path.exists():
+            # A run killed after its last save logged steps that the resumed run will redo.
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(path)
+        self.f = open(path, "a" if resume_step is not None else "w")
+
+    def write(self, record: dict) -> None:
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def _better(score: float, best: float | None, metric: str, margin: float = 0.0) -> bool:
+    if best is None:
+        return True
+    return score < best - margin if metric.endswith("loss") else score > best + margin
+
+
+def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+          resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
+          echo: Callable[[str], None] = print) -> TrainResult:
+    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
+    return Trainer(cfg, train_data, val_data, run_dir, resume=resume, validate_fn=validate_fn, progress=progress,
+                   echo=echo).run()
+
+
+class Trainer:
+    """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
+
+    def __init__(self, cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+                 resume: bool, validate_fn: ValidateFn | None, progress: bool, echo: Callable[[str], None]):
+        self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
+        self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
+        tc = self.tc
+        cfg.require_stop_rule()
+        self.vocab, self.view = train_data.vocab, train_data.view
+        if (val_data.vocab, val_data.view) != (self.vocab, self.view):
+            raise DataError("training and validation examples differ in view or vocabulary")
+        if self.view != cfg.data.view:
+            raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
+        self.device = device = resolve_device(tc.device)
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        model_cfg = cfg.model.build(self.view, len(self.vocab))
+        self.state = TrainerState()
+        dropped = {}
+        self.train_data, dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                         "training")
+        self.val_data, dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
+                                                     "validation")
+        self.last_val: dict = {}  # the latest validation, carried into `last` checkpoints
+        if resume:
+            ckpt = checkpoint_dir(self.run_dir, "last")
+            meta = read_meta(ckpt)
+            saved = RunConfig.from_dict(meta["config"])
+            fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE]
+            if fixed:
+                raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
+                                  f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
+                raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
+            if "trainer" not in meta:
+                raise CheckpointError(f"{ckpt}: no trainer state to resume from")
+            self.model = build_model(meta, ckpt, device)
+            self.state = TrainerState.from_saved(meta["trainer"], ckpt)
+            self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
+        else:
+            if any((self.run_dir / p).exists() for p in ("last", "best", ".last.old")):
+                raise ConfigError(f"{self.run_dir} already holds a run: pass --resume to continue it, "
+                                  "or choose another --out")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            torch.manual_seed(tc.seed)
+            self.model = Transformer(model_cfg).to(device)
+            self.state.dropped = dropped
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+        self.optimizer = configure_optimizer(self.model, tc)
+        if resume:
+            load_optimizer_state(ckpt, meta, self.optimizer)
+            set_rng_state(meta["trainer"].get("rng"))
+        self.fwd = torch.compile(self.model) if tc.compile else self.model
+
+        positions = self.train_data.lengths - 1
+        self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
+        self.stream.load_state(self.state.stream)
+        self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+        val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
+        self.val_batches = [collate(self.val_data.ids, self.val_data.loss, self.val_data.offsets, mb,
+                                    self.vocab.pad_id, self.val_data.layout)
+                            for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+        self.rows_per_epoch = len(self.stream.epoch_rows(0))
+        self._describe(model_cfg, positions, resume)
+
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
+        self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
+        self.session_start = time.perf_counter()
+        self.elapsed_before = self.state.elapsed_s
+        self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
+        self.step_times: list[float] = []  # this session's training steps, seconds each
+        self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
+        self.interrupted = False
+
+    def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
+        cfg, tc, st = self.cfg, self.tc, self.state
+        tr, va = self.train_data, self.val_data
+        self.echo(f"model: {cfg.model.preset} ({self.view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
+                  f"width {model_cfg.n_embd}, {model_cfg.block_size} positions: "
+                  f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
+                  f"weights, tied embedding once, positional table excluded; "
+                  f"{self.model.num_params() / 1e6:.2f}M with it)")
+        padding = padding_fraction(self.stream.epoch_rows(0), positions)
+        dropped = (f"; dropped {st.dropped['train']} training / {st.dropped['val']} validation examples longer "
+                   f"than {model_cfg.block_size}" if st.dropped.get("train") or st.dropped.get("val") else "")
+        self.echo(f"data: {self.view} view, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
+                  f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
+                  f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
+                  f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
+        self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
+                  + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
+                  + (f"; resuming at step {st.step}" if resume else ""))
+
+    # --- clock and stopping ---
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.session_start
+
+    def cpu(self) -> float:
+        return self.cpu_before + time.process_time() - self.cpu_start
+
+    def horizon(self) -> int | None:
+        return self.tc.decay_steps or self.tc.max_steps or self.state.horizon
+
+    def should_stop(self) -> str | None:
+        tc, st = self.tc, self.state
+        if tc.max_steps is not None and st.step >= tc.max_steps:
+            return "max_steps"
+        if self.budget_s is not None and self.elapsed() >= self.budget_s:
+            return "max_minutes"
+        if tc.patience is not None and st.bad_evals >= tc.patience:
+            return "plateau"
+        return "interrupted" if self.interrupted else None
+
+    def update_horizon(self) -> None:
+        """With only a time budget, the schedule's length: set once warm-up is over and this
+        session has run 50 steps, then re-estimated at every validation, so that a pace misjudged
+        early (other jobs on the machine, one-off costs after a resume) neither ends the cosine
+        long before the budget nor leaves it unfinished. Each change is logged."""
+        tc, st = self.tc, self.state
+        if not self.budget_s or tc.decay_steps or tc.max_steps:
+            return
+        if st.step < tc.warmup_steps or len(self.step_times) < 50:
+            return
+        if st.horizon is not None and st.last_eval_step != st.step:
+            return
+        if self.n_evals:
+            per_eval = self.eval_s / self.n_evals
+        else:  # not measured yet: a forward pass costs about a third of a training step per position
+            per_eval = statistics.median(self.step_times) * self.val_data.n_tokens / (st.tokens / st.step) / 3
+        horizon = schedule_horizon(st.step, self.budget_s - self.elapsed(), self.step_times, per_eval,
+                                   tc.eval_every)
+        if horizon != st.horizon:
+            self.log.write({"kind": "schedule", "step": st.step, "horizon": horizon,
+                            "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
+            if st.horizon is None:
+                self.echo(f"schedule: {horizon} steps estimated to fit {tc.max_minutes} minutes")
+            st.horizon = horizon
+
+    # --- checkpoints and validation ---
+
+    def save(self, which: str, metrics: dict) -> None:
+        last = which == "last"
+        if last:
+            self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
+        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+                        step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
+                        optimizer=self.optimizer if last else None,
+                        trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
+
+    def validate(self) -> dict:
+        t0 = time.perf_counter()
+        tc, st, model = self.tc, self.state, self.model
+        model.eval()
+        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        if self.validate_fn is not None:
+            # The hook may sample or use its own RNG; the training stream must not notice.
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                extra = self.validate_fn(model, self.vocab, learner(self.view).driver)
+            metrics.update({k: float(v) for k, v in extra.items()})
+        model.train()
+        if st.select_metric is None:
+            st.select_metric = tc.select_metric if tc.select_metric != "auto" else \
+                ("answer_acc" if "answer_acc" in metrics else "loss")
+        name = st.select_metric
+        if name not in metrics:
+            raise ConfigError(f"train.select_metric={name!r} is not a validation metric (have: {', '.join(metrics)})")
+        improved = _better(metrics[name], st.best_score, name)
+        st.bad_evals = 0 if _better(metrics[name], st.best_score, name, tc.min_delta) else st.bad_evals + 1
+        st.last_eval_step = st.step
+        if improved:
+            st.best_score, st.best_step = metrics[name], st.step
+            self.save("best", metrics)
+        self.eval_s += time.perf_counter() - t0
+        self.n_evals += 1
+        self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved,
+                        "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
+        self.last_val = metrics
+        return metrics
+
+    # --- the loop ---
+
+    def run(self) -> TrainResult:
+        tc, st = self.tc, self.state
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.view}",
+                       dynamic_ncols=True)
+        window = {"loss": 0.0, "steps": 0, "tokens": 0, "start": time.perf_counter()}
+        self.model.train()
+        try:
+            with _stop_on_sigint(self.echo) as interrupt:
+                stop_reason = self.should_stop()  # a resumed run may have nothing left to do
+                while stop_reason is None:
+                    t0 = time.perf_counter()
+                    lr = lr_at(st.step, tc, self.horizon())
+                    for g in self.optimizer.param_groups:
+                        g["lr"] = lr
+                    loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
+                                                        self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
+                                                        self.device)
+                    st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
+                    self.step_times.append(time.perf_counter() - t0)
+                    window["loss"] += loss
+                    window["steps"] += 1
+                    window["tokens"] += n_tok
+                    if st.step % tc.log_every == 0:
+                        self._log_train(window, lr, grad_norm, bar)
+                    if bar is not None:
+                        bar.update(1)
+                    if st.step % tc.eval_every == 0:
+                        self.validate()
+                    self.update_horizon()
+                    self.interrupted = interrupt["stop"]
+                    stop_reason = self.should_stop()
+                    if stop_reason is None and st.step % tc.checkpoint_every == 0:
+                        self.save("last", self.last_val)
+                if st.last_eval_step != st.step:
+                    self.validate()
+                self.save("last", self.last_val)
+            self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
+                            "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
+                            "elapsed_s": round(st.elapsed_s, 3), "cpu_s": round(st.cpu_s, 3)})
+        finally:
+            if bar is not None:
+                bar.close()
+            self.log.close()
+        return TrainResult(self.run_dir, st.step, stop_reason, st.select_metric, st.best_score, st.best_step,
+                           self.last_val)
+
+    def _log_train(self, window: dict, lr: float, grad_norm: float, bar) -> None:
+        st = self.state
+        tok_s = window["tokens"] / max(time.perf_counter() - window["start"], 1e-9)
+        loss = window["loss"] / window["steps"]
+        epoch = st.stream["epoch"] + st.stream["cursor"] / max(1, self.rows_per_epoch)
+        self.log.write({"kind": "train", "step": st.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                        "tokens": st.tokens, "tok_s": round(tok_s, 1), "epoch": round(epoch, 4),
+                        "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        window.update(loss=0.0, steps=0, tokens=0, start=time.perf_counter())
+
+
+def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
+               tc: TrainConfig, device: torch.device) -> tuple[float, int, float]:
+    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
+    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout)
+               for mb in micro_batches(rows, tc.micro_batch_tokens)]
+    n_targets = sum(b.n_targets for b in batches)
+    total = torch.zeros((), device=device)
+    for b in batches:
+        loss, _ = batch_loss(fwd, b.to(device), device)
+        (loss / n_targets).backward()  # the step's mean over targets, however the rows are split
+        total += loss.detach()
+    clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
+
+
+def _with_prefix(d: dict, prefix: str) -> dict:
+    return {prefix + k: v for k, v in d.items()}
+
+
+def _get(cfg: RunConfig, key: str):
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)

@@ -1,0 +1,248 @@
+"""The invariance probe (paper, "Invariance Under an Observation Function", theorem "Shortcut
+Forces Non-Invariance"): does a learner's behaviour depend on more than the active frame?
+
+Two levels, for a predictor run through its own view (CoT: the whole sequence; RM: the active
+frame; any observation of `rlmlab.learning.observe`):
+
+- position level: at every prediction point t of every canonical trace x, the greedy next
+  token on the complete prefix x_t against the one on Pi_rec(x_t) posed alone, the theorem's
+  witness x_te := Pi_rec(x_t). (Through a view V the predictor reads V(x_t) and
+  V(Pi_rec(x_t)).) Both sides are teacher-forced: the view's examples of the trace once,
+  and each active-frame example once (the points of one frame segment read prefixes of it).
+  A point is *non-invariant* if the two tokens differ; a *witness* if in addition the
+  prediction in context is the true next token (the theorem's x with f(x) = g*(Pi(x))).
+- answer level: the predictor's own greedy trace of each expression is replayed; for every
+  completed call (a `</call>` answered by the child's `</return>`), the value returned in
+  context is compared with the value the predictor returns when the payload is posed alone
+  as a root problem (all such decodings batched through `generate`). Payloads that do not
+  parse as a call are counted (`unparsed`) and skipped.
+
+For RM both rates are zero by construction: its view of x_t *is* Pi_rec(x_t), and a child
+frame decodes exactly as the same call decodes as a root.
+
+`probe(...)` returns one dict per expression; `summarize_probe(rows, by)` the rates overall and
+per group, with 95% Wilson intervals (points and subproblems counted as independent trials:
+points of one trace are not, so read the interval as a lower bound on the uncertainty);
+`probe_summary(rows)` the overall figures a report puts next to accuracy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from rlmlab.errors import RlmlabError
+from rlmlab.task.expr import Call, parse, to_text, value_token
+from rlmlab.task.frames import StackReplay
+from rlmlab.decoding.infer import NEW, NO_TOKEN, Feed, Limits, Predictor, generate
+from rlmlab.learning.observe import observer
+from rlmlab.measuring.stats import wilson
+from rlmlab.measuring.teacher import Row, teacher_forced_argmax
+from rlmlab.task.trace import execute, trace_stats
+from rlmlab.task.vocab import END_RETURN, RETURN, Vocab
+
+# --- teacher-forced greedy predictions ------------------------------------------------------
+
+
+def forced_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: int = 64,
+                       max_tokens: int = 16384) -> list[list[int]]:
+    """out[r][j]: the predictor's greedy token after reading rows[r].ids[:m + j], for every
+    target j of row r.
+
+    A `ModelPredictor` (anything with a `.model`) runs each row once, teacher-forced, rows
+    batched by length up to `max_tokens` padded tokens; a point beyond the model's block size
+    gets NO_TOKEN. Any other predictor (the oracles) is walked along each row with the
+    driver's own feeds: the context, then one more token per step (event NEW, then keep =
+    all but the newest token), `batch_size` rows at once in slots.
+    """
+    model = getattr(predictor, "model", None)
+    if model is not None:
+        return teacher_forced_argmax(model, rows, max_tokens)
+    return _walked_predictions(predictor, rows, batch_size)
+
+
+def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: int) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in rows]
+    todo = iter(r for r in range(len(rows)) if len(rows[r][0]) > rows[r][1])
+    n_slots = max(1, min(batch_size, len(rows)))
+    predictor.reset(n_slots)
+    block = predictor.block_size
+    slots: list[int | None] = [None] * n_slots  # row index per slot
+    fresh = [True] * n_slots
+    while True:
+        for s in range(n_slots):
+            if slots[s] is None:
+                slots[s] = next(todo, None)
+                fresh[s] = True
+        feeds = []
+        for s, r in enumerate(slots):
+            if r is None:
+                continue
+            ids, m = rows[r]
+            n = m + len(out[r])  # tokens read this step
+            if block is not None and n > block:  # unreadable: as in generation, no token
+                out[r].extend([NO_TOKEN] * (len(ids) - n))
+                slots[s] = next(todo, None)
+                fresh[s] = True
+                continue
+            feeds.append(Feed(s, list(ids[:n]), 0 if fresh[s] else n - 1, NEW if fresh[s] else None))
+            fresh[s] = False
+        if not feeds:
+            if any(r is not None for r in slots):
+                continue  # slots refilled after unreadable rows
+            return out
+        for f, t in zip(feeds, predictor(feeds)):
+            r = slots[f.slot]
+            out[r].append(t)
+            if len(out[r]) == len(rows[r][0]) - rows[r][1]:
+                slots[f.slot] = None
+
+
+# --- position level -------------------------------------------------------------------------
+
+
+def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
+                   batch_size: int = 64) -> list[dict]:
+    """Per expression: prediction points, how many are non-invariant, how many of those are
+    witnesses (right in context), and how many are right in context."""
+    obs = observer(view)
+    left: list[Row] = []
+    right: list[Row] = []
+    spans = []  # per expression: (left rows [a, b), right rows [c, d), canonical targets)
+    for e in exprs:
+        ex = execute(e)
+        a, c = len(left), len(right)
+        left.extend((vocab.encode(t), m) for t, m in obs.examples(ex.tokens, ex.prompt_len))
+        for f in ex.frames:  # Pi_rec(x_t) for the points of one segment: prefixes of f.tokens
+            right.extend((vocab.encode(t), m) for t, m in obs.examples(f.tokens, f.m))
+        spans.append((a, len(left), c, len(right), vocab.encode(ex.tokens[ex.prompt_len:])))
+    in_context = forced_predictions(predictor, left, batch_size)
+    alone = forced_predictions(predictor, right, batch_size)
+    out = []
+    for a, b, c, d, truth in spans:
+        p = [t for r in range(a, b) for t in in_context[r]]
+        q = [t for r in range(c, d) for t in alone[r]]
+        assert len(p) == len(q) == len(truth), "a view's examples must cover every prediction point once"
+        differ = [x != y for x, y in zip(p, q)]
+        right_ = [x == y for x, y in zip(p, truth)]
+        out.append({"positions": len(truth), "position_differ": sum(differ),
+                    "position_correct": sum(right_),
+                    "witnesses": sum(dx and rx for dx, rx in zip(differ, right_))})
+    return out
+
+
+# --- answer level ---------------------------------------------------------------------------
+
+
+def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, str, int]]:
+    """The completed calls of a (possibly invalid) trace, in the order they return: (payload
+    q as written, returned payload a, depth of the child). Replay stops at the first illegal
+    token."""
+    r = StackReplay(tokens[:prompt_len])
+    payloads: list[list[str]] = []
+    out = []
+    for i in range(prompt_len, len(tokens)):
+        # The returned payload is the frame's (a child's value already appended), not the
+        # flattened trace's text between <return> and </return>.
+        frame = r.top if tokens[i] == END_RETURN else None
+        n_frame = len(frame) if frame is not None else 0
+        event = r.feed(tokens[i])
+        if event == "push":
+            payloads.append(list(r.top))
+        elif event == "pop":
+            j = n_frame - 1
+            while frame[j] != RETURN:  # the replay accepted it: a holds no control token
+                j -= 1
+            out.append((" ".join(payloads.pop()), " ".join(frame[j + 1:n_frame]), r.depth + 1))
+        elif event in ("error", "done"):
+            break
+    return out
+
+
+def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
+                 limits: Limits = Limits(), batch_size: int = 64) -> list[dict]:
+    """Per expression: completed subproblems of the predictor's greedy trace, how many return
+    another value when posed alone, how many payloads did not parse, and how often the value
+    was right in context and alone."""
+    gens = generate(predictor, exprs, vocab, view, limits, batch_size)
+    calls_per_expr = [completed_calls(g.tokens, g.prompt_len) for g in gens]
+    standalone: dict[str, Call | None] = {}
+    for calls in calls_per_expr:
+        for q, _, _ in calls:
+            if q not in standalone:
+                try:
+                    e = parse(q)
+                except RlmlabError:
+                    e = None
+                standalone[q] = e if isinstance(e, Call) else None
+    posed = [q for q, e in standalone.items() if e is not None]
+    alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, view, limits, batch_size) if posed else []
+    alone = {q: g.answer for q, g in zip(posed, alone_gens)}
+    truth = {q: value_token(trace_stats(standalone[q]).value) for q in posed}
+    out = []
+    for g, calls in zip(gens, calls_per_expr):
+        ok = [(q, a) for q, a, _ in calls if standalone[q] is not None]
+        out.append({"generated_valid": g.valid, "subproblems": len(ok), "unparsed": len(calls) - len(ok),
+                    "answer_differ": sum(alone[q] != a for q, a in ok),
+                    "in_context_correct": sum(a == truth[q] for q, a in ok),
+                    "alone_correct": sum(alone[q] == truth[q] for q, a in ok)})
+    return out
+
+
+# --- both, and summaries --------------------------------------------------------------------
+
+
+def probe(predictor: Predictor, view: str, exprs: Sequence[Call | str], vocab: Vocab,
+          extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
+          positions: bool = True, answers: bool = True) -> list[dict]:
+    """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
+    `bin`, `split`, `construction`, for grouping)."""
+    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
+    if positions:
+        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size)):
+            row.update(p)
+    if answers:
+        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size)):
+            row.update(a)
+    return rows
+
+
+def _rates(rows: Sequence[dict]) -> dict:
+    out: dict = {"n_expressions": len(rows)}
+    if rows and "positions" in rows[0]:
+        n, k = sum(r["positions"] for r in rows), sum(r["position_differ"] for r in rows)
+        nc, w = sum(r["position_correct"] for r in rows), sum(r["witnesses"] for r in rows)
+        out.update(positions=n, position_non_invariant=k, position_rate=k / n if n else None,
+                   position_ci95=list(wilson(k, n)), position_correct=nc, witnesses=w,
+                   witness_rate=w / nc if nc else None, witness_ci95=list(wilson(w, nc)))
+    if rows and "subproblems" in rows[0]:
+        n, k = sum(r["subproblems"] for r in rows), sum(r["answer_differ"] for r in rows)
+        out.update(subproblems=n, answer_non_invariant=k, answer_rate=k / n if n else None,
+                   answer_ci95=list(wilson(k, n)), unparsed=sum(r["unparsed"] for r in rows),
+                   in_context_correct=sum(r["in_context_correct"] for r in rows),
+                   alone_correct=sum(r["alone_correct"] for r in rows))
+    return out
+
+
+def summarize_probe(rows: Sequence[dict], by: Sequence[str] = ()) -> list[dict]:
+    """The rates overall (group_by None) and per value of each column in `by` (values in order
+    of first appearance in `rows`), as a list of
+    dicts: position_rate (non-invariant points / points), witness_rate (non-invariant points
+    right in context / points right in context), answer_rate (subproblems answered otherwise
+    alone / subproblems), each with a 95% Wilson interval."""
+    out = [{"group_by": None, "group": None, **_rates(rows)}]
+    for key in by:
+        groups: dict = defaultdict(list)
+        for r in rows:
+            groups[r.get(key)].append(r)
+        for value in groups:  # in order of first appearance: a split's bins are stored in bin order
+            out.append({"group_by": key, "group": value, **_rates(groups[value])})
+    return out
+
+
+def probe_summary(rows: Sequence[dict]) -> dict:
+    """The overall figures, for a report column next to accuracy: position_rate,
+    position_ci95, witness_rate, answer_rate, answer_ci95, and their counts."""
+    return summarize_probe(rows)[0]
+

@@ -1,0 +1,217 @@
+"""Scoring: final-answer accuracy, teacher-forced per-token accuracy, per-expression results.
+
+Every metric is a pure function of the per-expression result dicts that `expression_results`
+builds and `write_results` saves, so per-bin tables, shortcut rates or any other grouping can
+be recomputed from a results file without rerunning a model.
+
+- Final-answer accuracy: the root's returned payload equals the true value token; an invalid
+  trace counts as wrong. 95% Wilson score intervals (paper appendix, "Evaluation").
+- Per-token accuracy (paper appendix, IID setup): at every eligible position the model reads
+  the true prefix and its argmax is compared with the true next token. CoT: the positions
+  after the prompt of the flattened trace; RM: the targets of every active-frame example;
+  any other observation (`rlmlab.learning.observe`): the targets of its training examples.
+  The interval is a bootstrap over expressions, not over tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.task.expr import Call, parse, value_token
+from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
+from rlmlab.learning.observe import observer
+from rlmlab.task.pool import read_pool
+from rlmlab.measuring.stats import summarize
+from rlmlab.measuring.teacher import teacher_forced_argmax
+from rlmlab.task.trace import Execution, execute, trace_stats
+from rlmlab.task.vocab import Vocab
+
+def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+                   max_tokens: int = 16384) -> list[np.ndarray]:
+    """Teacher-forced hits for `view`: per expression a boolean array over its generated tokens
+    (the trace after the written expression), in trace order.
+
+    Every generated token is the target of exactly one of the view's examples (CoT: one per
+    trace; RM: one per active-frame example), and the examples cover the trace in order, so
+    their targets concatenate to the generated tokens. An eligible position the model cannot
+    read (beyond its block size) counts as wrong, as it would be in generation.
+    """
+    obs = observer(view)
+    rows, owner = [], []
+    for i, ex in enumerate(executions):
+        for toks, m in obs.examples(ex.tokens, ex.prompt_len):
+            rows.append((vocab.encode(toks), m))
+            owner.append(i)
+    predicted = teacher_forced_argmax(model, rows, max_tokens)
+    parts: list[list[np.ndarray]] = [[] for _ in executions]
+    for i, (ids, m), pred in zip(owner, rows, predicted):
+        parts[i].append(np.asarray(pred, dtype=np.int64) == np.asarray(ids[m:], dtype=np.int64))
+    return [np.concatenate(p) if p else np.zeros(0, dtype=bool) for p in parts]
+
+
+def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+                     max_tokens: int = 16384) -> list[tuple[int, int]]:
+    """Teacher-forced (correct, eligible) per expression for `view` (`per_token_hits` summed)."""
+    return [(int(h.sum()), len(h)) for h in per_token_hits(model, vocab, view, executions, max_tokens)]
+
+
+# The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
+# asked for, and the data file's own columns such as a pool's id).
+RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "reason", "trace_len", "max_depth",
+                 "n_frames", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth", "pred_n_frames",
+                 "fed", "trace_exact", "diverge_at")
+
+
+def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
+                       per_token: Sequence[tuple[int, int]] | None = None,
+                       extra: Sequence[dict] | None = None, traces: bool | str = False) -> list[dict]:
+    """One flat dict per expression: the truth, the prediction, and what the decoding did.
+    `traces`: True keeps every produced trace (`trace`, space-joined), "inexact" only those that
+    differ from the canonical trace (an exact one is the executor's), False none."""
+    if traces not in (False, True, "inexact"):
+        raise ValueError(f"traces must be False, True or 'inexact', got {traces!r}")
+    out = []
+    for k, (g, ex) in enumerate(zip(gens, executions)):
+        produced = tuple(g.tokens)
+        exact = produced == ex.tokens
+        diverge = None
+        if not exact:
+            diverge = next((j for j, (a, b) in enumerate(zip(produced, ex.tokens)) if a != b),
+                           min(len(produced), len(ex.tokens)))
+        r = {
+            "expr": ex.text, "root": ex.expr.fn, "value": ex.value_token, "prediction": g.answer,
+            "correct": g.valid and g.answer == ex.value_token, "valid": g.valid, "reason": g.reason,
+            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frames": ex.n_frames,
+            "max_frame_width": ex.max_frame_width,
+            "generated": g.n_generated, "pred_trace_len": len(produced), "pred_max_depth": g.max_depth,
+            "pred_n_frames": g.n_frames, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
+        }
+        if per_token is not None:
+            r["tf_correct"], r["tf_total"] = per_token[k]
+        if traces is True or (traces == "inexact" and not exact):
+            r["trace"] = " ".join(produced)
+        if extra is not None:
+            r.update(extra[k])
+        out.append(r)
+    return out
+
+
+def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[Call], list[dict]]:
+    """Expressions to evaluate: a parquet file with an `expr` column (a pool: its `id` column is
+    kept with each result) or a text file with one written expression per line (blank lines
+    and lines starting with # are skipped). Returns (parsed calls, per-expression extras)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".parquet":
+        table = read_pool(path)
+        if limit is not None:
+            table = table.slice(0, limit)
+        texts = table.column("expr").to_pylist()
+        ids = table.column("id").to_pylist() if "id" in table.column_names else None
+        where = [f"row {i}" for i in range(len(texts))]
+    else:
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not a text file of expressions (or a .parquet pool)") from None
+        numbered = [(n, s.strip()) for n, s in enumerate(lines, 1) if s.strip() and not s.lstrip().startswith("#")]
+        numbered = numbered[:limit] if limit is not None else numbered
+        texts = [s for _, s in numbered]
+        where = [f"line {n}" for n, _ in numbered]
+        ids = None
+    exprs = []
+    for text, w in zip(texts, where):
+        try:
+            e = parse(text)
+        except RlmlabError as err:
+            raise DataError(f"{path}: {w}: {err}") from None
+        if not isinstance(e, Call):
+            raise DataError(f"{path}: {w}: {text!r} is a literal, not a call")
+        exprs.append(e)
+    if not exprs:
+        raise DataError(f"{path}: no expressions")
+    extra = [{"id": i} for i in ids] if ids is not None else [{} for _ in exprs]
+    return exprs, extra
+
+
+def data_columns(path: str | Path, n: int) -> list[dict]:
+    """Per expression, the first `n` rows' columns of a parquet data file other than `expr`
+    (JSON-safe scalars only: bins, splits, ids, signals); a text file has none."""
+    if Path(path).suffix != ".parquet":
+        return [{} for _ in range(n)]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path).slice(0, n)
+    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+             pa.types.is_large_string)
+    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in plain)]
+    cols = {c: table.column(c).to_pylist() for c in keep}
+    return [{c: cols[c][i] for c in keep} for i in range(n)]
+
+
+def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, default_by: Sequence[str],
+                 per_group: int | None = None) -> tuple[list[Call], list[dict], list[str]]:
+    """Expressions with their data columns, for a command that groups its figures by columns:
+    `by` (default: those of `default_by` the data has) is checked against the data, and with
+    `per_group` only the first that many expressions of each group of the first column are kept.
+    Returns (expressions, their columns, the grouping columns)."""
+    exprs, _ = read_expressions(path, limit)
+    extra = data_columns(path, len(exprs))
+    by = list(by) if by is not None else [c for c in default_by if c in extra[0]]
+    for c in by:
+        if c not in extra[0]:
+            raise ConfigError(f"--by {c}: no such column in {path} (have: {', '.join(extra[0]) or 'none'})")
+    if per_group is not None:
+        if not by:
+            raise ConfigError(f"--per-group needs a column to group by (--by, or data with a column of: "
+                              f"{', '.join(default_by)})")
+        taken: Counter = Counter()
+        keep = []
+        for i, e in enumerate(extra):
+            if taken[e[by[0]]] < per_group:
+                taken[e[by[0]]] += 1
+                keep.append(i)
+        exprs, extra = [exprs[i] for i in keep], [extra[i] for i in keep]
+    return exprs, extra, by
+
+
+def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
+             progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
+    """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
+    teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""
+    executions = [execute(e) for e in exprs]
+    t0 = time.perf_counter()
+    gens = generate(predictor, exprs, vocab, view, limits or Limits(), batch_size, progress)
+    seconds = time.perf_counter() - t0
+    tf = per_token_counts(model, vocab, view, executions) if model is not None else None
+    results = expression_results(gens, executions, tf, extra, traces)
+    summary = summarize(results, n_boot)
+    summary.update(view=view, seconds=seconds, expr_per_s=len(exprs) / seconds if seconds else None,
+                   tokens_per_s=summary["generated_tokens"] / seconds if seconds else None)
+    return results, summary
+
+
+def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int = 64, limits: Limits | None = None):
+    """A `validate_fn` for `rlmlab.learning.train`: greedy final-answer accuracy on `exprs` ("answer_acc",
+    the metric "auto" checkpoint selection picks) and the share of valid traces ("answer_valid").
+    By default a row may generate twice the set's longest canonical trace, so that an untrained
+    model's runaway rows do not make early validations slow."""
+    stats = [trace_stats(e if isinstance(e, Call) else parse(e)) for e in exprs]
+    values = [value_token(s.value) for s in stats]
+    limits = limits or Limits(max_new_tokens=2 * max(s.trace_len for s in stats))
+
+    def validate(model, vocab: Vocab, view: str) -> dict:
+        gens = generate(ModelPredictor(model), exprs, vocab, view, limits, batch_size)
+        right = sum(g.valid and g.answer == v for g, v in zip(gens, values))
+        return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
+
+    return validate

@@ -1,0 +1,1 @@
+"""rlmlab, the task: functions, expressions, their execution into traces, frames, sampling, pools, vocabulary."""

@@ -1,0 +1,130 @@
+"""Expression pools: one parquet row per sampled expression, with its value and trace statistics.
+
+Expressions are drawn in fixed-size chunks, each from its own RNG seeded by (seed, chunk
+index), so the file depends on the seed alone, never on the number of workers.
+The vocabulary and the generator settings are stored in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.task.expr import default_library, infer_type, parse, to_text, value_token
+from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
+from rlmlab.task.trace import trace_stats
+from rlmlab.task.vocab import Vocab
+
+CHUNK = 4096
+COLUMNS = ("id", "expr", "root", "type", "value", "trace_len", "max_depth", "max_frame_width", "n_frames")
+SCHEMA = pa.schema([
+    ("id", pa.int64()), ("expr", pa.string()), ("root", pa.string()), ("type", pa.string()),
+    ("value", pa.string()), ("trace_len", pa.int32()), ("max_depth", pa.int16()),
+    ("max_frame_width", pa.int32()), ("n_frames", pa.int32()),
+])
+
+
+def chunk_rng(seed: int, chunk: int) -> random.Random:
+    return random.Random(f"rlmlab-pool:{seed}:{chunk}")
+
+
+def _build_chunk(args: tuple[int, int, int, GeneratorConfig]) -> dict[str, list]:
+    seed, chunk, n, config = args
+    library = default_library()
+    sampler = ExpressionSampler(library, config)
+    rng = chunk_rng(seed, chunk)
+    cols: dict[str, list] = {c: [] for c in COLUMNS}
+    for i in range(n):
+        e = sampler.sample(rng)
+        s = trace_stats(e, library)
+        cols["id"].append(chunk * CHUNK + i)
+        cols["expr"].append(to_text(e))
+        cols["root"].append(e.fn)
+        cols["type"].append(infer_type(e, library))
+        cols["value"].append(value_token(s.value))
+        cols["trace_len"].append(s.trace_len)
+        cols["max_depth"].append(s.max_depth)
+        cols["max_frame_width"].append(s.max_frame_width)
+        cols["n_frames"].append(s.n_frames)
+    return cols
+
+
+def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorConfig = GeneratorConfig(),
+               progress: bool = False) -> pa.Table:
+    """Sample `n` expressions with `seed` and return the pool as an Arrow table."""
+    if n < 1:
+        raise DataError(f"pool size must be positive, got {n}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+    workers = workers or os.cpu_count() or 1
+    jobs = [(seed, c, min(CHUNK, n - c * CHUNK), config) for c in range((n + CHUNK - 1) // CHUNK)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="expr", desc="pool", dynamic_ncols=True)
+    parts = []
+    if workers == 1 or len(jobs) == 1:
+        results = map(_build_chunk, jobs)
+        for cols in results:
+            parts.append(pa.table(cols, schema=SCHEMA))
+            bar and bar.update(len(cols["id"]))
+    else:
+        with ProcessPoolExecutor(workers) as ex:
+            for cols in ex.map(_build_chunk, jobs, chunksize=1):
+                parts.append(pa.table(cols, schema=SCHEMA))
+                bar and bar.update(len(cols["id"]))
+    bar and bar.close()
+    table = pa.concat_tables(parts)
+    meta = {"rlmlab.task.vocab": Vocab.from_library().to_json(),
+            "rlmlab.task.pool": json.dumps({"n": n, "seed": seed, "generator": asdict(config)})}
+    return table.replace_schema_metadata(meta)
+
+
+def write_pool(table: pa.Table, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_pool(path: str | Path, check: int = 64) -> pa.Table:
+    """Read a pool (or any expression set with an `expr` column) and validate it.
+
+    The first `check` rows are re-parsed so that a file from elsewhere fails early with a
+    one-line error rather than deep inside training.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
+    if "expr" not in table.column_names:
+        raise DataError(f"{path}: no 'expr' column (has {', '.join(table.column_names)})")
+    column = table.column("expr")
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise DataError(f"{path}: the 'expr' column holds {column.type}, not strings")
+    if column.null_count:
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise DataError(f"{path}: row {first}: empty (null) expression")
+    meta = table.schema.metadata or {}
+    if b"rlmlab.task.vocab" in meta and Vocab.from_json(meta[b"rlmlab.task.vocab"].decode()) != Vocab.from_library():
+        raise DataError(f"{path}: written with a different vocabulary than this library's")
+    for i, text in enumerate(table.column("expr").slice(0, check).to_pylist()):
+        try:
+            parse(text)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"{path}: row {i}: {e}") from None
+    return table

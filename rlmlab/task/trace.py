@@ -1,0 +1,200 @@
+"""The executor: an expression becomes its canonical call/return trace (spec: docs/trace-format.md).
+
+`execute` writes the flattened trace and, independently of the replay in `frames`, the
+active-frame examples each frame produces; tests check that the two agree.
+`trace_stats` computes the statistics the experiments split on without writing any token,
+memoised per sub-call, for building large pools quickly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+
+from rlmlab.errors import ExprError
+from rlmlab.task.expr import Call, Expr, default_library, literal_value, parse, size, substitute, to_text, \
+    tokens as expr_tokens, value_token
+from rlmlab.task.frames import FrameExample
+from rlmlab.task.library import Library
+from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, RETURN_KW
+
+
+@dataclass(frozen=True)
+class Execution:
+    """An evaluated expression: its trace, value, frames and the statistics experiments split on."""
+
+    expr: Call
+    value: int | bool
+    tokens: tuple[str, ...]  # written expression, then every emitted token
+    prompt_len: int  # tokens of the written expression
+    frames: tuple[FrameExample, ...]
+    max_depth: int
+
+    @property
+    def text(self) -> str:
+        return to_text(self.expr)
+
+    @property
+    def value_token(self) -> str:
+        return value_token(self.value)
+
+    @property
+    def trace_len(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_frame_width(self) -> int:
+        return max(f.width for f in self.frames)
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.frames)
+
+
+class _Run:
+    def __init__(self, library: Library):
+        self.library = library
+        self.out: list[str] = []
+        self.frames: list[FrameExample] = []
+        self.max_depth = 0
+
+    def frame(self, q: Call, q_toks: list[str], depth: int) -> int | bool:
+        """Evaluate the call `q` in its own frame, emitting its tokens; returns its value."""
+        self.max_depth = max(self.max_depth, depth)
+        fn = self.library[q.fn]
+        frame = list(q_toks)
+        seg = [len(frame)]  # start of the current segment in `frame`
+
+        def emit(toks: list[str]) -> None:
+            frame.extend(toks)
+            self.out.extend(toks)
+
+        def call(e: Call, prefix: list[str]) -> str:
+            """Emit `prefix <call> e </call>`, run the child, and write its value into this frame."""
+            e_toks = expr_tokens(e)
+            emit(prefix + [CALL] + e_toks + [END_CALL])
+            self.frames.append(FrameExample(depth, tuple(frame[:seg[0]]), tuple(frame[seg[0]:])))
+            v = value_token(self.frame(e, e_toks, depth + 1))
+            del frame[len(frame) - len(e_toks) - 2:]
+            frame.append(v)
+            seg[0] = len(frame)
+            return v
+
+        bound: list[str] = []
+        for p, arg in zip(fn.params, q.args):
+            if isinstance(arg, str):
+                emit([p, ASSIGN, arg])
+                bound.append(arg)
+            else:
+                bound.append(call(arg, [p, ASSIGN]))
+
+        if fn.name == "if_then_else":
+            body: Expr = q.args[1] if bound[0] == "True" else q.args[2]
+        elif fn.impl is not None:
+            body = value_token(fn.impl(*map(literal_value, bound)))
+        else:
+            body = substitute(self.library.bodies[fn.name], dict(zip(fn.params, bound)))
+
+        if isinstance(body, str):
+            emit([RETURN_KW, RETURN, body, END_RETURN])
+            value = body
+        else:
+            value = call(body, [RETURN_KW, RETURN])
+            emit([END_RETURN])
+        self.frames.append(FrameExample(depth, tuple(frame[:seg[0]]), tuple(frame[seg[0]:])))
+        return literal_value(value)
+
+
+def execute(expr: Expr | str, library: Library | None = None) -> Execution:
+    """Run an expression (a `Call` or its written form) and return its canonical trace."""
+    library = library or default_library()
+    if isinstance(expr, str):
+        expr = parse(expr, library)
+    if not isinstance(expr, Call):
+        raise ExprError(f"{expr!r} is a literal; a trace starts from a call")
+    run = _Run(library)
+    prompt = expr_tokens(expr)
+    run.out.extend(prompt)
+    value = run.frame(expr, prompt, 1)
+    return Execution(expr, value, tuple(run.out), len(prompt), tuple(run.frames), run.max_depth)
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """What a pool row records about an execution, computed without writing the trace."""
+
+    value: int | bool
+    trace_len: int
+    max_depth: int
+    max_frame_width: int
+    n_frames: int
+
+
+def trace_stats(expr: Call, library: Library | None = None) -> TraceStats:
+    library = library or default_library()
+    value, emitted, depth, width, n = _stats_fn(library)(expr)
+    return TraceStats(value, size(expr) + emitted, depth, width, n)
+
+
+_STATS_CACHE: "weakref.WeakKeyDictionary[Library, object]" = weakref.WeakKeyDictionary()
+
+
+def _stats_fn(library: Library):
+    """A memoised `frame stats` for one library: every sub-call's stats depend on that call alone."""
+    if library in _STATS_CACHE:
+        return _STATS_CACHE[library]
+
+    fns = library.functions
+    bodies = library.bodies
+
+    @lru_cache(maxsize=1 << 20)
+    def stats(q: Call) -> tuple[int | bool, int, int, int, int]:
+        """(value, tokens this frame and its descendants emit, depth below incl. this frame,
+        widest example, number of examples)."""
+        fn = fns[q.fn]
+        ctx = size(q)  # the frame's committed tokens
+        seg = 0  # tokens generated in the current segment
+        emitted = depth = n = 0
+        width = 0
+        bound = []
+
+        def child(e: Call, prefix: int) -> int | bool:
+            nonlocal ctx, seg, emitted, depth, n, width
+            esize = size(e)
+            seg += prefix + esize + 2
+            width = max(width, ctx + seg)
+            n += 1
+            v, c_emit, c_depth, c_width, c_n = stats(e)
+            emitted += seg + c_emit
+            depth = max(depth, c_depth)
+            width = max(width, c_width)
+            n += c_n
+            ctx += seg - esize - 2 + 1
+            seg = 0
+            return v
+
+        for p, arg in zip(fn.params, q.args):
+            if isinstance(arg, str):
+                seg += 3
+                bound.append(literal_value(arg))
+            else:
+                bound.append(child(arg, 2))
+        if fn.name == "if_then_else":
+            body = q.args[1] if bound[0] else q.args[2]
+        elif fn.impl is not None:
+            body = value_token(fn.impl(*bound))
+        else:
+            body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
+        if isinstance(body, str):
+            value = literal_value(body)
+            seg += 4
+        else:
+            value = child(body, 2)
+            seg += 1
+        emitted += seg
+        width = max(width, ctx + seg)
+        return value, emitted, depth + 1, width, n + 1
+
+    _STATS_CACHE[library] = stats
+    return stats
