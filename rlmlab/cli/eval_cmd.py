@@ -15,8 +15,7 @@ from rlmlab.learning.checkpoint import load_run
 from rlmlab.errors import ConfigError
 from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
 from rlmlab.learning.learner import learner
-from rlmlab.measuring.results import write_results
-from rlmlab.measuring.score import RESULT_FIELDS, evaluate, read_expressions
+from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
 from rlmlab.measuring.stats import group_accuracy
 from rlmlab.task.vocab import Vocab
 
@@ -100,21 +99,17 @@ def run(args) -> int:
 
         bar = tqdm(total=len(exprs), unit="expr", desc=f"eval {view}", dynamic_ncols=True)
     try:
-        results, summary = evaluate(predictor, view, exprs, vocab, limits, args.batch_size,
-                                    model=None if args.no_per_token else model, extra=extra,
-                                    traces=True if args.traces else "inexact",
-                                    progress=bar.update if bar else None)
+        results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
+                                         batch_size=args.batch_size, model=None if args.no_per_token else model,
+                                         traces=True if args.traces else "inexact",
+                                         progress=bar.update if bar else None, header=header)
     finally:
         if bar is not None:
             bar.close()
-    summary = {**header, "data": str(args.data), **summary,
-               "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
-                          "max_new_tokens": limits.max_new_tokens}}
-    res_path, sum_path = write_results(out, results, summary)
     print(render(summary))
     if args.by:
         print(render_groups(group_accuracy(results, args.by), args.by))
-    print(f"wrote {res_path} and {sum_path}")
+    print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
     return 0
 
 

@@ -228,6 +228,9 @@ class Job:
         return out / self.name / self.view
 
 
+# Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
+RESULT_COLUMNS = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "signal")
+
 # What a finished run's outputs are, besides its checkpoints: all describe its best checkpoint.
 RUN_OUTPUTS = ("done.json", "eval", "probe", "frames")
 
@@ -271,8 +274,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_overrides
     from rlmlab.decoding.infer import ModelPredictor
-    from rlmlab.measuring.results import write_results
-    from rlmlab.measuring.score import answer_accuracy_fn, evaluate, read_expressions
+    from rlmlab.measuring.score import answer_accuracy_fn, evaluate_file
     from rlmlab.learning.train import prepare_data, resolve_device, train
 
     out = Path(out)
@@ -310,30 +312,13 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
             continue
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
-        exprs, extra = read_expressions(path)
-        extra = _extra_columns(path, len(exprs)) or extra
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
-        results, summary = evaluate(ModelPredictor(loaded.model), loaded.view, exprs, loaded.vocab,
-                                    model=loaded.model, extra=extra, batch_size=job.eval_batch, traces="inexact")
-        summary.update({"set": set_name, "view": loaded.view, "step": loaded.step, "data": str(path)})
-        write_results(eval_dir, results, summary)
-        summaries[set_name] = summary
+        _, summaries[set_name] = evaluate_file(
+            eval_dir, ModelPredictor(loaded.model), loaded.view, path, loaded.vocab, model=loaded.model,
+            batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
+            header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
+                    "set": set_name})
     return summaries
-
-
-def _extra_columns(path: str | Path, n: int) -> list[dict] | None:
-    """Columns of an evaluation file that results should carry (bins, signals, ids)."""
-    import pyarrow.parquet as pq
-
-    keep = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "signal")
-    table = pq.read_table(path)
-    cols = [c for c in keep if c in table.column_names]
-    if not cols:
-        return None
-    rows = table.select(cols).to_pylist()
-    if len(rows) != n:
-        raise DataError(f"{path}: {len(rows)} rows but {n} expressions")
-    return rows
 
 
 def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,

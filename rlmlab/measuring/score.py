@@ -27,6 +27,7 @@ from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
 from rlmlab.learning.observe import observer
 from rlmlab.task.pool import read_pool
+from rlmlab.measuring.results import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.task.trace import Execution, execute, trace_stats
@@ -197,6 +198,30 @@ def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: 
     summary = summarize(results, n_boot)
     summary.update(view=view, seconds=seconds, expr_per_s=len(exprs) / seconds if seconds else None,
                    tokens_per_s=summary["generated_tokens"] / seconds if seconds else None)
+    return results, summary
+
+
+def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, vocab: Vocab, *,
+                  model=None, limits: Limits | None = None, batch_size: int = 64, limit: int | None = None,
+                  columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
+                  header: dict | None = None) -> tuple[list[dict], dict]:
+    """Decode and score the expressions of a data file and write `results.jsonl` and
+    `summary.json` to `out_dir`: the one evaluation path of `rlmlab eval` and `rlmlab run`.
+
+    Each result carries the expression's pool `id`, or, when the data file has any of `columns`
+    (bins, OOD flags, signals), those columns instead. With `model`, teacher-forced per-token
+    accuracy is added. The summary holds `header`, the data path, the scores and the limits."""
+    exprs, extra = read_expressions(data, limit)
+    if columns:
+        picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
+        extra = picked if any(picked) else extra
+    limits = limits or Limits()
+    results, summary = evaluate(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
+                                traces=traces, progress=progress)
+    summary = {**(header or {}), "data": str(data), **summary,
+               "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
+                          "max_new_tokens": limits.max_new_tokens}}
+    write_results(out_dir, results, summary)
     return results, summary
 
 
