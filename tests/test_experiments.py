@@ -198,11 +198,11 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
 
     preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
     settings = _iid_settings(preset, "rm", seed=2)
-    assert (settings["train.patience"], settings["train.max_minutes"]) == ("5", "60.0")
-    assert (settings["train.weight_decay"], settings["train.seed"]) == ("0.0", "1339")
+    assert (settings["train.patience"], settings["train.max_minutes"]) == (5, 60.0)
+    assert (settings["train.weight_decay"], settings["train.seed"]) == (0.0, 1339)
     # Without sweep-specific values the threshold splits' budget and patience apply.
     settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), "rm", seed=0)
-    assert ((settings["train.patience"], settings["train.max_minutes"])) == ("12", "150.0")
+    assert ((settings["train.patience"], settings["train.max_minutes"])) == (12, 150.0)
 
 
 @pytest.mark.parametrize("bad, message", [

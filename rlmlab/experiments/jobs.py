@@ -106,7 +106,7 @@ class ExperimentPreset:
     """Expressions decoded at once."""
 
     def __post_init__(self):
-        from rlmlab.learning.config import RunConfig, apply_overrides
+        from rlmlab.learning.config import RunConfig, apply_settings
         from rlmlab.learning.config import PRESETS as MODEL_PRESETS
 
         where = f"experiment preset {self.name!r}"
@@ -128,9 +128,9 @@ class ExperimentPreset:
         if not self.iid_sizes or any(n < 1 for n in self.iid_sizes) or list(self.iid_sizes) != sorted(self.iid_sizes):
             raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
         # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
-        apply_overrides(RunConfig(), {f"train.{k}": json.dumps(v) for k, v in self.train.items()})
+        apply_settings(RunConfig(), {f"train.{k}": v for k, v in self.train.items()})
         for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items()]:
-            apply_overrides(RunConfig(), {k: json.dumps(v) for k, v in settings.items()})
+            apply_settings(RunConfig(), settings)
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -220,7 +220,8 @@ class Job:
     evals: dict
     """{set name: parquet path}; extra columns of the file (bin, signal, ...) go into each result."""
     settings: dict
-    """Dotted run settings (`train.lr`, `model.preset`, ...), as `rlmlab train --section.key=value`."""
+    """Typed run settings by dotted key (`train.lr`: 3e-3, `model.preset`: "cpu", ...), the keys of
+    `rlmlab train --section.key=value`."""
     eval_batch: int = 64
     """Expressions decoded at once."""
 
@@ -254,7 +255,6 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
         return f"it stopped on {reason}, not on its budget"
     key = reason
     asked = settings.get(f"train.{key}")
-    asked = json.loads(asked) if asked is not None else None
     if asked is None or saved.get(key) is None or asked <= saved[key]:
         return f"it ran out of {key}={saved.get(key)} and the budget asked for now is {key}={asked}"
     keep = run_dir / f"superseded-step{done.get('step')}"
@@ -272,7 +272,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     run that finished on its budget continues when the job now asks for a larger one
     (`reopen_to_extend`)."""
     from rlmlab.learning.checkpoint import load_run
-    from rlmlab.learning.config import RunConfig, apply_overrides
+    from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.decoding.infer import ModelPredictor
     from rlmlab.measuring.score import answer_accuracy_fn, evaluate_file
     from rlmlab.learning.train import prepare_data, resolve_device, train
@@ -285,7 +285,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
     if not done.exists():
-        cfg = apply_overrides(RunConfig(), {**job.settings, "data.view": job.view, "data.train": job.train,
+        cfg = apply_settings(RunConfig(), {**job.settings, "data.view": job.view, "data.train": job.train,
                                             "data.val": job.val})
         cfg.require_stop_rule()
         split = prepare_data(cfg.data)
@@ -353,7 +353,7 @@ def _settings(p: ExperimentPreset, view: str, seed: int = 1337, per_view: dict |
 
     for table in (p.per_view, per_view or {}):
         s.update(table.get(view, table.get(observer(view).name, {})))
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in s.items()}
+    return s
 
 
 def _pool(p: ExperimentPreset, out: Path):
@@ -470,11 +470,11 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list
 
 def _iid_settings(p: ExperimentPreset, view: str, seed: int) -> dict:
     # The paper's IID sweep uses no weight decay.
-    s = {**_settings(p, view, seed=1337 + seed), "train.weight_decay": "0.0"}
+    s = {**_settings(p, view, seed=1337 + seed), "train.weight_decay": 0.0}
     if p.iid_minutes is not None:
-        s["train.max_minutes"] = json.dumps(p.iid_minutes)
+        s["train.max_minutes"] = p.iid_minutes
     if p.iid_patience is not None:
-        s["train.patience"] = json.dumps(p.iid_patience)
+        s["train.patience"] = p.iid_patience
     return s
 
 

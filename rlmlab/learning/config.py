@@ -403,6 +403,18 @@ def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, str]) -> Ru
     return apply_dict(cfg, nested, where="override")
 
 
+def apply_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
+    """Apply typed {"section.key": value} settings (as an experiment's jobs hold them); each
+    value is checked against its field's type on construction, as a config file's are."""
+    nested: dict[str, dict] = {}
+    for key, value in settings.items():
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
+            raise ConfigError(f"unknown config key '{key}'")
+        nested.setdefault(section, {})[name] = value
+    return apply_dict(cfg, nested, where="settings")
+
+
 def _split(override: str) -> tuple[str, str]:
     key, eq, value = override.removeprefix("--").partition("=")
     if not eq:
