@@ -154,31 +154,22 @@ PRESETS: dict[str, ExperimentPreset] = {
         name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
         max_steps=3, patience=None, eval_every=2, train={"warmup_steps": 1, "batch_size": 4},
         iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8),
-    # The paper's task and splits on this 2-core CPU: a 3-layer width-128 model, the paper's
-    # L = 197 and K = 5 thresholds (traces short enough to train on in hours), and a
-    # 2.5-hour budget per learner that stops earlier on a validation plateau.
+    # The task on a 2-core CPU at thresholds a third of the paper's (L = 197, K = 5), a 3-layer
+    # width-128 model and a 2.5-hour budget per learner; its committed results are under
+    # results/*-small. Sizing: docs/cpu-sizing.md.
     "small": ExperimentPreset(
         name="small", model="small", length=197, depth=5, minutes=150.0, patience=12, eval_every=300,
         answer_eval=300, train={"warmup_steps": 300},
-        # ~8-10k tokens per step, as planned in docs/cpu-sizing.md: an RM frame averages
-        # ~30 tokens, a CoT trace below L=197 ~80.
         per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
-        # Shortcut traces average ~460 tokens: 32 of them make ~15k positions per step. At 128
-        # (59k positions, ~10 s a step) CoT was at 0% validation accuracy after 300 steps and
-        # 45 minutes (results/shortcuts-small/README.md); the paper's CoT batch is 32 too.
+        # Shortcut traces are several times longer than the split's: 32 of them already make a
+        # step of ~15k positions (the paper's CoT batch is 32 too).
         shortcut_per_view={"cot": {"train.batch_size": 32}},
-        # The IID sweep on the length split's training distribution (traces of at most L = 197
-        # tokens, ~80 on average) rather than the whole generator's (~540): CoT learned that
-        # distribution to 91% validation accuracy in 64 minutes on one thread
-        # (results/length-197-small), so an hour per run measures samples rather than budget.
-        # Ten runs: ~10 hours of one core. At N = 300 both learners memorize their training set
-        # within ~1,200 steps and stay flat (RM: 56.7% validation accuracy from step 1,200 to
-        # 2,400, training loss 1e-6), so five flat validations end a run early.
+        # The IID sweep draws from the length split's training distribution (traces of at most
+        # L tokens) rather than the whole generator's, so that an hour per run measures samples
+        # rather than budget; a run that memorizes its set stops after five flat validations.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, iid_max_trace=197,
         iid_minutes=60.0, iid_patience=5, shortcut_n_train=10_000,
-        # Shortcut traces of up to 600 tokens (median ~340, ~520 for hidden_literal, which cannot
-        # draw every stratum below ~600) instead of up to 2,048 (median ~1,000): a third of the
-        # training cost per example.
+        # Shortcut traces of up to 600 tokens instead of 2,048: a third of the training cost per example.
         shortcut_max_trace=600),
     # The paper's splits on this CPU: its thresholds L = 595 and K = 10, its bins and 310
     # evaluation expressions per bin, with the CPU-sized model and the training recipe chosen by
