@@ -80,6 +80,9 @@ def test_a_damaged_view_cache_is_rebuilt(tmp_path):
     ({"step": 3, "stream": {"epoch": 0}}, "stream"),
     ({"step": 3, "momentum": 1}, "unexpected keyword"),
     ({"step": True}, "step"),
+    ({"step": -1}, "step"),
+    ({"step": 3, "stream": {"epoch": -1, "cursor": 0}}, "stream"),
+    ({"step": 3, "stream": {"epoch": 2**64, "cursor": 0}}, "stream"),
 ])
 def test_malformed_trainer_state(tmp_path, saved, message):
     with pytest.raises(CheckpointError, match=message):
@@ -123,3 +126,33 @@ def test_data_columns_keep_only_json_scalars(tmp_path):
     cols = data_columns(path, 1)
     assert cols == [{"bin": "0.5-1.0", "n": 3, "ok": True}]
     json.dumps(cols)
+
+
+@pytest.mark.parametrize("override", ["--train.seed=-1", "--data.val_seed=-1", f"--train.seed={2**63}"])
+def test_seeds_outside_what_the_generators_take_are_config_errors(tmp_path, capsys, override):
+    err = one_line_error(capsys, ["train", "--data", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r"),
+                                  "--max-steps", "1", override])
+    assert "seed" in err and "[0, 2**63 - 1]" in err
+
+
+def test_config_and_checkpoint_files_nested_too_deeply(tmp_path, capsys):
+    deep = "[" * 200_000 + "]" * 200_000
+    (tmp_path / "deep.json").write_text(deep)
+    err = one_line_error(capsys, ["train", "--config", str(tmp_path / "deep.json"), "--data", "x.parquet",
+                                  "--out", str(tmp_path / "r"), "--max-steps", "1"])
+    assert "nested too deeply" in err
+    ckpt = tmp_path / "run" / "best"
+    ckpt.mkdir(parents=True)
+    (ckpt / "checkpoint.json").write_text(deep)
+    from rlmlab.learning.checkpoint import read_meta
+
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_meta(ckpt)
+
+
+def test_a_closed_standard_output_is_a_one_line_error(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["trace", "add(1,2)"]) == 2
+    assert capsys.readouterr().err == "rlmlab trace: error: standard output is closed\n"

@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if sys.stdout is None:  # started with standard output closed (`rlmlab ... >&-`)
+        if sys.stderr is not None:
+            print(f"rlmlab {args.command}: error: standard output is closed", file=sys.stderr)
+        return 2
     try:
         return int(args.handler(args) or 0)
     except BrokenPipeError:  # `rlmlab ... | head`; an OSError, so caught before it

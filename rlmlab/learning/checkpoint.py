@@ -185,7 +185,7 @@ def read_meta(ckpt: Path) -> dict:
     """checkpoint.json, with the tensor files it names checked against their SHA-256."""
     try:
         meta = json.loads((ckpt / META_FILE).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{ckpt}: not an {FORMAT} checkpoint")

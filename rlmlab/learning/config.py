@@ -158,6 +158,7 @@ class DataSettings:
         except ConfigError as e:
             raise ConfigError(f"data.view: {e}") from None
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
+        _seed(self.val_seed, "data.val_seed")
 
     @property
     def row_length(self) -> int:
@@ -238,6 +239,7 @@ class TrainConfig:
                   "answer_eval", allow_zero=("warmup_steps", "answer_eval"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _seed(self.seed, "train.seed")
 
     @property
     def checkpoint_every(self) -> int:
@@ -338,6 +340,14 @@ def _typecheck(obj, section: str) -> None:
             raise ConfigError(f"{section}.{f.name}: expected {_type_name(hints[f.name])}, got {v!r}")
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit seed; NumPy's generators any non-negative one
+
+
+def _seed(value: int, key: str) -> None:
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{key} must be a seed in [0, 2**63 - 1], got {value}")
+
+
 def _positive(obj, section: str, *names: str, allow_zero: tuple[str, ...] = ()) -> None:
     for name in names:
         v = getattr(obj, name)
@@ -433,6 +443,8 @@ def load_config_file(path: str | Path, base: RunConfig | None = None) -> RunConf
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} "
                           f"({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
     return apply_dict(base or RunConfig(), d, where=str(path))
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from rlmlab.learning.checkpoint import build_model, checkpoint_dir, load_optimizer_state, read_meta, rng_state, \
     save_checkpoint, set_rng_state
-from rlmlab.learning.config import RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
+from rlmlab.learning.config import MAX_SEED, RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
@@ -214,9 +214,10 @@ class TrainerState:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
-               or isinstance(getattr(state, k), bool)]
+               or isinstance(getattr(state, k), bool) or not getattr(state, k) >= 0]
         stream = state.stream
-        if not (isinstance(stream, dict) and all(isinstance(stream.get(k), int) for k in ("epoch", "cursor"))):
+        if not (isinstance(stream, dict) and all(isinstance(stream.get(k), int) and not isinstance(stream[k], bool)
+                                                 and 0 <= stream[k] <= MAX_SEED for k in ("epoch", "cursor"))):
             bad.append("stream")
         if bad:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({', '.join(bad)})")
