@@ -156,3 +156,15 @@ def test_a_closed_standard_output_is_a_one_line_error(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["trace", "add(1,2)"]) == 2
     assert capsys.readouterr().err == "rlmlab trace: error: standard output is closed\n"
+
+
+def test_an_experiment_folder_of_another_kind_is_refused(tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    before = (out / "experiment.json").read_text()
+    err = one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"])
+    assert "holds another experiment (kind 'length', not 'depth')" in err
+    err = one_line_error(capsys, ["run", "length", "--threshold", "90", "--preset", "smoke", "--out", str(out),
+                                  "--quiet", "--views", "rm"])
+    assert "threshold 96, not 90" in err
+    assert (out / "experiment.json").read_text() == before

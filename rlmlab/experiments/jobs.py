@@ -347,19 +347,32 @@ def _settings(p: ExperimentPreset, view: str, seed: int = 1337, per_view: dict |
     return s
 
 
-def _pool(p: ExperimentPreset, out: Path):
+def _pool(p: ExperimentPreset, out: Path, progress: bool = True):
     from rlmlab.task.pool import build_pool, read_pool, write_pool
 
     path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
     if not path.exists():
-        write_pool(build_pool(p.pool_n, p.pool_seed, progress=True), path)
+        write_pool(build_pool(p.pool_n, p.pool_seed, progress=progress), path)
     return read_pool(path)
 
 
 def _write_meta(out: Path, kind: str, p: ExperimentPreset, extra: dict) -> None:
+    """Write experiment.json; a folder that holds another experiment (kind, threshold) is refused
+    rather than relabelled, which would hide its runs from the report."""
     out.mkdir(parents=True, exist_ok=True)
     meta = {"kind": kind, "preset": asdict(p), **extra}
+    _refuse_another_experiment(out, kind, meta.get("threshold"))
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _refuse_another_experiment(out: Path, kind: str, threshold: int | None) -> None:
+    if not (out / "experiment.json").exists():
+        return
+    old = read_meta(out)
+    for key, value in (("kind", kind), ("threshold", threshold)):
+        if old.get(key) != value:
+            raise ConfigError(f"{out} holds another experiment ({key} {old.get(key)!r}, not {value!r}); "
+                              "give this one its own --out")
 
 
 def read_meta(out: Path) -> dict:
@@ -398,13 +411,13 @@ def _check_split(data: Path, params: dict, p: ExperimentPreset, asked: dict) -> 
 
 
 def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | None = None,
-                   views=LEARNERS) -> list[Job]:
+                   views=LEARNERS, progress: bool = True) -> list[Job]:
     from rlmlab.experiments.splits import Split, threshold_split
 
     threshold = threshold if threshold is not None else (p.length if kind == "length" else p.depth)
     data = out / "data" / f"{kind}-{threshold}"
     if not (data / "split.json").exists():
-        split = threshold_split(_pool(p, out), kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+        split = threshold_split(_pool(p, out, progress), kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
                                 n_train=p.n_train)
         split.save(data)
     split = Split.load(data)
@@ -415,7 +428,7 @@ def plan_threshold(kind: str, p: ExperimentPreset, out: Path, threshold: int | N
                 {"eval": str(data / "eval.parquet")}, _settings(p, v), p.eval_batch) for v in views]
 
 
-def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list[Job]:
+def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None, progress: bool = True) -> list[Job]:
     """Jobs of the IID sweep over `sizes` (default: the preset's). Runs on different sizes or
     learners may share the folder: the experiment lists every size any of them planned."""
     import pyarrow.parquet as pq
@@ -424,7 +437,7 @@ def plan_iid(p: ExperimentPreset, out: Path, views=LEARNERS, sizes=None) -> list
 
     data = out / "data" / "iid"
     if not (data / "split.json").exists():
-        iid_split(_pool(p, out), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
+        iid_split(_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
                   max_trace_len=p.iid_max_trace).save(data)
     split = Split.load(data)
     _check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
@@ -517,11 +530,14 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(KINDS)})")
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
     out = Path(out)
+    if kind in ("length", "depth") and threshold is None:
+        threshold = p.length if kind == "length" else p.depth
+    _refuse_another_experiment(out, kind, threshold)  # before any data is built
     t0 = time.perf_counter()
     if kind in ("length", "depth"):
-        jobs = plan_threshold(kind, p, out, threshold, views)
+        jobs = plan_threshold(kind, p, out, threshold, views, progress)
     elif kind == "iid":
-        jobs = plan_iid(p, out, views, sizes)
+        jobs = plan_iid(p, out, views, sizes, progress)
     else:
         jobs = plan_shortcuts(p, out, constructions, views=views)
     run_jobs(jobs, out, ray_address, progress, extend)
