@@ -314,8 +314,8 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
 
     preset = get_preset("paper-cpu").with_overrides(pool_n=6_000)
     assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)
-    length = plan_threshold("length", preset, tmp_path)
-    depth = plan_threshold("depth", preset, tmp_path)
+    length = plan_threshold("length", preset, tmp_path / "length")
+    depth = plan_threshold("depth", preset, tmp_path / "depth")
     assert [j.view for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
     for kind, labels, edges in [
         ("length-595", ["<=0.25", "0.25-0.5", "0.5-1.0", "1.0-1.25", "1.25-1.5", "1.5-2.0", "2.0-2.5", "2.5-3.0",
@@ -323,7 +323,7 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
         ("depth-10", ["<=0.3", "0.4-0.6", "0.7-1.0", "1.1", "1.2-1.3", "1.4-1.5", "1.6-1.7", "1.8-1.9", "2.0-2.1",
                       ">=2.2"], [0, 0.35, 0.65, 1, 1.15, 1.35, 1.55, 1.75, 1.95, 2.15]),
     ]:
-        split = Split.load(tmp_path / "data" / kind)
+        split = Split.load(tmp_path / kind.split("-")[0] / "data" / kind)
         threshold = split.params["threshold"]
         bins = split.params["bins"]
         assert [b["label"] for b in bins] == labels
