@@ -168,3 +168,21 @@ def test_an_experiment_folder_of_another_kind_is_refused(tmp_path, capsys):
                                   "--quiet", "--views", "rm"])
     assert "threshold 96, not 90" in err
     assert (out / "experiment.json").read_text() == before
+
+
+def test_damaged_finished_markers_are_not_trusted(tmp_path, capsys):
+    out = tmp_path / "exp"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    assert main(argv) == 0
+    run = out / "length-96" / "rm"
+    good = (run / "eval" / "eval" / "results.jsonl").read_text()
+    # A truncated results file is evaluated again, to the same results.
+    (run / "eval" / "eval" / "results.jsonl").write_text(good.splitlines()[0] + "\n")
+    assert main(argv) == 0
+    assert "damaged evaluation files" in capsys.readouterr().err
+    assert (run / "eval" / "eval" / "results.jsonl").read_text() == good
+    # A garbage done.json is not taken as finished: the run resumes from its last checkpoint.
+    (run / "done.json").write_text("garbage")
+    assert main(argv) == 0
+    assert "not a finished-run marker" in capsys.readouterr().err
+    assert json.loads((run / "done.json").read_text())["stop_reason"] == "max_steps"

@@ -271,6 +271,9 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     out = Path(out)
     run_dir = job.run_dir(out)
     done = run_dir / "done.json"
+    if done.exists() and not _finished(done):
+        print(f"{done}: not a finished-run marker; the run is resumed and evaluated again", file=sys.stderr)
+        done.unlink()
     if extend and done.exists():
         stays = reopen_to_extend(run_dir, job.settings)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
@@ -298,8 +301,9 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     loaded = None
     for set_name, path in job.evals.items():
         eval_dir = run_dir / "eval" / set_name
-        if (eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists():
-            summaries[set_name] = json.loads((eval_dir / "summary.json").read_text())
+        saved = _evaluated(eval_dir)
+        if saved is not None:
+            summaries[set_name] = saved
             continue
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
@@ -310,6 +314,35 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
                     "set": set_name})
     return summaries
+
+
+def _finished(done: Path) -> bool:
+    """Whether `done.json` is the marker run_job writes (a finished run is skipped on its word)."""
+    try:
+        d = json.loads(done.read_text())
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return (isinstance(d, dict) and isinstance(d.get("stop_reason"), str) and isinstance(d.get("step"), int)
+            and not isinstance(d.get("step"), bool))
+
+
+def _evaluated(eval_dir: Path) -> dict | None:
+    """The summary of a complete evaluation in `eval_dir`, or None when there is none or when its
+    files are damaged (results.jsonl unreadable or not as long as the summary says): then the
+    set is evaluated again."""
+    from rlmlab.measuring.results import read_results
+
+    if not ((eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists()):
+        return None
+    try:
+        summary = json.loads((eval_dir / "summary.json").read_text())
+        complete = isinstance(summary, dict) and summary.get("n") == len(read_results(eval_dir / "results.jsonl"))
+    except (ValueError, RecursionError, DataError):
+        complete = False
+    if not complete:
+        print(f"{eval_dir}: damaged evaluation files; evaluating again", file=sys.stderr)
+        return None
+    return summary
 
 
 def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
