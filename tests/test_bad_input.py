@@ -186,3 +186,13 @@ def test_damaged_finished_markers_are_not_trusted(tmp_path, capsys):
     assert main(argv) == 0
     assert "not a finished-run marker" in capsys.readouterr().err
     assert json.loads((run / "done.json").read_text())["stop_reason"] == "max_steps"
+
+
+def test_training_data_errors_name_the_row_of_the_users_file_and_quote_it_short(tmp_path, capsys):
+    rows = [f"add({i % 10},{i // 10 % 10})" for i in range(300)]
+    rows[150] = "add(1," + "2," * 500_000 + "3)"  # a 1 MB malformed line
+    pq.write_table(pa.table({"expr": rows}), tmp_path / "pool.parquet")
+    err = one_line_error(capsys, ["train", "--data", str(tmp_path / "pool.parquet"), "--out", str(tmp_path / "r"),
+                                  "--max-steps", "1", "--data.val_size=50", "--data.cache_dir="])
+    assert f"{tmp_path / 'pool.parquet'}: row 150 (" in err  # the file's row, not its index after the split
+    assert len(err) < 600

@@ -75,8 +75,10 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     vocab = vocab or default_vocab()
     exprs = read_expressions(data.train)
+    rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
         val_exprs, train_exprs = read_expressions(data.val), exprs
+        val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
             raise DataError(f"{data.train}: {len(exprs)} expressions, too few to split off "
@@ -85,14 +87,16 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         is_val[np.random.default_rng(data.val_seed).permutation(len(exprs))[:data.val_size]] = True
         val_exprs = [e for e, v in zip(exprs, is_val) if v]
         train_exprs = [e for e, v in zip(exprs, is_val) if not v]
+        val_rows = [r for r, v in zip(rows, is_val) if v]
+        train_rows = [r for r, v in zip(rows, is_val) if not v]
     if data.train_size is not None:
         if data.train_size > len(train_exprs):
             raise DataError(f"data.train_size={data.train_size} but only {len(train_exprs)} training expressions")
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache), val_exprs)
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows), val_exprs)
 
 
 def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:

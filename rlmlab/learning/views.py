@@ -237,9 +237,12 @@ class ViewData:
                    arrays["source"], int(meta["n_expressions"]), layout)
 
 
-def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tuple[np.ndarray, ...]:
+MAX_ECHO = 160  # characters of a user's expression quoted in an error
+
+
+def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None]) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
-    view_name, vocab_tokens, first, texts = args
+    view_name, vocab_tokens, first, texts, where = args
     view, vocab = get_view(view_name), Vocab(vocab_tokens)
     ids: list[int] = []
     loss: list[bool] = []
@@ -250,7 +253,9 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str]]) -> tupl
         try:
             examples = view(execute(text))
         except RlmlabError as e:
-            raise DataError(f"expression {first + k} ({text!r}): {e}") from None
+            shown = text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
+            place = where[k] if where is not None else f"expression {first + k}"
+            raise DataError(f"{place} ({shown!r}): {str(e)[:2 * MAX_ECHO]}") from None
         for ex in examples:
             ids.extend(vocab.encode(ex.tokens))
             loss.extend(ex.loss)
@@ -273,8 +278,10 @@ def cache_key(exprs: Sequence[str], view: str, vocab: Vocab) -> str:
 
 
 def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int = 1,
-                    cache_dir: str | Path | None = None, chunk: int = 2048) -> ViewData:
-    """Execute every expression and return the view's examples as one `ViewData`.
+                    cache_dir: str | Path | None = None, chunk: int = 2048,
+                    where: Sequence[str] | None = None) -> ViewData:
+    """Execute every expression and return the view's examples as one `ViewData`. `where` names
+    each expression's place in the user's file for errors (default: its index in `exprs`).
 
     With `cache_dir`, the result is stored as `<view>-<hash>.npz` keyed by the expressions,
     view and vocabulary, and read back on the next call instead of being rebuilt.
@@ -289,7 +296,8 @@ def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int 
             return ViewData.load(cache_path)
         except DataError:
             pass  # a stale or damaged cache entry is rebuilt below and overwritten
-    jobs = [(view, vocab.tokens, i, exprs[i:i + chunk]) for i in range(0, len(exprs), chunk)]
+    jobs = [(view, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]))
+            for i in range(0, len(exprs), chunk)]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(min(workers, len(jobs))) as ex:
             parts = list(ex.map(_encode_chunk, jobs))
