@@ -32,3 +32,7 @@ class ConfigError(RlmlabError):
 
 class CheckpointError(RlmlabError):
     """A run folder or checkpoint that is missing, incomplete or inconsistent."""
+
+
+class TrainingDiverged(RlmlabError):
+    """A training step whose loss or gradient is not finite: the run stops before it is applied."""

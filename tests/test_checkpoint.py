@@ -168,3 +168,29 @@ def test_malformed_checkpoint_metadata(tmp_path, key, value, message):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=message):
         load_run(tmp_path, "last")
+
+
+def test_non_finite_or_misshapen_tensors_are_refused_on_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, opt = _save(tmp_path / "nan", "last")
+    weights = load_file(str(tmp_path / "nan" / "last" / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name][0] = float("nan")
+    save_file(weights, str(tmp_path / "nan" / "last" / "model.safetensors"))
+    meta_path = tmp_path / "nan" / "last" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["files"]["model.safetensors"] = ck._sha256(tmp_path / "nan" / "last" / "model.safetensors")
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="non-finite weights"):
+        load_run(tmp_path / "nan", "last")
+
+    _save(tmp_path / "ok", "last")
+    meta = ck.read_meta(tmp_path / "ok" / "last")
+    moments = load_file(str(tmp_path / "ok" / "last" / "optimizer.safetensors"))
+    fresh = torch.optim.AdamW(_trained_model()[0].parameters(), lr=1e-2)
+    key = next(k for k in moments if k.endswith("exp_avg"))
+    for damaged, message in ((moments[key][..., :1].contiguous(), "does not fit this model"),
+                             (torch.full_like(moments[key], float("inf")), "non-finite")):
+        with pytest.raises(CheckpointError, match=message):
+            ck.restore_optimizer(fresh, {**moments, key: damaged}, meta["optimizer"])

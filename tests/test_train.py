@@ -178,3 +178,25 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
     assert main(args[:-1] + ["--train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "rlmlab train: error: train.lr: expected float, got 'fast'"
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):
+    import rlmlab.learning.train as tr_mod
+    from rlmlab.errors import TrainingDiverged
+
+    tr, va = data["rm"]
+    real, calls = tr_mod.batch_loss, {"n": 0}
+
+    def poisoned(fwd, batch, device):
+        loss, n = real(fwd, batch, device)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] > 10 else loss), n  # from the 11th step on
+
+    monkeypatch.setattr(tr_mod, "batch_loss", poisoned)
+    with pytest.raises(TrainingDiverged, match="non-finite training loss"):
+        train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None)
+    # (validations call batch_loss too, so the poisoned step is the 9th here)
+    diverged = records(tmp_path, "diverged")[0]["step"]
+    last = load_run(tmp_path, "last")
+    assert diverged == 8 and not records(tmp_path, "end")
+    assert last.step == 8 and all(torch.isfinite(p).all() for p in last.model.parameters())

@@ -93,6 +93,22 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Load AdamW's moments and step counts; each moment must have its parameter's shape and
+    dtype and be finite (the fused AdamW would otherwise turn every weight into NaN)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for name, t in tensors.items():
+        try:
+            _, idx, key = name.split(".", 2)
+            idx = int(idx)
+        except ValueError:
+            raise CheckpointError(f"optimizer state is malformed (tensor {name!r})") from None
+        if key.startswith(("exp_avg", "max_exp_avg")) and 0 <= idx < len(params):
+            p = params[idx]
+            if t.shape != p.shape or t.dtype != p.dtype:
+                raise CheckpointError(f"optimizer state does not fit this model ({name}: {tuple(t.shape)} {t.dtype}, "
+                                      f"parameter {tuple(p.shape)} {p.dtype})")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"optimizer state holds non-finite values ({name})")
     try:
         state: dict[int, dict] = {}
         for name, t in tensors.items():
@@ -220,6 +236,9 @@ def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu") -> T
         load_model(model, str(ckpt / MODEL_FILE), strict=True)
     except (SafetensorError, RuntimeError, OSError) as e:
         raise CheckpointError(f"{ckpt}: cannot load {MODEL_FILE} ({str(e).splitlines()[0]})") from None
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise CheckpointError(f"{ckpt}: {MODEL_FILE} holds non-finite weights ({', '.join(bad[:3])})")
     return model.to(device)
 
 

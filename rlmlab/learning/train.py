@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from rlmlab.learning.checkpoint import build_model, checkpoint_dir, load_optimizer_state, read_meta, rng_state, \
     save_checkpoint, set_rng_state
 from rlmlab.learning.config import MAX_SEED, RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
-from rlmlab.errors import CheckpointError, ConfigError, DataError
+from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
 from rlmlab.task.pool import read_pool
@@ -535,6 +535,9 @@ class Trainer:
             self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
                             "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
                             "elapsed_s": round(st.elapsed_s, 3), "cpu_s": round(st.cpu_s, 3)})
+        except TrainingDiverged as e:
+            self.log.write({"kind": "diverged", "step": st.step, "error": str(e)})
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -568,6 +571,11 @@ def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Ro
         total += loss.detach()
     clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    if not (math.isfinite(float(total)) and math.isfinite(grad_norm)):
+        # Stop before the step spreads it into every weight: `last` and `best` stay as they were.
+        raise TrainingDiverged(f"non-finite training loss or gradient (loss {float(total) / n_targets}, "
+                               f"gradient norm {grad_norm}); the last good checkpoint is kept: lower train.lr "
+                               "or resume from it")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
