@@ -196,3 +196,20 @@ def test_training_data_errors_name_the_row_of_the_users_file_and_quote_it_short(
                                   "--max-steps", "1", "--data.val_size=50", "--data.cache_dir="])
     assert f"{tmp_path / 'pool.parquet'}: row 150 (" in err  # the file's row, not its index after the split
     assert len(err) < 600
+
+
+def test_a_view_cache_with_ids_outside_the_vocabulary_is_refused_and_rebuilt(tmp_path):
+    from rlmlab.learning.views import ViewData
+
+    exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
+    first = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("*.npz")
+    bad = ViewData(first.view, first.vocab, first.ids.copy(), first.loss, first.offsets, first.source,
+                   first.n_expressions)
+    bad.ids[3] = len(default_vocab()) + 7  # a token id the embedding table does not have
+    bad.save(cached)
+    with pytest.raises(DataError, match="outside the vocabulary"):
+        ViewData.load(cached)
+    again = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    assert np.array_equal(first.ids, again.ids)
+    assert np.array_equal(ViewData.load(cached).ids, first.ids)  # the damaged entry was overwritten

@@ -233,7 +233,15 @@ class ViewData:
                 or len(arrays["source"]) != len(offsets) - 1 \
                 or (layout is not None and layout.shape != (len(arrays["ids"]), 3)):
             raise DataError(f"{path}: inconsistent array lengths")
-        return cls(meta["view"], Vocab(meta["vocab"]), arrays["ids"], arrays["loss"], offsets,
+        try:
+            vocab = Vocab(meta["vocab"])
+        except (RlmlabError, KeyError, TypeError):
+            raise DataError(f"{path}: no valid vocabulary") from None
+        ids = arrays["ids"]
+        if ids.dtype != np.uint16 or (len(ids) and int(ids.max()) >= len(vocab)) or np.any(np.diff(offsets) < 0) \
+                or (len(offsets) and offsets[0] != 0):
+            raise DataError(f"{path}: token ids outside the vocabulary or offsets out of order")
+        return cls(meta["view"], vocab, arrays["ids"], arrays["loss"], offsets,
                    arrays["source"], int(meta["n_expressions"]), layout)
 
 
