@@ -97,6 +97,13 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [r["step"] for r in b] == list(range(1, 17))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exactly, not approximately
+    # Logged every 3 steps, a record after the resume at step 8 still averages steps 7-9.
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "c", **quiet)
+    train(config(max_steps=8, decay_steps=16, log_every=3), tr, va, tmp_path / "d", **quiet)
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "d", resume=True, **quiet)
+    c, d = records(tmp_path / "c", "train"), records(tmp_path / "d", "train")
+    assert [r["step"] for r in d] == [3, 6, 9, 12, 15]
+    assert [r["loss"] for r in c] == [r["loss"] for r in d]
     # Both clocks run on across the resume: the second session starts where the first saved.
     for clock in ("elapsed_s", "cpu_s"):
         times = [r[clock] for r in b]

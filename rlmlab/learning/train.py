@@ -206,6 +206,9 @@ class TrainerState:
     best_score: float | None = None
     best_step: int | None = None
     bad_evals: int = 0  # validations since the last improvement by more than min_delta
+    log_window: dict = field(default_factory=lambda: {"loss": 0.0, "steps": 0})
+    """Training losses since the last logged record, so that a record after a resume averages
+    the same steps as without the interruption."""
     last_eval_step: int | None = None
     dropped: dict = field(default_factory=dict)
 
@@ -219,6 +222,11 @@ class TrainerState:
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
                or isinstance(getattr(state, k), bool) or not getattr(state, k) >= 0]
+        window = state.log_window
+        if not (isinstance(window, dict) and isinstance(window.get("loss"), (int, float))
+                and isinstance(window.get("steps"), int) and not isinstance(window.get("steps"), bool)
+                and window["steps"] >= 0 and math.isfinite(window["loss"])):
+            bad.append("log_window")
         stream = state.stream
         if not (isinstance(stream, dict) and all(isinstance(stream.get(k), int) and not isinstance(stream[k], bool)
                                                  and 0 <= stream[k] <= MAX_SEED for k in ("epoch", "cursor"))):
@@ -500,7 +508,9 @@ class Trainer:
 
             bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.view}",
                        dynamic_ncols=True)
-        window = {"loss": 0.0, "steps": 0, "tokens": 0, "start": time.perf_counter()}
+        # Losses carry over a resume; tok/s is this session's own.
+        window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "tokens": 0,
+                  "start": time.perf_counter()}
         self.model.train()
         try:
             with _stop_on_sigint(self.echo) as interrupt:
@@ -520,6 +530,7 @@ class Trainer:
                     window["tokens"] += n_tok
                     if st.step % tc.log_every == 0:
                         self._log_train(window, lr, grad_norm, bar)
+                    st.log_window = {"loss": window["loss"], "steps": window["steps"]}
                     if bar is not None:
                         bar.update(1)
                     if st.step % tc.eval_every == 0:
