@@ -244,7 +244,7 @@ def test_limits_end_runaway_rows():
     # In RM a deep trace is fine as long as every frame fits: the frames here are short.
     ok = generate(Script(recurse * 8 + "x := 2 return <return> 4 </return>".split() +
                          ["x", ":=", "4", "return", "<return>", "6", "</return>"] * 8, block_size=16),
-                  ["square(2)"], VOCAB, "rm")[0]
+                  ["square(2)"], VOCAB, "rm", Limits(max_new_tokens=1000))[0]  # far beyond square(2)'s own trace
     assert ok.valid and ok.max_depth == 9 and len(ok.tokens) > 16
 
 
@@ -253,3 +253,15 @@ def test_rm_training_variants_decode_as_rm_and_unknown_views_are_user_errors():
     assert g.valid and g.answer == "1"
     with pytest.raises(ConfigError, match="unknown view 'window'"):
         generate(Oracle(VOCAB), [WORKED], VOCAB, "window")
+
+
+def test_the_default_cap_scales_with_each_expressions_canonical_trace():
+    from rlmlab.decoding.infer import RUNAWAY_FACTOR, RUNAWAY_SLACK
+
+    exprs = ["square(2)", "factorial(9,1)", "add(sum_of_squares(2,3),double(4))"]
+    for view in ("rm", "cot"):
+        gens = generate(Script(["x"]), exprs, VOCAB, view, batch_size=1)  # never closes its root
+        for e, g in zip(exprs, gens):
+            ex = execute(e)
+            cap = RUNAWAY_FACTOR * (ex.trace_len - ex.prompt_len) + RUNAWAY_SLACK
+            assert g.reason == f"more than {cap} generated tokens" and g.n_generated == cap + 1

@@ -41,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--by", default=None, metavar="KEY", help="also print accuracy per value of a result "
                    "field, e.g. max_depth or root")
     p.add_argument("--max-depth", type=int, default=Limits.max_depth, help="stack depth limit")
-    p.add_argument("--max-new-tokens", type=int, default=Limits.max_new_tokens, help="generated tokens limit")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens limit (default: 8 times "
+                   "what the expression's canonical trace generates, plus 64)")
     p.add_argument("--max-frame-tokens", type=int, default=None, help="active-frame width limit "
                    "(default: none beyond the model's block size)")
     p.add_argument("--traces", action="store_true", help="save every produced trace in results.jsonl (by "

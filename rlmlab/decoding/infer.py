@@ -502,8 +502,14 @@ class Limits:
     max_frame_tokens: int | None = None
     """Tokens of the active frame, visible plus generated (None: no limit beyond what the
     predictor can read, its block size)."""
-    max_new_tokens: int = 32768
-    """Generated trace tokens (the paper's generator's longest traces have about 5,000)."""
+    max_new_tokens: int | None = None
+    """Generated trace tokens. None: scaled to each expression, `RUNAWAY_FACTOR` times the tokens
+    its canonical trace generates plus `RUNAWAY_SLACK`, so that a model that never closes the
+    root stops after a few times the work a right answer takes (the driver writes the flattened
+    trace in every view, so the bound is the same for RM and CoT)."""
+
+
+RUNAWAY_FACTOR, RUNAWAY_SLACK = 8, 64
 
 
 @dataclass
@@ -527,11 +533,13 @@ class Generation:
 
 
 class _Row:
-    __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed")
+    __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
+        self.cap = cap if cap is not None else (
+            RUNAWAY_FACTOR * (trace_stats(expr).trace_len - len(prompt)) + RUNAWAY_SLACK)
         self.replay = StackReplay(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
@@ -583,8 +591,8 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
             return r.error
         if event == "done":
             return ""
-        if len(row.out) > limits.max_new_tokens:
-            return f"more than {limits.max_new_tokens} generated tokens"
+        if len(row.out) > row.cap:
+            return f"more than {row.cap} generated tokens"
         if event == "push" and r.depth > limits.max_depth:
             return f"deeper than {limits.max_depth} frames"
         if max_frame is not None and len(r.top) > max_frame:
@@ -598,7 +606,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab, obs)
+                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens)
         live = [row for row in slots if row is not None]
         if not live:
             break
