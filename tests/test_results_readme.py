@@ -51,6 +51,8 @@ MAIN = markdown_tables((ROOT / "README.md").read_text())
         "RM, L=197, small (%)": "RM acc. (%)",
         "CoT, L=197, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 96.0)",
         "CoT non-invariant points, probe (%)": "CoT non-invariant positions (%)"}),
+    ("length-595-paper-cpu", "table-length-595.md", "Length bin (×L), L = 595", {
+        "RM, L=595, paper-cpu (%)": "RM acc. (%)"}),
     ("depth-5-small", "table-depth-5.md", "Depth bin (×K)", {
         "RM, K=5, small (%)": "RM acc. (%)",
         "CoT, K=5, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 80.3)"}),
