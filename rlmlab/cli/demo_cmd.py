@@ -63,4 +63,6 @@ def _install_released(out: Path, threshold: int) -> None:
         for name in ("metrics.jsonl",):
             if (RELEASED / view / name).exists():
                 shutil.copy(RELEASED / view / name, run_dir / name)
-        (run_dir / "done.json").write_text(json.dumps({"released": str(RELEASED / view)}) + "\n")
+        step = json.loads((RELEASED / view / "best" / "checkpoint.json").read_text())["step"]
+        (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
+                                                       "released": str(RELEASED / view)}) + "\n")
