@@ -10,17 +10,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
 from rlmlab.experiments.jobs import get_preset, plan_threshold
+from rlmlab.experiments.report import report
+from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
+from rlmlab.learning.train import TrainerState
+from rlmlab.learning.views import build_view_data
+from rlmlab.measuring.score import data_columns
 from rlmlab.task.expr import MAX_NESTING, parse
 from rlmlab.task.pool import read_pool
-from rlmlab.experiments.report import report
-from rlmlab.measuring.score import data_columns
-from rlmlab.learning.train import TrainerState
 from rlmlab.task.trace import execute
-from rlmlab.learning.views import build_view_data
 from rlmlab.task.vocab import default_vocab
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rlmlab.learning.checkpoint as ck
-from rlmlab.learning.checkpoint import load_run, save_checkpoint
 from rlmlab.errors import CheckpointError
+from rlmlab.learning.checkpoint import load_run, save_checkpoint
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.vocab import default_vocab
 

@@ -6,8 +6,14 @@ import pytest
 
 from rlmlab.cli import build_parser
 from rlmlab.cli.train_cmd import resolve_config
-from rlmlab.learning.config import RunConfig, TrainConfig, apply_overrides, field_docs, load_config_file
 from rlmlab.errors import ConfigError
+from rlmlab.learning.config import (
+    RunConfig,
+    TrainConfig,
+    apply_overrides,
+    field_docs,
+    load_config_file,
+)
 
 
 def test_defaults_are_the_papers():
@@ -85,8 +91,9 @@ def test_cli_precedence(tmp_path):
 
 
 def test_every_field_is_documented():
-    from rlmlab.learning.config import SECTIONS
     from dataclasses import fields
+
+    from rlmlab.learning.config import SECTIONS
 
     for cls in SECTIONS.values():
         docs = field_docs(cls)

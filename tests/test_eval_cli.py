@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-
 from conftest import sample_expressions
-from rlmlab.learning.checkpoint import save_checkpoint
+
 from rlmlab.cli import main
-from rlmlab.task.expr import to_text
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.measuring.results import read_results
+from rlmlab.task.expr import to_text
+from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.vocab import default_vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,14 +8,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import sample_expressions
-from rlmlab.learning.checkpoint import save_checkpoint
+
 from rlmlab.cli import main
-from rlmlab.task.expr import parse, to_text
-from rlmlab.measuring.frame_errors import ALL, frame_call, frame_records, summarize_frames, training_calls
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.frame_errors import (
+    ALL,
+    frame_call,
+    frame_records,
+    summarize_frames,
+    training_calls,
+)
 from rlmlab.measuring.score import per_token_counts
+from rlmlab.task.expr import parse, to_text
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
 

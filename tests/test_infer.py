@@ -5,13 +5,21 @@ import random
 
 import pytest
 import torch
-
 from conftest import Recorder, sample_expressions
+
+from rlmlab.decoding.infer import (
+    NO_TOKEN,
+    Limits,
+    ModelPredictor,
+    OnActiveFrame,
+    Oracle,
+    TeacherForced,
+    generate,
+    oracle_predictor,
+)
 from rlmlab.errors import ConfigError
-from rlmlab.task.frames import active_frame
-from rlmlab.decoding.infer import NO_TOKEN, Limits, ModelPredictor, OnActiveFrame, Oracle, TeacherForced, generate, \
-    oracle_predictor
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
 

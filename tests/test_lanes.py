@@ -1,12 +1,12 @@
 """Lane packing is exact: one pass over a trace's lanes equals every active-frame example run alone."""
 
 import torch
-
 from conftest import sample_expressions
-from rlmlab.task.frames import active_frame
+
 from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
 

@@ -4,7 +4,8 @@ block-diagonal attention path against the dense mask."""
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlmlab.learning.attention import BlockDiagonal
 from rlmlab.learning.model import Transformer, preset

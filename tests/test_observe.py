@@ -4,17 +4,32 @@ reproduces canonical traces with the oracle, and keeps KV caches exact."""
 
 import pytest
 import torch
-
 from conftest import Recorder, sample_expressions
-from rlmlab.learning.config import DataSettings
+
+from rlmlab.decoding.infer import (
+    NEW,
+    POP,
+    PUSH,
+    Limits,
+    ModelPredictor,
+    TeacherForced,
+    generate,
+    oracle_predictor,
+)
 from rlmlab.errors import ConfigError
-from rlmlab.task.frames import active_frame
-from rlmlab.decoding.infer import NEW, POP, PUSH, Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
+from rlmlab.learning.config import DataSettings
 from rlmlab.learning.learner import as_learner, learner
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.observe import Reduce, Window, observer, reduce_calls, reference_examples
-from rlmlab.task.trace import execute
+from rlmlab.learning.observe import (
+    Reduce,
+    Window,
+    observer,
+    reduce_calls,
+    reference_examples,
+)
 from rlmlab.learning.views import build_view_data, get_view
+from rlmlab.task.frames import active_frame
+from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
 
 VOCAB = default_vocab()

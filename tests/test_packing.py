@@ -5,11 +5,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlmlab.task.expr import to_text
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.packing import IGNORE, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction, \
-    row_length_for
+from rlmlab.learning.packing import (
+    IGNORE,
+    Row,
+    RowStream,
+    collate,
+    micro_batches,
+    pack_rows,
+    padding_fraction,
+    row_length_for,
+)
 from rlmlab.learning.views import build_view_data
+from rlmlab.task.expr import to_text
 from rlmlab.task.vocab import default_vocab
 
 

@@ -7,14 +7,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import sample_expressions
-from rlmlab.learning.checkpoint import save_checkpoint
+
 from rlmlab.cli import main
-from rlmlab.task.frames import active_frame
 from rlmlab.decoding.infer import NO_TOKEN, ModelPredictor, Oracle, oracle_predictor
+from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.probe import completed_calls, forced_predictions, probe, probe_summary, summarize_probe
+from rlmlab.measuring.probe import (
+    completed_calls,
+    forced_predictions,
+    probe,
+    probe_summary,
+    summarize_probe,
+)
+from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
 
@@ -183,3 +189,24 @@ def test_probe_cli_oracle_reports_zero(tmp_path, capsys):
     (overall,) = json.loads((out / "summary.json").read_text())["groups"]
     assert overall["position_rate"] == 0 and overall["answer_rate"] == 0
     assert overall["n_expressions"] == 3 and overall["subproblems"] > 3
+
+
+def test_progress_counts_every_item_of_every_pass():
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", "cot", len(VOCAB))).eval()
+    exprs = sample_expressions(12, 5)
+    opened, done = [], {}
+
+    def stage(name, total, unit):
+        opened.append((name, total, unit))
+        done[name] = 0
+
+        def update(k):
+            done[name] += k
+
+        return update
+
+    probe(ModelPredictor(model), "cot", exprs, VOCAB, stage=stage)
+    assert [n for n, _, _ in opened][:3] == ["probe: in context", "probe: frames alone", "probe: greedy traces"]
+    assert opened[0][1] == len(exprs) and opened[2] == ("probe: greedy traces", len(exprs), "expr")
+    assert all(done[name] == total for name, total, _ in opened)  # every bar ends full

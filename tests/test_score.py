@@ -2,13 +2,25 @@
 
 import pytest
 import torch
-
 from conftest import sample_expressions
+
 from rlmlab.decoding.infer import Generation, ModelPredictor, generate, oracle_predictor
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_results
-from rlmlab.measuring.score import answer_accuracy_fn, evaluate, expression_results, per_token_counts, per_token_hits
-from rlmlab.measuring.stats import accuracy, bootstrap_ratio, group_accuracy, summarize, wilson
+from rlmlab.measuring.score import (
+    answer_accuracy_fn,
+    evaluate,
+    expression_results,
+    per_token_counts,
+    per_token_hits,
+)
+from rlmlab.measuring.stats import (
+    accuracy,
+    bootstrap_ratio,
+    group_accuracy,
+    summarize,
+    wilson,
+)
 from rlmlab.task.trace import execute, trace_stats
 from rlmlab.task.vocab import default_vocab
 

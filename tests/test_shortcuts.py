@@ -5,11 +5,28 @@ import random
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.shortcuts import (
+    ABLATIONS,
+    CONSTRUCTIONS,
+    RootView,
+    ShortcutConfig,
+    ShortcutDataset,
+    ShortcutSampler,
+    ValidityLimits,
+    answer_position,
+    build_shortcut_dataset,
+    check_identifiable,
+    check_no_static_literal,
+    check_not_one_to_one,
+    child,
+    frame_tree,
+    get_construction,
+    internal_returns,
+    root_view,
+    shortcut_rate,
+    shortcut_summary,
+)
 from rlmlab.task.expr import evaluate, parse, to_text
-from rlmlab.experiments.shortcuts import (ABLATIONS, CONSTRUCTIONS, RootView, ShortcutConfig, ShortcutDataset,
-                              ShortcutSampler, ValidityLimits, answer_position, build_shortcut_dataset, child,
-                              check_identifiable, check_no_static_literal, check_not_one_to_one, frame_tree,
-                              get_construction, internal_returns, root_view, shortcut_rate, shortcut_summary)
 from rlmlab.task.trace import execute
 
 CONFIG = ShortcutConfig()

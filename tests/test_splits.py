@@ -6,9 +6,22 @@ from fractions import Fraction
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.splits import (
+    DEPTH_BINS,
+    DEPTH_THRESHOLDS,
+    IID_SIZES,
+    LENGTH_BINS,
+    LENGTH_THRESHOLDS,
+    Split,
+    Threshold,
+    bin_labels,
+    bin_of,
+    depth_split,
+    iid_split,
+    length_split,
+    threshold_split,
+)
 from rlmlab.task.pool import build_pool
-from rlmlab.experiments.splits import (DEPTH_BINS, DEPTH_THRESHOLDS, IID_SIZES, LENGTH_BINS, LENGTH_THRESHOLDS, Split,
-                           Threshold, bin_labels, bin_of, depth_split, iid_split, length_split, threshold_split)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Properties over many random expressions: executor vs evaluator, replay vs executor, fast vs reference."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlmlab.task.expr import evaluate, parse, to_text, tokens
 from rlmlab.task.frames import StackReplay, active_frame, check_prefix, cut_examples

@@ -8,16 +8,16 @@ import time
 import pytest
 import torch
 
-from rlmlab.learning.checkpoint import load_run
 from rlmlab.cli import main
-from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
 from rlmlab.errors import ConfigError
+from rlmlab.learning.checkpoint import load_run
+from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
+from rlmlab.learning.train import lr_at, schedule_horizon, train
+from rlmlab.learning.views import build_view_data
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import ExpressionSampler
 from rlmlab.task.trace import trace_stats
-from rlmlab.learning.train import lr_at, schedule_horizon, train
-from rlmlab.learning.views import build_view_data
 from rlmlab.task.vocab import default_vocab
 
 

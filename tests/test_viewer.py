@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import sample_expressions
-from rlmlab.learning.checkpoint import save_checkpoint
+
 from rlmlab.cli import main
+from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
+from rlmlab.learning.checkpoint import save_checkpoint
+from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import StackReplay, active_frame
-from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.trace import execute
-from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
 from rlmlab.task.vocab import default_vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -4,9 +4,17 @@ import numpy as np
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.learning.views import (
+    VIEWS,
+    Example,
+    ViewData,
+    build_view_data,
+    cot_view,
+    get_view,
+    rm_frames_view,
+)
 from rlmlab.task.expr import to_text
 from rlmlab.task.trace import execute
-from rlmlab.learning.views import VIEWS, Example, ViewData, build_view_data, cot_view, get_view, rm_frames_view
 from rlmlab.task.vocab import default_vocab
 
 WORKED = "add(sum_of_squares(2,3),double(4))"

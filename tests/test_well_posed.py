@@ -1,6 +1,7 @@
 """The RM view is well posed: the next token is a function of the active frame alone."""
 
 from conftest import sample_expressions
+
 from rlmlab.task.trace import execute
 
 

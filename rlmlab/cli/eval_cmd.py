@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlmlab.learning.checkpoint import load_run
-from rlmlab.errors import ConfigError
+from rlmlab.cli.progress import stages
 from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+from rlmlab.errors import ConfigError
+from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.learner import learner
 from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
 from rlmlab.measuring.stats import group_accuracy
@@ -94,19 +95,11 @@ def run(args) -> int:
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
     limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
 
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(exprs), unit="expr", desc=f"eval {view}", dynamic_ncols=True)
-    try:
+    with stages(args.quiet) as stage:
         results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
                                          batch_size=args.batch_size, model=None if args.no_per_token else model,
                                          traces=True if args.traces else "inexact",
-                                         progress=bar.update if bar else None, header=header)
-    finally:
-        if bar is not None:
-            bar.close()
+                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header)
     print(render(summary))
     if args.by:
         print(render_groups(group_accuracy(results, args.by), args.by))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 
 GROUP_COLUMNS = ("ood", "split", "construction")  # the default grouping, when the data has one
@@ -36,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/frames/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run)
 
 
@@ -44,7 +46,12 @@ def run(args) -> int:
     import pyarrow.parquet as pq
 
     from rlmlab.learning.checkpoint import load_run
-    from rlmlab.measuring.frame_errors import frame_records, render_frames, summarize_frames, training_calls
+    from rlmlab.measuring.frame_errors import (
+        frame_records,
+        render_frames,
+        summarize_frames,
+        training_calls,
+    )
     from rlmlab.measuring.score import read_expressions, read_grouped
     from rlmlab.task.trace import execute
 
@@ -64,7 +71,9 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     run_ = load_run(args.run_dir, which=args.which)
-    records = frame_records(run_.model, run_.vocab, run_.view, [execute(e) for e in exprs], seen, extra)
+    with stages(args.quiet) as stage:
+        records = frame_records(run_.model, run_.vocab, run_.view, [execute(e) for e in exprs], seen, extra,
+                                progress=stage and stage("frames: teacher-forced examples", None, "row"))
     rows = summarize_frames(records, by)
     table = render_frames(rows, args.top)
     out = Path(args.out or Path(args.run_dir) / "frames" / Path(args.data).stem)

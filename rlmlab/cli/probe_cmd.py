@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
@@ -38,12 +39,13 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens limit per decoding")
     p.add_argument("--positions-only", action="store_true", help="skip the answer level (no decoding)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    from rlmlab.learning.checkpoint import load_run
     from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+    from rlmlab.learning.checkpoint import load_run
     from rlmlab.measuring.probe import probe, summarize_probe
     from rlmlab.measuring.score import read_grouped
 
@@ -76,7 +78,9 @@ def run(args) -> int:
         vocab, view, step, source, which = run_.vocab, run_.view, run_.step, str(args.run_dir), args.which
         predictor = ModelPredictor(run_.model)
     limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
-    rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only)
+    with stages(args.quiet) as stage:
+        rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
+                     stage=stage)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,16 @@ import argparse
 import time
 from dataclasses import fields
 
-from rlmlab.learning.config import SECTIONS, RunConfig, apply_dict, apply_overrides, field_docs, load_config_file
 from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
-from rlmlab.learning.config import PRESETS
+from rlmlab.learning.config import (
+    PRESETS,
+    SECTIONS,
+    RunConfig,
+    apply_dict,
+    apply_overrides,
+    field_docs,
+    load_config_file,
+)
 from rlmlab.learning.views import VIEWS
 
 OVERRIDE = "override:"

@@ -41,10 +41,11 @@ from typing import NamedTuple, Protocol
 import torch
 import torch.nn.functional as F
 
-from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text, tokens as expr_tokens
+from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
+from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text
+from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.trace import execute, trace_stats
-from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
 from rlmlab.task.vocab import Vocab
 
 NO_TOKEN = -1  # a predictor's "I have no next token" (the oracle off the canonical path)

@@ -106,8 +106,8 @@ class ExperimentPreset:
     """Expressions decoded at once."""
 
     def __post_init__(self):
-        from rlmlab.learning.config import RunConfig, apply_settings
         from rlmlab.learning.config import PRESETS as MODEL_PRESETS
+        from rlmlab.learning.config import RunConfig, apply_settings
 
         where = f"experiment preset {self.name!r}"
         if self.model not in MODEL_PRESETS:
@@ -262,11 +262,11 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     run that finished on its budget continues when the job now asks for a larger one
     (`reopen_to_extend`)."""
+    from rlmlab.decoding.infer import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
-    from rlmlab.decoding.infer import ModelPredictor
-    from rlmlab.measuring.score import answer_accuracy_fn, evaluate_file
     from rlmlab.learning.train import prepare_data, resolve_device, train
+    from rlmlab.measuring.score import answer_accuracy_fn, evaluate_file
 
     out = Path(out)
     run_dir = job.run_dir(out)
@@ -520,7 +520,12 @@ def plan_shortcuts(p: ExperimentPreset, out: Path, names=None, views=LEARNERS) -
     the experiment lists every construction any of them planned, in the table's order."""
     import pyarrow.parquet as pq
 
-    from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
+    from rlmlab.experiments.shortcuts import (
+        CONSTRUCTIONS,
+        ShortcutConfig,
+        ShortcutDataset,
+        build_shortcut_dataset,
+    )
 
     names = list(names or CONSTRUCTIONS)
     unknown = [n for n in names if n not in CONSTRUCTIONS]

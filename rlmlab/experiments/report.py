@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.jobs import read_meta
-from rlmlab.measuring.frame_errors import render_frames
 from rlmlab.learning.learner import learner
+from rlmlab.measuring.frame_errors import render_frames
 from rlmlab.measuring.results import read_results
 from rlmlab.measuring.stats import accuracy, auc_with_interval, bootstrap_ratio, share
 

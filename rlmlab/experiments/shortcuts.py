@@ -88,7 +88,16 @@ from typing import Literal
 import pyarrow as pa
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.task.expr import DIGITS, INT, Call, Expr, default_library, infer_type, parse, to_text
+from rlmlab.task.expr import (
+    DIGITS,
+    INT,
+    Call,
+    Expr,
+    default_library,
+    infer_type,
+    parse,
+    to_text,
+)
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import Execution, execute, trace_stats

@@ -275,7 +275,9 @@ def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
 
 def read_table_folder(folder: str | Path, meta_file: str, fmt: str) -> tuple[dict, dict[str, pa.Table]]:
     """Read what `write_table_folder` wrote, checking format, files, row counts and expressions."""
-    from rlmlab.task.pool import read_pool  # validates parquet, vocabulary and the first rows
+    from rlmlab.task.pool import (
+        read_pool,  # validates parquet, vocabulary and the first rows
+    )
 
     folder = Path(folder)
     path = folder / meta_file

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmlab.errors import DataError, RlmlabError
-from rlmlab.task.frames import StackReplay
-from rlmlab.learning.learner import learner
 from rlmlab.experiments.report import learner_name
-from rlmlab.task.trace import Execution, execute
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
+from rlmlab.learning.learner import learner
+from rlmlab.task.frames import StackReplay
+from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 
-
 # --- model ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

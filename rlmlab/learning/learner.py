@@ -60,7 +60,9 @@ class Learner:
 @cache
 def learner(name: str) -> Learner:
     """The learner called `name`; an unknown name or a bad parameter is a one-line ConfigError."""
-    from rlmlab.learning.views import get_view  # the packings import the executor; resolve lazily
+    from rlmlab.learning.views import (
+        get_view,  # the packings import the executor; resolve lazily
+    )
 
     if not isinstance(name, str):
         raise ConfigError(f"a learner is named by its view, got {name!r}")

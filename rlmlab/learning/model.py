@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 
 
 class CausalSelfAttention(nn.Module):

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.learning.attention import lane_visible
-from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.attention import BlockDiagonal, lane_visible
 
 IGNORE = -100  # target id that F.cross_entropy skips
 

@@ -37,15 +37,38 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlmlab.learning.checkpoint import build_model, checkpoint_dir, load_optimizer_state, read_meta, rng_state, \
-    save_checkpoint, set_rng_state
-from rlmlab.learning.config import MAX_SEED, RESUMABLE, DataSettings, RunConfig, TrainConfig, changed_keys
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
-from rlmlab.learning.model import Transformer
-from rlmlab.learning.packing import IGNORE, PackedBatch, Row, RowStream, collate, micro_batches, pack_rows, padding_fraction
-from rlmlab.task.pool import read_pool
+from rlmlab.learning.checkpoint import (
+    build_model,
+    checkpoint_dir,
+    load_optimizer_state,
+    read_meta,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from rlmlab.learning.config import (
+    MAX_SEED,
+    RESUMABLE,
+    DataSettings,
+    RunConfig,
+    TrainConfig,
+    changed_keys,
+)
 from rlmlab.learning.learner import learner
+from rlmlab.learning.model import Transformer
+from rlmlab.learning.packing import (
+    IGNORE,
+    PackedBatch,
+    Row,
+    RowStream,
+    collate,
+    micro_batches,
+    pack_rows,
+    padding_fraction,
+)
 from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.task.pool import read_pool
 from rlmlab.task.vocab import Vocab, default_vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]

@@ -44,15 +44,17 @@ def training_calls(exprs: Iterable) -> set[str]:
 
 def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution],
                   seen: set[str] | None = None, extra: Sequence[dict] | None = None,
-                  max_tokens: int = 16384) -> list[dict]:
+                  max_tokens: int = 16384, progress=None) -> list[dict]:
     """One dict per active-frame example of every execution: its expression (`expr_index`), its
     place among the expression's examples (`example`), function, call, depth, context and
     target lengths, the trace position of its first target (`start`: where CoT reads it), the
     number of mispredicted targets and the offset of the first, whether the call is in `seen`
     (when given), and the expression's `extra` columns (bins, OOD flags)."""
-    from rlmlab.measuring.score import per_token_hits  # the model pass; the tables below need no torch
+    from rlmlab.measuring.score import (
+        per_token_hits,  # the model pass; the tables below need no torch
+    )
 
-    hits = per_token_hits(model, vocab, view, executions, max_tokens)
+    hits = per_token_hits(model, vocab, view, executions, max_tokens, progress)
     out = []
     for i, (ex, h) in enumerate(zip(executions, hits)):
         offset = 0

@@ -29,23 +29,31 @@ points of one trace are not, so read the interval as a lower bound on the uncert
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from rlmlab.errors import RlmlabError
-from rlmlab.task.expr import Call, parse, to_text, value_token
-from rlmlab.task.frames import StackReplay
 from rlmlab.decoding.infer import NEW, NO_TOKEN, Feed, Limits, Predictor, generate
+from rlmlab.errors import RlmlabError
 from rlmlab.learning.observe import observer
 from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
+from rlmlab.task.expr import Call, parse, to_text, value_token
+from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import execute, trace_stats
 from rlmlab.task.vocab import END_RETURN, RETURN, Vocab
+
+# A progress reporter: stage(name, total, unit) returns the callback that counts items done.
+Stage = Callable[[str, int, str], Callable[[int], None]]
+
+
+def _bar(stage: Stage | None, name: str, total: int, unit: str = "row") -> Callable[[int], None] | None:
+    return None if stage is None else stage(name, total, unit)
+
 
 # --- teacher-forced greedy predictions ------------------------------------------------------
 
 
 def forced_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: int = 64,
-                       max_tokens: int = 16384) -> list[list[int]]:
+                       max_tokens: int = 16384, progress: Callable[[int], None] | None = None) -> list[list[int]]:
     """out[r][j]: the predictor's greedy token after reading rows[r].ids[:m + j], for every
     target j of row r.
 
@@ -57,8 +65,11 @@ def forced_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: in
     """
     model = getattr(predictor, "model", None)
     if model is not None:
-        return teacher_forced_argmax(model, rows, max_tokens)
-    return _walked_predictions(predictor, rows, batch_size)
+        return teacher_forced_argmax(model, rows, max_tokens, progress)
+    out = _walked_predictions(predictor, rows, batch_size)
+    if progress is not None:
+        progress(len(rows))
+    return out
 
 
 def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: int) -> list[list[int]]:
@@ -102,7 +113,7 @@ def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: i
 
 
 def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
-                   batch_size: int = 64) -> list[dict]:
+                   batch_size: int = 64, stage: Stage | None = None) -> list[dict]:
     """Per expression: prediction points, how many are non-invariant, how many of those are
     witnesses (right in context), and how many are right in context."""
     obs = observer(view)
@@ -116,8 +127,8 @@ def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab
         for f in ex.frames:  # Pi_rec(x_t) for the points of one segment: prefixes of f.tokens
             right.extend((vocab.encode(t), m) for t, m in obs.examples(f.tokens, f.m))
         spans.append((a, len(left), c, len(right), vocab.encode(ex.tokens[ex.prompt_len:])))
-    in_context = forced_predictions(predictor, left, batch_size)
-    alone = forced_predictions(predictor, right, batch_size)
+    in_context = forced_predictions(predictor, left, batch_size, progress=_bar(stage, "probe: in context", len(left)))
+    alone = forced_predictions(predictor, right, batch_size, progress=_bar(stage, "probe: frames alone", len(right)))
     out = []
     for a, b, c, d, truth in spans:
         p = [t for r in range(a, b) for t in in_context[r]]
@@ -160,11 +171,12 @@ def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, s
 
 
 def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
-                 limits: Limits = Limits(), batch_size: int = 64) -> list[dict]:
+                 limits: Limits = Limits(), batch_size: int = 64, stage: Stage | None = None) -> list[dict]:
     """Per expression: completed subproblems of the predictor's greedy trace, how many return
     another value when posed alone, how many payloads did not parse, and how often the value
     was right in context and alone."""
-    gens = generate(predictor, exprs, vocab, view, limits, batch_size)
+    gens = generate(predictor, exprs, vocab, view, limits, batch_size,
+                    progress=_bar(stage, "probe: greedy traces", len(exprs), "expr"))
     calls_per_expr = [completed_calls(g.tokens, g.prompt_len) for g in gens]
     standalone: dict[str, Call | None] = {}
     for calls in calls_per_expr:
@@ -176,7 +188,8 @@ def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: 
                     e = None
                 standalone[q] = e if isinstance(e, Call) else None
     posed = [q for q, e in standalone.items() if e is not None]
-    alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, view, limits, batch_size) if posed else []
+    alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, view, limits, batch_size,
+                          progress=_bar(stage, "probe: subproblems alone", len(posed), "expr")) if posed else []
     alone = {q: g.answer for q, g in zip(posed, alone_gens)}
     truth = {q: value_token(trace_stats(standalone[q]).value) for q in posed}
     out = []
@@ -194,16 +207,17 @@ def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: 
 
 def probe(predictor: Predictor, view: str, exprs: Sequence[Call | str], vocab: Vocab,
           extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
-          positions: bool = True, answers: bool = True) -> list[dict]:
+          positions: bool = True, answers: bool = True, stage: Stage | None = None) -> list[dict]:
     """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
-    `bin`, `split`, `construction`, for grouping)."""
+    `bin`, `split`, `construction`, for grouping). `stage(name, total, unit)` opens a progress report
+    for each of its four passes and returns the callback that counts items done."""
     calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
     rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
     if positions:
-        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size)):
+        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size, stage)):
             row.update(p)
     if answers:
-        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size)):
+        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size, stage)):
             row.update(a)
     return rows
 

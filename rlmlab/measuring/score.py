@@ -22,19 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-from rlmlab.errors import ConfigError, DataError, RlmlabError
-from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
+from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.learning.observe import observer
-from rlmlab.task.pool import read_pool
 from rlmlab.measuring.results import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
+from rlmlab.task.expr import Call, parse, value_token
+from rlmlab.task.pool import read_pool
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import Vocab
 
+
 def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
-                   max_tokens: int = 16384) -> list[np.ndarray]:
+                   max_tokens: int = 16384, progress=None) -> list[np.ndarray]:
     """Teacher-forced hits for `view`: per expression a boolean array over its generated tokens
     (the trace after the written expression), in trace order.
 
@@ -49,7 +50,7 @@ def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Executio
         for toks, m in obs.examples(ex.tokens, ex.prompt_len):
             rows.append((vocab.encode(toks), m))
             owner.append(i)
-    predicted = teacher_forced_argmax(model, rows, max_tokens)
+    predicted = teacher_forced_argmax(model, rows, max_tokens, progress)
     parts: list[list[np.ndarray]] = [[] for _ in executions]
     for i, (ids, m), pred in zip(owner, rows, predicted):
         parts[i].append(np.asarray(pred, dtype=np.int64) == np.asarray(ids[m:], dtype=np.int64))

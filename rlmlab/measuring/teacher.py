@@ -8,7 +8,7 @@ examples of a trace, or each active-frame example alone).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -18,10 +18,12 @@ Row = tuple[list[int], int]  # (token ids, m): predict ids[i] from ids[:i] for e
 
 
 @torch.no_grad()
-def teacher_forced_argmax(model, rows: Sequence[Row], max_tokens: int = 16384) -> list[list[int]]:
+def teacher_forced_argmax(model, rows: Sequence[Row], max_tokens: int = 16384,
+                          progress: Callable[[int], None] | None = None) -> list[list[int]]:
     """out[r][j]: the model's argmax after reading rows[r].ids[:m + j], for every target j of
     row r. Rows are sorted by length and batched up to `max_tokens` padded positions; a target
-    the model cannot read (beyond its block size, as in generation) gets NO_TOKEN."""
+    the model cannot read (beyond its block size, as in generation) gets NO_TOKEN.
+    `progress(k)` is called as k more rows are done."""
     block = model.cfg.block_size
     device = next(model.parameters()).device
     out: list[list[int]] = [[NO_TOKEN] * (len(ids) - m) for ids, m in rows]
@@ -43,5 +45,9 @@ def teacher_forced_argmax(model, rows: Sequence[Row], max_tokens: int = 16384) -
             ids, m = rows[r]
             last = min(len(ids), T + 1)  # tokens [m, last) are readable
             out[r][:last - m] = pred[b, m - 1:last - 1].tolist()
+        if progress is not None:
+            progress(len(batch))
         start = end
+    if progress is not None and len(order) < len(rows):
+        progress(len(rows) - len(order))  # rows with nothing readable
     return out

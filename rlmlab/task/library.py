@@ -15,6 +15,7 @@ from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
 from rlmlab.task.expr import ANY, BOOL, INT, Call, infer_type, parse
+
 Kind = Literal["primitive", "composite", "recursive"]
 
 

@@ -13,8 +13,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rlmlab.errors import ExprError
-from rlmlab.task.expr import Call, Expr, default_library, literal_value, parse, size, substitute, to_text, \
-    tokens as expr_tokens, value_token
+from rlmlab.task.expr import (
+    Call,
+    Expr,
+    default_library,
+    literal_value,
+    parse,
+    size,
+    substitute,
+    to_text,
+    value_token,
+)
+from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.library import Library
 from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, RETURN_KW
