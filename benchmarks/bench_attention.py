@@ -29,8 +29,8 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.attention import BlockDiagonal  # noqa: E402
 from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
-from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 

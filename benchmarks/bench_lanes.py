@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import print_facts  # noqa: E402
-
 import torch  # noqa: E402
+from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import pack_rows  # noqa: E402
-from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.learning.train import configure_optimizer, train_step  # noqa: E402
 from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 VIEWS = ("rm", "rm-frames", "cot")

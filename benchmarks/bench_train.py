@@ -37,10 +37,16 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
-from rlmlab.learning.packing import Row, RowStream, collate, micro_batches, padding_fraction  # noqa: E402
-from rlmlab.task.pool import build_pool  # noqa: E402
+from rlmlab.learning.packing import (  # noqa: E402
+    Row,
+    RowStream,
+    collate,
+    micro_batches,
+    padding_fraction,
+)
 from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
 from rlmlab.learning.views import ViewData, build_view_data  # noqa: E402
+from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 
