@@ -310,3 +310,17 @@ def test_run_keeps_inexact_traces_and_the_experiment_views(tmp_path):
     assert re.findall(r'<a href="([^"]+\.html)">', index) == ["length-96/rm/eval.html"]
     page = (out / "view" / "length-96" / "rm" / "eval.html").read_text()
     assert len(embedded_data(page)["rows"]) == len(rows) and embedded_data(page)["bins"]
+
+
+def test_building_pages_reports_progress_per_expression(oracle_eval, tmp_path):
+    from rlmlab.experiments.viewer import build_view
+
+    counted = {}
+
+    def stage(name, total, unit):
+        counted[name] = [total, 0]
+        return lambda k: counted[name].__setitem__(1, counted[name][1] + k)
+
+    build_view(oracle_eval, tmp_path / "v", stage=stage)
+    ((total, done),) = counted.values()
+    assert total == done > 0

@@ -8,6 +8,7 @@ linked to one such page per evaluation set.
 
 from __future__ import annotations
 
+from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.viewer import build_view
 
@@ -23,13 +24,15 @@ def register(sub) -> None:
                    "an experiment folder (with experiment.json)")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default PATH/view)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="first N expressions of each set only")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}")
-    page = build_view(args.path, args.out, args.limit)
+    with stages(args.quiet) as stage:
+        page = build_view(args.path, args.out, args.limit, stage)
     for p in page.sets:
         print(f"  {p.path}: {p.n:,} expressions, {p.bytes / 1e6:.2f} MB, {p.seconds:.1f} s")
     what = f"{len(page.sets)} evaluation pages and an index" if page.sets else f"{page.n:,} expressions"

@@ -270,9 +270,9 @@ def _bins(results: Sequence[dict]) -> list[str]:
     return sorted(first, key=first.get)
 
 
-def page_data(es: EvalSet, executions: dict[str, Execution] | None = None) -> dict:
+def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progress=None) -> dict:
     """The JSON a page embeds: the token table, bins, categories and one row per expression
-    (`COLUMNS`; traces coded one `width` characters per token)."""
+    (`COLUMNS`; traces coded one `width` characters per token). `progress(1)` per expression."""
     executions = {} if executions is None else executions
     table = _TokenTable()
     bins = _bins(es.results)
@@ -293,6 +293,8 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None) -> di
         v = expression_view(r, ex, where)
         raw.append((r, v, table.ids(v.gold), None if not v.produced_saved else table.ids(v.produced),
                     None if v.stack is None else [table.ids(f) for f in v.stack]))
+        if progress is not None:
+            progress(1)
     code = table.coder()
     rows = []
     for (r, v, gold, produced, stack), cat in zip(raw, cats):
@@ -409,9 +411,10 @@ _EVAL_BODY = """
 
 
 def eval_page(es: EvalSet, title: str, back: str | None = None,
-              executions: dict[str, Execution] | None = None) -> str:
-    """A self-contained HTML page of one evaluation set."""
-    data = page_data(es, executions)
+              executions: dict[str, Execution] | None = None, stage=None) -> str:
+    """A self-contained HTML page of one evaluation set; `stage(name, total, unit)` opens a
+    progress report (see `rlmlab.cli.progress`)."""
+    data = page_data(es, executions, stage and stage(f"view {title}", len(es.results), "expr"))
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n<header>",
@@ -495,7 +498,7 @@ def read_experiment(folder: Path) -> dict:
     return meta
 
 
-def experiment_index(folder: str | Path, out: str | Path, limit: int | None = None) -> Page:
+def experiment_index(folder: str | Path, out: str | Path, limit: int | None = None, stage=None) -> Page:
     """Write `out/index.html` (the report's tables and figures, a table of evaluation sets) and
     one page per evaluation set at `out/<job>/<learner>/<set>.html`."""
     t0 = time.perf_counter()
@@ -508,7 +511,8 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
         rel = Path(job) / view / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
         title = f"{job} · {learner_name(view)} · {set_name}"
-        page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions), len(es.results))
+        page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions, stage),
+                          len(es.results))
         pages.append(page)
         n = len(es.results)
         rows.append((job, learner_name(view), set_name, rel.as_posix(), n,
@@ -572,7 +576,7 @@ def write_page(path: Path, render, n: int) -> Page:
     return Page(path, n, path.stat().st_size, time.perf_counter() - t0)
 
 
-def build_view(path: str | Path, out: str | Path | None = None, limit: int | None = None) -> Page:
+def build_view(path: str | Path, out: str | Path | None = None, limit: int | None = None, stage=None) -> Page:
     """Pages for an evaluation folder (`out/index.html`) or an experiment folder (an index and a
     page per evaluation set); `out` defaults to `path/view`."""
     path = Path(path)
@@ -583,8 +587,8 @@ def build_view(path: str | Path, out: str | Path | None = None, limit: int | Non
     out = Path(out) if out is not None else path / "view"
     if (path / RESULTS).exists():
         es = read_eval_set(path, limit)
-        return write_page(out / "index.html", lambda: eval_page(es, str(path)), len(es.results))
+        return write_page(out / "index.html", lambda: eval_page(es, str(path), stage=stage), len(es.results))
     if (path / "experiment.json").exists():
-        return experiment_index(path, out, limit)
+        return experiment_index(path, out, limit, stage)
     raise DataError(f"{path}: neither an evaluation folder ({RESULTS}, from `rlmlab eval` or `rlmlab run`) "
                     "nor an experiment folder (experiment.json)")
