@@ -324,3 +324,37 @@ def test_building_pages_reports_progress_per_expression(oracle_eval, tmp_path):
     build_view(oracle_eval, tmp_path / "v", stage=stage)
     ((total, done),) = counted.values()
     assert total == done > 0
+
+
+@pytest.mark.slow
+def test_the_page_runs_in_a_real_headless_browser(oracle_eval, tmp_path):
+    """Chromium (Debian's `chromium`; `apt-get install -y chromium`) loads the page from disk with
+    no network, runs its script, draws the list, opens the first wrong answer with its first
+    divergence marked, and a `#i` address opens expression i. Run: `python -m pytest -m slow
+    tests/test_viewer.py`."""
+    import shutil
+    import subprocess
+
+    from rlmlab.experiments.viewer import build_view
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "this test drives Debian's chromium: apt-get install -y chromium"
+    page = build_view(oracle_eval, tmp_path / "v").path
+
+    def dom(url: str) -> str:
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom"]
+        done = subprocess.run([chromium, *flags, url], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    html = dom(page.as_uri())
+    import re
+
+    assert len(re.findall(r'<tr class="[a-z ]*" data-i="\d+"', html)) == 30  # every expression listed
+    assert re.search(r'<tr class="bad sel" data-i="0"', html)  # it opens on the first wrong answer, row 0
+    assert len(re.findall(r'class="cell[a-z ]* first"', html)) == 1  # with its first divergence marked
+    assert "first divergence" in html and "Frame stack" in html
+    opened = dom(page.as_uri() + "#5")
+    assert opened != html and "first divergence" in opened
