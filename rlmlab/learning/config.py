@@ -370,12 +370,14 @@ def parse_value(text: str, tp, key: str):
     else:
         try:
             value = json.loads(text)
+        except RecursionError:
+            raise ConfigError(f"{key}: value nested too deeply") from None
         except ValueError:
             value = [x for x in text.split(",")] if typing.get_origin(base) is tuple else text
         if typing.get_origin(base) is tuple and isinstance(value, list):
             try:
                 value = tuple(json.loads(x) if isinstance(x, str) else x for x in value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         if _conforms(value, tp):
             return value
