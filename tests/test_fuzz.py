@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rlmlab.cli import main
 from rlmlab.learning.checkpoint import save_checkpoint
