@@ -12,7 +12,8 @@ import torch
 
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
-from rlmlab.experiments.jobs import get_preset, plan_threshold
+from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.learning.train import TrainerState
@@ -111,11 +112,11 @@ def test_malformed_experiment_descriptions(tmp_path):
 
 def test_saved_data_built_under_other_settings_is_refused(tmp_path):
     smoke = get_preset("smoke")
-    assert len(plan_threshold("length", smoke, tmp_path)) == 2
+    assert len(get_kind("length").plan(smoke, tmp_path, ("rm", "cot"))) == 2
     with pytest.raises(ConfigError, match=r"built with per_bin_cap=4 \(asked: 5\)"):
-        plan_threshold("length", smoke.with_overrides(per_bin_cap=5), tmp_path)
+        get_kind("length").plan(smoke.with_overrides(per_bin_cap=5), tmp_path, ("rm", "cot"))
     with pytest.raises(ConfigError, match="threshold must be a positive integer"):
-        plan_threshold("length", smoke, tmp_path, threshold=0)
+        get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), threshold=0)
 
 
 def test_data_columns_keep_only_json_scalars(tmp_path):

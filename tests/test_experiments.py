@@ -10,7 +10,9 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.jobs import get_preset, plan_shortcuts, run_jobs
+from rlmlab.experiments.jobs import run_jobs
+from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.report import report
 
 
@@ -105,7 +107,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert all(line.endswith("| max_steps |") for line in table.splitlines() if line.startswith("| iid-N"))
     assert (out / "report" / "curves-iid-N200-s0.png").exists()
     # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
-    from rlmlab.experiments.jobs import run_experiment
+    from rlmlab.experiments.run import run_experiment
 
     run_experiment("iid", get_preset("smoke").with_overrides(iid_sizes=(100, 200, 9_000)), out, views=("rm",),
                    progress=False)
@@ -139,7 +141,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                                                 shortcut_per_view={"cot": {"train.batch_size": 3}})
     # Two runs on different constructions share the folder (as one process per core would).
     for name in ("position_parity", "copy_deep_return"):
-        run_jobs(plan_shortcuts(preset, out, names=[name]), out, progress=False)
+        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm", "cot"), constructions=[name]), out, progress=False)
         train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
         assert max(train.column("trace_len").to_pylist()) <= 600
         # shortcut_per_view applies to the shortcut runs over the preset's own per-learner settings
@@ -184,17 +186,27 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert probe_rows[0].split(" | ")[6] == "–"  # no answer-level probe on IID
 
 
-def test_report_and_run_errors(tmp_path):
+def test_report_and_run_errors(tmp_path, capsys):
     with pytest.raises(DataError, match="no experiment.json"):
         report(tmp_path)
     assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--views", "xx"]) == 2
     assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--constructions", "x"]) == 2
     assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(tmp_path / "s"),
                  "--constructions", "copy_deep_return,copy_everything"]) == 2
+    # An option of another kind is refused before anything is written, naming the kinds that take it.
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--threshold", "50"]) == 2
+    assert "--threshold applies to `rlmlab run length|depth` only" in capsys.readouterr().err
+    assert not (tmp_path / "i").exists()
+    from rlmlab.experiments.run import run_experiment
+
+    with pytest.raises(ConfigError, match="sizes: not an option of the shortcuts experiment"):
+        run_experiment("shortcuts", "smoke", tmp_path / "s2", sizes=[100])
+    with pytest.raises(ConfigError, match="unknown experiment 'recipe'"):
+        run_experiment("recipe", "smoke", tmp_path / "r")
 
 
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():
-    from rlmlab.experiments.jobs import _iid_settings
+    from rlmlab.experiments.kinds.iid import _iid_settings
 
     preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
     settings = _iid_settings(preset, "rm", seed=2)
@@ -219,7 +231,7 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
 ])
 def test_experiment_presets_are_validated_on_construction(bad, message):
     from rlmlab.errors import ConfigError
-    from rlmlab.experiments.jobs import ExperimentPreset
+    from rlmlab.experiments.presets import ExperimentPreset
 
     with pytest.raises(ConfigError, match=message):
         ExperimentPreset(**{"name": "t", "model": "tiny", **bad})
@@ -309,13 +321,12 @@ def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
 def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
     """The CPU preset at the paper's thresholds: L = 595 and K = 10, the paper's fixed multiplier
     bins, 310 evaluation expressions per bin (on a small pool here, so the far bins run short)."""
-    from rlmlab.experiments.jobs import plan_threshold
     from rlmlab.experiments.splits import Split
 
     preset = get_preset("paper-cpu").with_overrides(pool_n=6_000)
     assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)
-    length = plan_threshold("length", preset, tmp_path / "length")
-    depth = plan_threshold("depth", preset, tmp_path / "depth")
+    length = get_kind("length").plan(preset, tmp_path / "length", ("rm", "cot"))
+    depth = get_kind("depth").plan(preset, tmp_path / "depth", ("rm", "cot"))
     assert [j.view for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
     for kind, labels, edges in [
         ("length-595", ["<=0.25", "0.25-0.5", "0.5-1.0", "1.0-1.25", "1.25-1.5", "1.5-2.0", "2.0-2.5", "2.5-3.0",
@@ -348,3 +359,18 @@ def test_run_budget_flags_override_every_learners_own_budget():
     assert all("train.max_minutes" not in s for s in both.per_view.values())
     assert both.per_view["cot"]["train.batch_size"] == preset.per_view["cot"]["train.batch_size"]
     assert preset.with_budget() == preset
+
+
+def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):
+    iid = get_kind("iid")
+    for n, seed in [(30_000, 2), (300, 0)]:
+        (tmp_path / iid.job_name(n, seed)).mkdir()
+    (tmp_path / "iid-N12-sx").mkdir()  # a stray folder with a similar name is not a run
+    assert iid.job_names(tmp_path, {"sizes": [300]}) == ["iid-N300-s0", "iid-N30000-s2"]
+    assert get_kind("depth").job_names(tmp_path, {"threshold": 10}) == ["depth-10"]
+    assert get_kind("shortcuts").job_names(tmp_path, {"constructions": ["position_parity"]}) == \
+        ["shortcut-position_parity"]
+    # What makes two folders the same experiment: the threshold matters for the splits only.
+    assert get_kind("length").identity({"kind": "length", "threshold": 595, "sizes": [1]}) == \
+        {"kind": "length", "threshold": 595}
+    assert get_kind("iid").identity({"kind": "iid", "sizes": [1]}) == {"kind": "iid"}

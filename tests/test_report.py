@@ -2,7 +2,8 @@
 
 import json
 
-from rlmlab.experiments.report import iid_points, threshold_tables
+from rlmlab.experiments.kinds.iid import iid_points
+from rlmlab.experiments.kinds.threshold import threshold_tables
 from rlmlab.measuring.stats import wilson
 
 
@@ -92,7 +93,7 @@ def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withhel
 
 
 def test_failure_predictors_join_probe_rows_to_answers_by_id():
-    from rlmlab.experiments.report import failure_predictors
+    from rlmlab.experiments.kinds.threshold import failure_predictors
 
     results = [{"expr": f"e{i}", "id": i, "correct": i % 2 == 0} for i in range(40)]
     # Wrong answers (odd ids) have the higher non-invariance; an IID row and a row without points are ignored.

@@ -28,8 +28,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rlmlab.experiments.jobs import get_preset, run_experiment
+    from rlmlab.experiments.presets import get_preset
     from rlmlab.experiments.report import report
+    from rlmlab.experiments.run import run_experiment
 
     out = Path(args.out)
     preset = get_preset("small")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlmlab.experiments.report import export_results
+from rlmlab.experiments.export import export_results
 
 
 def register(sub) -> None:

@@ -13,18 +13,21 @@ import json
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
-from rlmlab.experiments.jobs import KINDS, LEARNERS, PRESETS, get_preset, run_experiment
+from rlmlab.experiments.kinds import RUNNABLE, get_kind
+from rlmlab.experiments.presets import PRESETS, get_preset
+from rlmlab.experiments.run import run_experiment
+from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.learning.views import get_view
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=KINDS, help="which experiment")
+    p.add_argument("kind", choices=RUNNABLE, help="which experiment")
     p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
-    p.add_argument("--views", default=",".join(LEARNERS),
+    p.add_argument("--views", default=",".join(PAPER_LEARNERS),
                    help="learners to run, comma-separated training views (default rm,cot; any view of "
                         "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
     p.add_argument("--constructions", default=None,
@@ -54,17 +57,18 @@ def run(args) -> int:
         get_view(v)  # one-line ConfigError naming an unknown view
         if "/" in v:
             raise ConfigError(f"--views: {v!r} cannot name a run folder")
+    kind = get_kind(args.kind)
+    for option in ("threshold", "constructions", "sizes"):
+        if getattr(args, option) is not None and option not in kind.options:
+            takes = [name for name in RUNNABLE if option in get_kind(name).options]
+            raise ConfigError(f"--{option} applies to `rlmlab run {'|'.join(takes)}` only")
     constructions = None
     if args.constructions is not None:
-        if args.kind != "shortcuts":
-            raise ConfigError("--constructions applies to `rlmlab run shortcuts` only")
         constructions = [c.strip() for c in args.constructions.split(",") if c.strip()]
         if not constructions:
             raise ConfigError("--constructions: no construction given")
     sizes = None
     if args.sizes is not None:
-        if args.kind != "iid":
-            raise ConfigError("--sizes applies to `rlmlab run iid` only")
         try:
             sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
         except ValueError:

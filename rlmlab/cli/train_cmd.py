@@ -10,7 +10,6 @@ Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ..
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import fields
 
 from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
@@ -74,19 +73,9 @@ def resolve_config(args) -> RunConfig:
 
 
 def run(args) -> int:
-    from rlmlab.learning.train import prepare_data, train
+    from rlmlab.experiments.jobs import train_run
 
-    cfg = resolve_config(args)
-    t0 = time.perf_counter()
-    split = prepare_data(cfg.data)
-    print(f"examples built in {time.perf_counter() - t0:.1f}s")
-    validate_fn = None
-    if cfg.train.answer_eval:
-        from rlmlab.measuring.score import answer_accuracy_fn
-
-        validate_fn = answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval])
-    result = train(cfg, split.train, split.val, args.out, resume=args.resume, validate_fn=validate_fn,
-                   progress=not args.quiet)
+    result = train_run(resolve_config(args), args.out, resume=args.resume, progress=not args.quiet)
     best = (f"best val {result.select_metric} {result.best_score:.4f} at step {result.best_step}"
             if result.best_score is not None else "no validation")
     print(f"stopped at step {result.step} ({result.stop_reason}); {best}; run folder {result.run_dir}")

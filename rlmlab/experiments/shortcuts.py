@@ -98,7 +98,7 @@ from rlmlab.task.expr import (
     parse,
     to_text,
 )
-from rlmlab.task.frames import FrameExample
+from rlmlab.task.frames import FrameExample, StackReplay
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, Vocab
@@ -130,22 +130,22 @@ class TraceFrame:
 
 
 def frame_tree(tokens: Sequence[str], prompt_len: int) -> TraceFrame:
-    """The frames of a complete trace as a tree. Every frame ends with exactly one `</return>`,
-    and its value is the last literal return (`<return> v </return>`) before that."""
+    """The frames of a complete trace as a tree, read off the stack replay that cuts RM's
+    examples (`StackReplay`): a frame opens at its push and closes at its `</return>`, whose
+    payload is its value."""
+    replay = StackReplay(tokens[:prompt_len])
     stack: list[dict] = [{"call": tuple(tokens[:prompt_len]), "start": prompt_len, "children": []}]
-    call_open = last_value = -1
     for i in range(prompt_len, len(tokens)):
-        t = tokens[i]
-        if t == CALL:
-            call_open = i
-        elif t == END_CALL:
-            stack.append({"call": tuple(tokens[call_open + 1:i]), "start": i + 1, "children": []})
-        elif t == END_RETURN:
-            if tokens[i - 2] == RETURN:
-                last_value = i - 1
+        event = replay.feed(tokens[i])
+        if event == "error":
+            raise DataError(f"not a legal trace at token {i}: {replay.error}")
+        if event == "push":
+            stack.append({"call": tuple(replay.top), "start": i + 1, "children": []})
+        elif event in ("pop", "done"):
+            returned = replay.answer if event == "done" else replay.top[-1:]
             b = stack.pop()
-            frame = TraceFrame(b["call"], b["start"], i + 1, tokens[last_value], tuple(b["children"]))
-            if not stack:
+            frame = TraceFrame(b["call"], b["start"], i + 1, returned[-1], tuple(b["children"]))
+            if event == "done":
                 if i != len(tokens) - 1:
                     raise DataError("trace continues after the root returned")
                 return frame

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmlab.errors import DataError, RlmlabError
-from rlmlab.experiments.report import learner_name
+from rlmlab.experiments.tables import learner_name
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
 from rlmlab.learning.learner import learner
 from rlmlab.task.frames import StackReplay

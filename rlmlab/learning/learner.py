@@ -26,6 +26,9 @@ from functools import cache
 from rlmlab.errors import ConfigError
 from rlmlab.learning.observe import Observation, observer
 
+PAPER_LEARNERS = ("rm", "cot")
+"""The paper's two learners: what an experiment runs by default, first in every table."""
+
 
 @dataclass(frozen=True)
 class Learner:

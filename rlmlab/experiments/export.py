@@ -1,0 +1,85 @@
+"""Export an experiment folder's results (to commit them under `results/`) and merge exports of
+runs of the same experiment made elsewhere."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from rlmlab.errors import DataError
+from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.report import report
+
+# Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
+# command in commands.jsonl, and checkpoints are megabytes each.
+LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
+
+
+def export_results(src: str | Path, dest: str | Path) -> dict:
+    """Copy an experiment folder's results to `dest` (e.g. under `results/` to commit them):
+    configs, metrics, per-expression results, probe summaries and commands, without
+    checkpoints or data files, then rebuild the report there from the copy.
+
+    Files already in `dest` that the source lacks (a README, say) are kept; files the source
+    has are overwritten, except the two that describe the whole experiment: when `dest` holds
+    the results of other runs of the same experiment (another session, machine or subset of
+    constructions or sizes), `experiment.json` lists what either planned and `commands.jsonl`
+    keeps both histories (`merge_meta`, `merge_commands`). Returns counts of what was copied
+    and left out."""
+    src, dest = Path(src).resolve(), Path(dest).resolve()
+    meta = read_meta(src)
+    if dest == src or src in dest.parents:
+        raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    if (dest / "experiment.json").exists():
+        meta = merge_meta(read_meta(dest), meta, dest)
+    commands = merge_commands(_lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl"))
+    copied = size = checkpoints = data_files = 0
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        rebuilt = rel.parts[0] in ("report", "view")  # the report below; `rlmlab view` pages on demand
+        if rebuilt or not path.is_file() or rel.parts in (("experiment.json",), ("commands.jsonl",)):
+            continue
+        if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
+            checkpoints += path.name == "checkpoint.json"
+            continue
+        if path.suffix in LEFT_OUT_SUFFIXES:
+            data_files += 1
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / rel)
+        copied += 1
+        size += path.stat().st_size
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if commands:
+        (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
+    report(dest)
+    return {"files": copied, "bytes": size, "checkpoints": checkpoints, "data_files": data_files}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def merge_meta(old: dict, new: dict, where: Path) -> dict:
+    """`new`'s experiment description, extended by what `old` planned (`ExperimentKind.merge_meta`);
+    refused when the two describe different experiments (`ExperimentKind.identity`)."""
+    kind = get_kind(new["kind"])
+    mine, theirs = kind.identity(new), kind.identity(old)
+    for key in mine:
+        if theirs.get(key) != mine[key]:
+            raise DataError(f"{where} holds another experiment ({key} {theirs.get(key)!r}, exporting {mine[key]!r}); "
+                            "export into another folder")
+    return kind.merge_meta(old, new)
+
+
+def merge_commands(old: list[str], new: list[str]) -> list[str]:
+    """`old` followed by `new`, where the longest end of `old` that begins `new` is written once:
+    re-exporting a folder after more commands adds only those, exporting another folder appends
+    its history."""
+    for k in range(min(len(old), len(new)), 0, -1):
+        if old[len(old) - k:] == new[:k]:
+            return old[:len(old) - k] + new
+    return old + new

@@ -1,0 +1,85 @@
+"""An experiment folder and the files its jobs share.
+
+    experiment.json               kind, preset, parameters (what `rlmlab report` reads)
+    commands.jsonl                every `rlmlab run` that wrote into the folder
+    data/                         the pool, the split or the shortcut data sets (parquet + JSON)
+    <job>/<view>/                 a training run (rlmlab train's run folder)
+    <job>/<view>/eval/<set>/      results.jsonl + summary.json of one evaluation set
+    report/                       tables and figures (`rlmlab report`), pure functions of the above
+
+The checks here keep a re-run from mixing data built under other settings, or one experiment's
+runs with another's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.presets import ExperimentPreset
+
+
+def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):
+    from rlmlab.task.pool import build_pool, read_pool, write_pool
+
+    path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
+    if not path.exists():
+        write_pool(build_pool(p.pool_n, p.pool_seed, progress=progress), path)
+    return read_pool(path)
+
+
+def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict) -> None:
+    """Write experiment.json for an experiment of `kind` (an `ExperimentKind`); a folder that
+    holds another experiment is refused rather than relabelled, which would hide its runs from
+    the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": kind.name, "preset": asdict(p), **extra}
+    refuse_another_experiment(out, kind.identity(meta))
+    (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def refuse_another_experiment(out: Path, identity: dict) -> None:
+    """Refuse to run an experiment with this `identity` (`ExperimentKind.identity`) in a folder
+    that holds another one."""
+    if not (out / "experiment.json").exists():
+        return
+    old = read_meta(out)
+    for key, value in identity.items():
+        if old.get(key) != value:
+            raise ConfigError(f"{out} holds another experiment ({key} {old.get(key)!r}, not {value!r}); "
+                              "give this one its own --out")
+
+
+def read_meta(out: Path) -> dict:
+    """An experiment folder's `experiment.json`, checked against its kind."""
+    from rlmlab.experiments.kinds import KINDS
+
+    path = out / "experiment.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise DataError(f"{path}: not valid JSON") from None
+    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
+        raise DataError(f"{path}: not an experiment description (its 'kind' should be one of "
+                        f"{', '.join(KINDS)})")
+    KINDS[meta["kind"]].check_meta(meta, path)
+    return meta
+
+
+def check_saved(data: Path, saved: dict, asked: dict) -> None:
+    """A re-run reuses the data it finds in `data`; refuse it when the preset now asks for
+    other data, rather than report numbers of the old data under the new settings."""
+    differ = [f"{k}={saved.get(k)!r} (asked: {v!r})" for k, v in asked.items() if saved.get(k) != v]
+    if differ:
+        raise ConfigError(f"{data} was built with {', '.join(differ)}; use another --out, or delete it to rebuild")
+
+
+def check_split(data: Path, params: dict, p: ExperimentPreset, asked: dict) -> None:
+    """`check_saved` for a split: its own parameters and the pool it was drawn from."""
+    pool = params.get("pool") or {}
+    check_saved(data, {**params, "pool n": pool.get("n"), "pool seed": pool.get("seed")},
+                 {**asked, "pool n": p.pool_n, "pool seed": p.pool_seed})

@@ -1,0 +1,24 @@
+"""The experiment kinds, one module each, behind `ExperimentKind` (`base.py`)."""
+
+from __future__ import annotations
+
+from rlmlab.errors import ConfigError
+from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.iid import IIDSweep
+from rlmlab.experiments.kinds.recipe import RecipeComparison
+from rlmlab.experiments.kinds.shortcuts import ShortcutSuite
+from rlmlab.experiments.kinds.threshold import ThresholdSplit
+
+KINDS: dict[str, ExperimentKind] = {k.name: k for k in (
+    ThresholdSplit("length"), ThresholdSplit("depth"), IIDSweep(), ShortcutSuite(), RecipeComparison())}
+RUNNABLE = tuple(name for name, k in KINDS.items() if k.runnable)
+"""The kinds `rlmlab run` plans."""
+
+
+def get_kind(name: str) -> ExperimentKind:
+    if name not in KINDS:
+        raise ConfigError(f"unknown experiment {name!r} (have: {', '.join(KINDS)})")
+    return KINDS[name]
+
+
+__all__ = ["KINDS", "RUNNABLE", "ExperimentKind", "get_kind"]

@@ -1,0 +1,56 @@
+"""The interface every experiment kind implements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlmlab.errors import DataError
+
+
+class ExperimentKind:
+    """One kind of experiment: how it plans its jobs and names their folders, what its
+    `experiment.json` holds, how its tables and figures are built from saved results, and how two
+    exports of it merge. `rlmlab run`, `rlmlab report` and `rlmlab export` know nothing else about
+    a kind.
+
+    A kind that `rlmlab run` cannot plan (a recipe comparison: a folder of `rlmlab train` runs)
+    leaves `runnable` False and reports like any other."""
+
+    name: str = ""
+    runnable: bool = True
+    options: tuple[str, ...] = ()
+    """Keyword options of `plan` beyond the preset (`--threshold`, `--sizes`, `--constructions`)."""
+    meta_fields: dict[str, type] = {}
+    """Keys its `experiment.json` must hold, with their JSON types."""
+
+    def identity(self, meta: dict) -> dict:
+        """What two experiment folders must share to hold the same experiment: an export merges
+        into, and a run resumes in, a folder only when these agree."""
+        return {"kind": meta.get("kind")}
+
+    def planned_identity(self, preset, **options) -> dict:
+        """`identity` of the experiment a `plan` with these arguments would write, known before
+        any data is built."""
+        return {"kind": self.name}
+
+    def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
+        """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""
+        raise NotImplementedError(f"`rlmlab run` does not plan {self.name} experiments")
+
+    def job_names(self, out: Path, meta: dict) -> list[str]:
+        """The experiment's job folders under `out`, in the order of its tables."""
+        return []
+
+    def report(self, out: Path, meta: dict, dest: Path) -> dict:
+        """Write this kind's tables and figures into `dest`; return every number shown."""
+        raise NotImplementedError
+
+    def merge_meta(self, old: dict, new: dict) -> dict:
+        """`new`'s description, extended by what `old` planned that `new` did not (both have the
+        same `identity`)."""
+        return dict(new)
+
+    def check_meta(self, meta: dict, path: Path) -> None:
+        for key, kind in self.meta_fields.items():
+            if not isinstance(meta.get(key), kind):
+                raise DataError(f"{path}: a {self.name} experiment needs '{key}' ({kind.__name__})")

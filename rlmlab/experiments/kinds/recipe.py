@@ -1,0 +1,126 @@
+"""A recipe comparison: a folder of `rlmlab train` runs on one training distribution, compared by
+validation accuracy against training minutes. Reported like an experiment, never planned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.tables import learner_name, metrics_records, pct, save_figure, training_summary
+from rlmlab.learning.learner import learner
+
+RECIPE_MARKS_MIN = (15, 30, 45, 60, 90, 120)
+"""Training minutes at which the recipe table reads each run's best validation so far."""
+
+
+def _clock_s(record: dict) -> float:
+    """A record's training time: the process's CPU time where logged (one thread: the wall clock the
+    run would have taken on a core of its own, whatever else ran beside it), else the wall clock."""
+    return record.get("cpu_s", record["elapsed_s"])
+
+
+def _model_shape(model: dict, view: str) -> str:
+    from rlmlab.learning.config import PRESETS
+
+    try:
+        family = learner(view).observation.family
+    except ConfigError:
+        family = "cot"
+    base = PRESETS.get(model.get("preset"), {}).get(family, {})
+    shape = {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
+    return f"{shape['n_layer']}L/{shape['n_head']}H/{shape['n_embd']}"
+
+
+def recipe_row(name: str, run_dir: Path) -> dict:
+    """One training run of a recipe comparison: its settings and its validation answer accuracy
+    against training minutes (`_clock_s`; best so far at each of `RECIPE_MARKS_MIN`, first minute at 99%)."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        model, data, train = cfg["model"], cfg["data"], cfg["train"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{run_dir}: no readable config.json (not an `rlmlab train` run folder)") from None
+    recs = metrics_records(run_dir)
+    val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r and "elapsed_s" in r]
+    steps = [r for r in recs if r.get("kind") == "train" and r.get("step")]
+    summary = training_summary(run_dir)
+    reached = next((r for r in val if r["answer_acc"] >= 0.99), None)
+    return {"run": name, "view": data.get("view"), "shape": _model_shape(model, data.get("view")),
+            "batch": train.get("batch_size"), "lr": train.get("lr"), "warmup": train.get("warmup_steps"),
+            "positions_per_step": round(steps[-1]["tokens"] / steps[-1]["step"]) if steps else None,
+            "step": summary["step"], "tokens": summary["tokens"], "minutes": summary["minutes"],
+            "cpu_minutes": max((r.get("cpu_s", 0) for r in recs), default=0) / 60, "stop": summary["stop"],
+            "at": {m: max((r["answer_acc"] for r in val if _clock_s(r) <= 60 * m), default=None)
+                   for m in RECIPE_MARKS_MIN if val and _clock_s(val[-1]) >= 60 * m - 30},
+            "best": summary["best"], "minutes_to_99": reached and _clock_s(reached) / 60,
+            "last_token_acc": val[-1].get("token_acc") if val else None,
+            "curve": [{k: r[k] for k in ("step", "elapsed_s", "cpu_s", "answer_acc", "token_acc", "loss") if k in r}
+                      for r in val]}
+
+
+def recipe_table(rows: list[dict]) -> str:
+    marks = [m for m in RECIPE_MARKS_MIN if any(m in r["at"] for r in rows)]
+    head = ["run", "learner", "model", "batch (positions/step)", "lr", "warm-up", "steps", "wall (CPU) minutes",
+            *(f"≤{m} min" for m in marks), "best", "at 99% (min)", "last token acc"]
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        pos = "–" if r["positions_per_step"] is None else f"{r['positions_per_step']:,}"
+        cells = [r["run"], learner_name(r["view"]), r["shape"], f"{r['batch']} ({pos})", f"{r['lr']:g}",
+                 str(r["warmup"]), f"{r['step']:,}", f"{r['minutes']:.0f} ({r['cpu_minutes']:.0f})",
+                 *(pct(r["at"].get(m)) for m in marks), pct(r["best"]),
+                 "–" if r["minutes_to_99"] is None else f"{r['minutes_to_99']:.0f}", pct(r["last_token_acc"])]
+        md.append("| " + " | ".join(cells) + " |")
+    return ("Validation final-answer accuracy (%), best so far within each budget of training minutes, "
+            "validation included, counted in the process's CPU time (one thread: the wall clock of a run with a "
+            "core of its own; the wall clock it took is beside it):\n\n"
+            + "\n".join(md) + "\n")
+
+
+def plot_recipe(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for r in rows:
+        if not r["curve"]:
+            continue
+        x = [_clock_s(c) / 60 for c in r["curve"]]
+        style = "-" if r["view"] == "cot" else "--"
+        line, = axes[0].plot(x, [100 * c["answer_acc"] for c in r["curve"]], style, label=r["run"])
+        axes[1].plot(x, [100 * (1 - c["token_acc"]) for c in r["curve"]], style, color=line.get_color())
+        axes[2].plot(x, [c["loss"] for c in r["curve"]], style, color=line.get_color())
+    for a, label in zip(axes, ("val final-answer acc (%)", "val token error, teacher-forced (%)",
+                               "val loss (teacher-forced)")):
+        a.set_xlabel("training minutes (CPU time, one thread)")
+        a.set_ylabel(label)
+    axes[1].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        save_figure(fig, path.with_suffix(f".{ext}"))
+    plt.close(fig)
+
+
+def report_recipe(out: Path, meta: dict, dest: Path) -> dict:
+    rows = [recipe_row(name, out / name) for name in meta["runs"] if (out / name / "metrics.jsonl").exists()]
+    if not rows:
+        raise DataError(f"{out}: none of the runs listed in experiment.json has a metrics.jsonl yet")
+    (dest / "table-recipe.md").write_text(recipe_table(rows))
+    plot_recipe(dest / "recipe-curves", rows)
+    return {"runs": rows}
+
+
+class RecipeComparison(ExperimentKind):
+    name = "recipe"
+    runnable = False
+    meta_fields = {"runs": list}
+
+    def report(self, out: Path, meta: dict, dest: Path) -> dict:
+        return report_recipe(out, meta, dest)
+
+    def merge_meta(self, old: dict, new: dict) -> dict:
+        return {**new, "runs": old["runs"] + [r for r in new["runs"] if r not in old["runs"]]}

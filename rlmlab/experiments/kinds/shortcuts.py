@@ -1,0 +1,203 @@
+"""The planted shortcuts (the paper's Table 3): both learners on each construction's training
+set, tested in domain and where the planted signal stops agreeing with the answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.folder import check_saved, read_meta, write_meta
+from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.tables import (
+    count_ci,
+    eval_results,
+    gap,
+    learner_name,
+    learners,
+    pct,
+    plot_learning_curves,
+    probe_groups,
+    training_runs,
+)
+from rlmlab.measuring.stats import accuracy, share
+
+
+def plan_shortcuts(kind: "ShortcutSuite", p: ExperimentPreset, out: Path, views, names=None) -> list[Job]:
+    """Jobs of the constructions `names` (default: all six). Runs on subsets share the folder:
+    the experiment lists every construction any of them planned, in the table's order."""
+    import pyarrow.parquet as pq
+
+    from rlmlab.experiments.shortcuts import (
+        CONSTRUCTIONS,
+        ShortcutConfig,
+        ShortcutDataset,
+        build_shortcut_dataset,
+    )
+
+    names = list(names or CONSTRUCTIONS)
+    unknown = [n for n in names if n not in CONSTRUCTIONS]
+    if unknown:
+        raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
+    planned = set(names)
+    if (out / "experiment.json").exists():
+        planned |= set(read_meta(out).get("constructions", ()))
+    write_meta(out, kind, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
+    config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
+    jobs = []
+    for name in names:
+        data = out / "data" / kind.job_name(name)
+        if not (data / "shortcut.json").exists():
+            build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
+                                   n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
+        ds = ShortcutDataset.load(data)
+        saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
+        check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),
+                                   "n_iid": p.shortcut_n_eval, "n_ood": p.shortcut_n_eval,
+                                   "max_trace_len": p.shortcut_max_trace})
+        for part in ("iid", "ood"):
+            if not (data / f"{part}.parquet").exists():
+                pq.write_table(getattr(ds, part), data / f"{part}.parquet")
+        for v in views:
+            jobs.append(Job(kind.job_name(name), v, str(data / "train.parquet"), str(data / "val.parquet"),
+                            {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
+                            p.job_settings(v, per_view=p.shortcut_per_view),
+                            p.eval_batch))
+    return jobs
+
+
+# The paper's Table 3: IID RM, IID CoT, OOD RM, OOD CoT accuracy and CoT shortcut rate (%).
+PAPER_TABLE3 = {
+    "copy_deep_return": (100.0, 100.0, 87.3, 7.0, 92.7),
+    "hidden_literal": (90.3, 99.7, 86.0, 0.3, 99.3),
+    "long_range_aggregate": (99.7, 100.0, 95.7, 10.3, 88.0),
+    "near_answer_aggregate": (100.0, 100.0, 99.7, 1.0, 79.7),
+    "position_weighted_aggregate": (100.0, 100.0, 97.0, 14.7, 69.7),
+    "position_parity": (100.0, 100.0, 99.7, 9.7, 90.3),
+}
+
+
+def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -> dict:
+    from rlmlab.experiments.shortcuts import shortcut_rate
+
+    rows = []
+    views = learners(out, kind.job_names(out, meta))
+    for name in meta["constructions"]:
+        job = kind.job_name(name)
+        row = {"construction": name}
+        for view in views:
+            iid, ood = eval_results(out, job, view, "iid"), eval_results(out, job, view, "ood")
+            if iid is not None:
+                row[f"{view}_iid"] = accuracy(iid)
+            if ood is not None:
+                row[f"{view}_ood"] = accuracy(ood)
+                row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
+                row[f"{view}_ood_valid"] = sum(bool(r.get("valid")) for r in ood) / len(ood)
+            for set_name in ("iid", "ood"):
+                probed = probe_groups(out, job, view, set_name)
+                if probed:
+                    row[f"{view}_probe_{set_name}"] = probed[0]
+        rows.append(row)
+    if not any(len(r) > 1 for r in rows):
+        raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
+
+    def acc(r, key):
+        return r[key]["accuracy"] if key in r else None
+
+    # One column per probed learner: the theorem's quantity, non-invariant prediction points,
+    # on the training distribution (IID) and where S stops agreeing with the answer (OOD).
+    probed = [v for v in views if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
+    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed]
+
+    def probe_cell(r, v):
+        return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+
+    md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
+          "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |" + "".join(f" {c} |" for c in probe_cols),
+          "|---" * (9 + len(probe_cols)) + "|"]
+    tex = [r"\begin{tabular}{@{}lcc!{\vrule}cccc@{}}", r"\toprule",
+           r"Construction & RM acc. & CoT acc. & RM acc. & CoT acc. & Gap (pt) & Shortcut rate \\", r"\midrule"]
+    for r in rows:
+        p = PAPER_TABLE3.get(r["construction"])
+        cells = [pct(acc(r, "rm_iid")), pct(acc(r, "cot_iid")), pct(acc(r, "rm_ood")), pct(acc(r, "cot_ood")),
+                 gap(acc(r, "rm_ood"), acc(r, "cot_ood")), pct(r.get("cot_shortcut_rate"))]
+        md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {pct(r.get('rm_shortcut_rate'))} | "
+                  + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
+                  + "".join(f" {probe_cell(r, v)} |" for v in probed))
+        tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    md += ["", "Final-answer accuracy and shortcut rate (OOD answers equal to S) with 95% Wilson intervals; "
+           "well-formed: OOD traces that end in an answer:", "",
+           "| Construction | Learner | IID correct / n | OOD correct / n | OOD answers = S | OOD well-formed (%) |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        for v in views:
+            if f"{v}_iid" not in r and f"{v}_ood" not in r:
+                continue
+            ood = r.get(f"{v}_ood")
+            follow = None if ood is None else share(round(r[f"{v}_shortcut_rate"] * ood["n"]), ood["n"])
+            md.append(f"| {r['construction']} | {learner_name(v)} | {count_ci(r.get(f'{v}_iid'))} | "
+                      f"{count_ci(ood)} | {count_ci(follow)} | {pct(r.get(f'{v}_ood_valid'))} |")
+    for name in meta["constructions"]:
+        job = kind.job_name(name)
+        plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
+    (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
+    if probed:
+        (dest / "table-shortcuts-probe.md").write_text(shortcut_probe_table(rows, probed))
+    (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
+    return {"rows": rows}
+
+
+def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
+    """The invariance probe per construction, learner and set, with 95% intervals, next to the
+    learner's accuracy on the whole set (the probe may take its first expressions only) and
+    (OOD) its shortcut rate."""
+
+    def ci(p, key):  # a probe run with --positions-only (or answers only) lacks the other level
+        if p.get(f"{key}_rate") is None:
+            return "–"
+        lo, hi = p[f"{key}_ci95"]
+        return f"{100 * p[f'{key}_rate']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+    md = ["| Construction | Learner | Set | Probed expr. | Non-invariant positions (%) | Witness positions (%) "
+          "| Non-invariant answers (%) | Subproblems | Accuracy, whole set (%) | Shortcut rate, whole set (%) |",
+          "|---" * 10 + "|"]
+    for r in rows:
+        for v in views:
+            for s in ("iid", "ood"):
+                p = r.get(f"{v}_probe_{s}")
+                if p is None:
+                    continue
+                acc = r.get(f"{v}_{s}", {}).get("accuracy")
+                rate = r.get(f"{v}_shortcut_rate") if s == "ood" else None
+                md.append(f"| {r['construction']} | {learner_name(v)} | {s.upper()} | {p['n_expressions']} | "
+                          f"{ci(p, 'position')} | {ci(p, 'witness')} | {ci(p, 'answer')} | "
+                          f"{p.get('subproblems', '–')} | "
+                          f"{pct(acc)} | {pct(rate)} |")
+    return "\n".join(md) + "\n"
+
+
+class ShortcutSuite(ExperimentKind):
+    name = "shortcuts"
+    options = ("constructions",)
+    meta_fields = {"constructions": list}
+
+    def job_name(self, construction: str) -> str:
+        return f"shortcut-{construction}"
+
+    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
+             constructions=None) -> list[Job]:
+        return plan_shortcuts(self, preset, out, views, constructions)
+
+    def job_names(self, out: Path, meta: dict) -> list[str]:
+        return [self.job_name(name) for name in meta["constructions"]]
+
+    def report(self, out: Path, meta: dict, dest: Path) -> dict:
+        return report_shortcuts(self, out, meta, dest)
+
+    def merge_meta(self, old: dict, new: dict) -> dict:
+        from rlmlab.experiments.shortcuts import CONSTRUCTIONS
+
+        either = set(old["constructions"]) | set(new["constructions"])
+        return {**new, "constructions": [c for c in CONSTRUCTIONS if c in either] + sorted(either - set(CONSTRUCTIONS))}

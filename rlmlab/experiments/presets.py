@@ -1,0 +1,190 @@
+"""Named experiment presets: the model, data sizes, budgets and evaluation sizes of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rlmlab.errors import ConfigError
+from rlmlab.experiments.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
+
+
+@dataclass(frozen=True)
+class ExperimentPreset:
+    """What one named preset runs: model, data sizes, training budget and evaluation sizes."""
+
+    name: str
+    """Preset name (smoke, small, paper)."""
+    model: str
+    """Model preset of `rlmlab.learning.config.PRESETS`."""
+    pool_n: int = 500_000
+    """Expressions in the pool the splits are drawn from (paper: 500,000)."""
+    pool_seed: int = 42
+    """Seed of that pool (paper: 42)."""
+    length: int = REPRESENTATIVE["length"]
+    """Length threshold L of the length experiment (paper's representative: 595)."""
+    depth: int = REPRESENTATIVE["depth"]
+    """Depth threshold K of the depth experiment (paper's representative: 10)."""
+    per_bin_cap: int = PER_BIN_CAP
+    """Evaluation expressions per bin (paper: 3,100 over 10 bins)."""
+    n_val: int = 1_000
+    """Validation expressions (teacher-forced loss, plateau, checkpoint selection)."""
+    n_train: int | None = None
+    """Cap on training expressions of threshold splits (None: every one below the threshold)."""
+    answer_eval: int = 300
+    """Validation expressions decoded greedily at each validation (final-answer accuracy selects
+    the best checkpoint)."""
+    minutes: float | None = None
+    """Wall-clock training budget per learner."""
+    max_steps: int | None = None
+    """Step budget per learner."""
+    patience: int | None = 10
+    """Stop after this many validations without improvement (the paper trains to a plateau)."""
+    eval_every: int = 500
+    """Steps between validations."""
+    train: dict = field(default_factory=dict)
+    """Extra `train.*` settings for both learners, e.g. {"warmup_steps": 200}."""
+    per_view: dict = field(default_factory=dict)
+    """Settings per learner: {"cot": {"train.batch_size": 32}, ...} (dotted keys)."""
+    iid_sizes: tuple[int, ...] = IID_SIZES
+    """Nested training-set sizes of the IID sweep."""
+    iid_seeds: int = 3
+    """Seeds per size for the smaller sizes; sizes >= iid_one_seed_from get one."""
+    iid_one_seed_from: int = 100_000
+    """From this size on the IID sweep runs one seed (as the paper does for its largest sizes)."""
+    iid_n_test: int = 5_000
+    """IID test expressions (paper: 5,000)."""
+    iid_minutes: float | None = None
+    """Training budget per IID run (default: `minutes`). The sweep trains two learners per size
+    and seed, so a CPU preset gives each run less time than a threshold-split learner."""
+    iid_patience: int | None = None
+    """Validations without improvement that stop an IID run (default: `patience`). At small N a
+    run memorizes its training set early and its validation accuracy then stays flat, so a
+    shorter patience hands the rest of its budget to the next size."""
+    iid_max_trace: int | None = None
+    """Draw the IID split from the pool's expressions whose complete trace has at most this many
+    tokens (paper: None, the whole generator: ~540 tokens on average, up to ~6,900)."""
+    iid_distinct_train: bool = True
+    """IID training subsets hold distinct expressions, as the paper says ("N distinct
+    expressions"); False keeps the pool's repeated draws (never a held-out text). Neither
+    reaches the paper's N = 450,000 from the seed-42 pool of 500,000 (412,474 distinct
+    training expressions, 447,413 rows with repeats): larger sizes are skipped and recorded."""
+    shortcut_n_train: int = 10_000
+    """Training expressions per shortcut construction."""
+    shortcut_n_eval: int = 300
+    """IID and OOD evaluation expressions per construction (paper: 300 each)."""
+    shortcut_per_view: dict = field(default_factory=dict)
+    """Settings per learner for the shortcut runs only, over `per_view` (their traces are several
+    times longer than those of the threshold splits, so a batch of traces holds more tokens)."""
+    shortcut_max_trace: int = 2048
+    """Longest complete trace of the shortcut data sets (`ShortcutConfig.max_trace_len`; the
+    paper fixes none, its CoT context is 4,096)."""
+    eval_batch: int = 64
+    """Expressions decoded at once."""
+
+    def __post_init__(self):
+        from rlmlab.learning.config import PRESETS as MODEL_PRESETS
+        from rlmlab.learning.config import RunConfig, apply_settings
+
+        where = f"experiment preset {self.name!r}"
+        if self.model not in MODEL_PRESETS:
+            raise ConfigError(f"{where}: unknown model preset {self.model!r} (have: {', '.join(MODEL_PRESETS)})")
+        for name in ("pool_n", "per_bin_cap", "n_val", "answer_eval", "eval_every", "iid_seeds",
+                     "iid_n_test", "shortcut_n_train", "shortcut_n_eval", "shortcut_max_trace", "eval_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+        for name in ("n_train", "max_steps", "patience", "iid_patience", "iid_max_trace"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{where}: {name} must be a positive integer or None, got {value!r}")
+        for name in ("minutes", "iid_minutes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{where}: {name} must be positive, got {value!r}")
+        if not self.iid_sizes or any(n < 1 for n in self.iid_sizes) or list(self.iid_sizes) != sorted(self.iid_sizes):
+            raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
+        # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
+        apply_settings(RunConfig(), {f"train.{k}": v for k, v in self.train.items()})
+        for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items()]:
+            apply_settings(RunConfig(), settings)
+
+    def with_overrides(self, **kw) -> "ExperimentPreset":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def with_budget(self, minutes: float | None = None, max_steps: int | None = None) -> "ExperimentPreset":
+        """The preset with every learner's budget set to `minutes` / `max_steps` where given (as
+        `rlmlab run --minutes/--max-steps` asks), over the budgets it gives single learners."""
+        drop = {key for key, value in (("train.max_minutes", minutes), ("train.max_steps", max_steps))
+                if value is not None}
+
+        def without(table: dict) -> dict:
+            return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
+
+        return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
+                       per_view=without(self.per_view), shortcut_per_view=without(self.shortcut_per_view))
+
+    def job_settings(self, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
+        """The typed `rlmlab train` settings (dotted keys) of one learner's job: the preset's
+        budgets and `train` settings, then its settings for that learner, then `per_view`."""
+        from rlmlab.learning.learner import learner
+
+        s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
+             "train.answer_eval": self.answer_eval}
+        if self.minutes is not None:
+            s["train.max_minutes"] = self.minutes
+        if self.max_steps is not None:
+            s["train.max_steps"] = self.max_steps
+        if self.patience is not None:
+            s["train.patience"] = self.patience
+        s.update({f"train.{k}": v for k, v in self.train.items()})
+        # A view without settings of its own (rm-frames, a new observation function) takes those
+        # of the learner whose driver it decodes with.
+        for table in (self.per_view, per_view or {}):
+            s.update(table.get(view, table.get(learner(view).driver, {})))
+        return s
+
+
+PRESETS: dict[str, ExperimentPreset] = {
+    # CI and tests: every stage of every experiment in seconds; the numbers mean nothing.
+    "smoke": ExperimentPreset(
+        name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
+        max_steps=3, patience=None, eval_every=2, train={"warmup_steps": 1, "batch_size": 4},
+        iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8),
+    # The task on a 2-core CPU at thresholds a third of the paper's (L = 197, K = 5), a 3-layer
+    # width-128 model and a 2.5-hour budget per learner; its committed results are under
+    # results/*-small. Sizing: docs/cpu-sizing.md.
+    "small": ExperimentPreset(
+        name="small", model="small", length=197, depth=5, minutes=150.0, patience=12, eval_every=300,
+        answer_eval=300, train={"warmup_steps": 300},
+        per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
+        # Shortcut traces are several times longer than the split's: 32 of them already make a
+        # step of ~15k positions (the paper's CoT batch is 32 too).
+        shortcut_per_view={"cot": {"train.batch_size": 32}},
+        # The IID sweep draws from the length split's training distribution (traces of at most
+        # L tokens) rather than the whole generator's, so that an hour per run measures samples
+        # rather than budget; a run that memorizes its set stops after five flat validations.
+        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, iid_max_trace=197,
+        iid_minutes=60.0, iid_patience=5, shortcut_n_train=10_000,
+        # Shortcut traces of up to 600 tokens instead of 2,048: a third of the training cost per example.
+        shortcut_max_trace=600),
+    # The paper's splits on this CPU: its thresholds L = 595 and K = 10, its bins and 310
+    # evaluation expressions per bin, with the CPU-sized model and the training recipe chosen by
+    # the equal-time comparison in docs/recipe.md (results/recipe-595).
+    "paper-cpu": ExperimentPreset(
+        name="paper-cpu", model="cpu", length=595, depth=10, patience=12, answer_eval=300,
+        per_view={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
+                         "train.eval_every": 300, "train.max_minutes": 90.0},
+                  "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
+                          "train.eval_every": 1000, "train.max_minutes": 240.0}}),
+    # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
+    # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
+    "paper": ExperimentPreset(
+        name="paper", model="paper", length=595, depth=10, patience=20, eval_every=1000, answer_eval=1000,
+        train={"warmup_steps": 2000}, per_view={"cot": {"train.batch_size": 32}}),
+}
+
+
+def get_preset(name: str) -> ExperimentPreset:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown experiment preset {name!r} (have: {', '.join(PRESETS)})")
+    return PRESETS[name]

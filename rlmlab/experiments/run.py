@@ -1,0 +1,40 @@
+"""`run_experiment`: one experiment of any kind, end to end (data, training, evaluation)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rlmlab.errors import ConfigError
+from rlmlab.experiments.folder import refuse_another_experiment
+from rlmlab.experiments.jobs import Job, run_jobs
+from rlmlab.experiments.kinds import RUNNABLE, get_kind
+from rlmlab.experiments.presets import ExperimentPreset, get_preset
+from rlmlab.learning.learner import PAPER_LEARNERS
+
+
+def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,
+                   ray_address: str | None = None, progress: bool = True, extend: bool = False,
+                   **options) -> list[Job]:
+    """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
+
+    `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
+    (default: the preset's), `sizes` for the IID sweep (default: the preset's), `constructions`
+    for the shortcuts (default: all six); an option left None takes its default. `extend`
+    continues finished runs to a larger budget."""
+    if kind not in RUNNABLE:
+        raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(RUNNABLE)})")
+    experiment = get_kind(kind)
+    options = {k: v for k, v in options.items() if v is not None}
+    foreign = sorted(set(options) - set(experiment.options))
+    if foreign:
+        raise ConfigError(f"{', '.join(foreign)}: not an option of the {kind} experiment "
+                          f"(it takes: {', '.join(experiment.options) or 'none'})")
+    p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
+    out = Path(out)
+    refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
+    t0 = time.perf_counter()
+    jobs = experiment.plan(p, out, tuple(views), progress, **options)
+    run_jobs(jobs, out, ray_address, progress, extend)
+    print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
+    return jobs

@@ -1,0 +1,182 @@
+"""What every experiment's report shares: the fitting rule, learner labels, formatting, saved
+results and learning curves. Pure functions of saved files; nothing here imports torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.measuring.results import read_results
+
+# Best validation final-answer accuracy from which a learner counts as having fitted its training
+# distribution: the paper reports out-of-domain accuracy only from this plateau on.
+FIT_THRESHOLD = 0.99
+
+
+def fitted(best_validation: float | None) -> bool:
+    """Whether a learner whose best validation final-answer accuracy is this reached the plateau."""
+    return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
+
+
+def learner_name(view: str) -> str:
+    """Table label of a learner: "RM", "CoT", or the view name (also for a folder whose name
+    this version does not know)."""
+    try:
+        return learner(view).label
+    except ConfigError:
+        return view
+
+
+def learners(out: Path, jobs: list[str]) -> list[str]:
+    """The learners (views) with a run folder in any of `jobs`: RM and CoT first, then the rest
+    by name, so that a third view run with `rlmlab run --views` gets its own rows."""
+    found = {d.name for job in jobs if (out / job).is_dir() for d in (out / job).iterdir()
+             if (d / "eval").is_dir()}
+    return paper_order(found)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Figures without a creation date, so that re-running a report rewrites identical files."""
+    meta = {"CreationDate": None} if path.suffix == ".pdf" else {"Software": None}
+    fig.savefig(path, dpi=150, metadata=meta)
+
+
+def paper_order(views) -> list[str]:
+    return [v for v in PAPER_LEARNERS if v in views] + sorted(set(views) - set(PAPER_LEARNERS))
+
+
+def training_runs(out: Path, job: str) -> dict[str, Path]:
+    """Every run folder of `job` with a learning curve, finished or not (RM and CoT first)."""
+    if not (out / job).is_dir():
+        return {}
+    found = {d.name: d for d in (out / job).iterdir() if (d / "metrics.jsonl").exists()}
+    return {v: found[v] for v in paper_order(found)}
+
+
+def eval_results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    path = out / job / view / "eval" / set_name / "results.jsonl"
+    return read_results(path) if path.exists() else None
+
+
+def saved_list(out: Path, job: str, view: str, tool: str, set_name: str, key: str) -> list[dict] | None:
+    """The list under `key` of a learner's `<view>/<tool>/<set>/summary.json`, if there is one
+    (`rlmlab probe|frames <out>/<job>/<view> --data <the set's parquet>` writes it)."""
+    path = out / job / view / tool / set_name / "summary.json"
+    if not path.exists():
+        return None
+    what = f"{path}: not an `rlmlab {tool}` summary"
+    try:
+        items = json.loads(path.read_text())[key]
+    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+        raise DataError(what) from None
+    if not (isinstance(items, list) and all(isinstance(g, dict) for g in items)):
+        raise DataError(f"{what} (its '{key}' should be a list of objects)")
+    return items
+
+
+def probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+    """The groups of `rlmlab probe`'s summary for a learner's evaluation set, if it was probed."""
+    return saved_list(out, job, view, "probe", set_name, "groups")
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def count_ci(a: dict | None) -> str:
+    """An `accuracy()` record as "k/n = p [lo, hi]" (percent, 95% Wilson interval)."""
+    if a is None:
+        return "–"
+    return f"{a['correct']}/{a['n']} = {pct(a['accuracy'])} [{pct(a['ci95'][0])}, {pct(a['ci95'][1])}]"
+
+
+def gap(a: float | None, b: float | None) -> str:
+    return "–" if a is None or b is None else f"{100 * (a - b):+.1f}"
+
+
+def metrics_records(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl; a line cut short by a killed run is skipped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    recs = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return recs
+
+
+def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
+    """Validation answer accuracy and loss against wall-clock training minutes, per learner."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    drawn = False
+    for view, run_dir in runs.items():
+        val = [r for r in metrics_records(run_dir) if r.get("kind") == "val" and "elapsed_s" in r]
+        if not val:
+            continue
+        drawn = True
+        x = [r["elapsed_s"] / 60 for r in val]
+        if any("answer_acc" in r for r in val):
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view))
+        a2.plot(x, [r["loss"] for r in val], label=learner_name(view))
+    a1.set_xlabel("training minutes")
+    a1.set_ylabel("val final-answer acc (%)")
+    a2.set_xlabel("training minutes")
+    a2.set_ylabel("val loss (teacher-forced)")
+    a2.set_yscale("log")
+    for a in (a1, a2):
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
+    fig.tight_layout()
+    if drawn:
+        for ext in ("png", "pdf"):
+            save_figure(fig, path.with_suffix(f".{ext}"))
+    plt.close(fig)
+    return drawn
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, tokens, epochs, minutes and best validation answer accuracy of a run, finished or not."""
+    recs = metrics_records(run_dir)
+    val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
+    best = max(val, key=lambda r: r["answer_acc"], default=None)
+    last = recs[-1] if recs else {}
+    ended = last.get("kind") == "end"
+    return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
+            "epochs": max((r.get("epoch", 0) for r in recs), default=0),
+            "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
+            "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
+            "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
+                            for r in val]}
+
+
+def _epochs(e: float) -> str:
+    return f"{e:.2f}" if e < 10 else f"{e:,.0f}"  # a small IID set is passed hundreds of times
+
+
+def training_table(summaries: list[dict]) -> str:
+    """Markdown table of `training_summary` records (each with its `job` and `view`)."""
+    md = ["| run | learner | steps | training tokens | epochs | minutes | best val final answer (%) | at step | stop |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for t in summaries:
+        md.append(f"| {t['job']} | {learner_name(t['view'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
+                  f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {pct(t['best'])} | "
+                  f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
+    curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
+        f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
+        for v in t["validations"]) for t in summaries if t["validations"]]
+    return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
+            "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
+            + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"
+               + "\n".join(curves) + "\n" if curves else ""))
