@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -44,7 +45,7 @@ from rlmlab.learning.observe import Observation, observer
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
-VIEWDATA_FORMAT = "rlmlab-viewdata/1"
+VIEWDATA_FORMAT = "rlmlab-viewdata/2"
 
 
 @dataclass(frozen=True)
@@ -206,13 +207,23 @@ class ViewData:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps({"format": VIEWDATA_FORMAT, "view": self.view, "vocab": list(self.vocab.tokens),
-                           "n_expressions": self.n_expressions})
+                           "n_expressions": self.n_expressions, "sha256": self._digest()})
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             extra = {} if self.layout is None else {"layout": self.layout}
             np.savez(f, ids=self.ids, loss=self.loss, offsets=self.offsets, source=self.source,
                      meta=np.array(meta), **extra)
         os.replace(tmp, path)
+
+    def _digest(self) -> str:
+        """SHA-256 of the arrays: a cache damaged inside its arrays still parses, and would
+        otherwise train silently on other tokens or targets."""
+        h = hashlib.sha256()
+        for a in (self.ids, self.loss, self.offsets, self.source, self.layout):
+            if a is not None:
+                h.update(f"{a.dtype.str}{a.shape}".encode())
+                h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
 
     @classmethod
     def load(cls, path: str | Path) -> "ViewData":
@@ -224,10 +235,11 @@ class ViewData:
                 layout = z["layout"] if "layout" in z.files else None
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error) as e:
             raise DataError(f"{path}: not a view-data file ({type(e).__name__})") from None
-        if meta.get("format") != VIEWDATA_FORMAT:
-            raise DataError(f"{path}: format {meta.get('format')!r}, expected {VIEWDATA_FORMAT!r}")
+        if not isinstance(meta, dict) or meta.get("format") != VIEWDATA_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise DataError(f"{path}: format {found!r}, expected {VIEWDATA_FORMAT!r}")
         offsets = arrays["offsets"]
         if offsets[-1] != len(arrays["ids"]) or len(arrays["loss"]) != len(arrays["ids"]) \
                 or len(arrays["source"]) != len(offsets) - 1 \
@@ -241,8 +253,18 @@ class ViewData:
         if ids.dtype != np.uint16 or (len(ids) and int(ids.max()) >= len(vocab)) or np.any(np.diff(offsets) < 0) \
                 or (len(offsets) and offsets[0] != 0):
             raise DataError(f"{path}: token ids outside the vocabulary or offsets out of order")
-        return cls(meta["view"], vocab, arrays["ids"], arrays["loss"], offsets,
-                   arrays["source"], int(meta["n_expressions"]), layout)
+        try:
+            data = cls(str(meta["view"]), vocab, arrays["ids"], arrays["loss"], offsets, arrays["source"],
+                       int(meta["n_expressions"]), layout)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise DataError(f"{path}: no view name or expression count") from None
+        if meta.get("sha256") != data._digest():
+            raise DataError(f"{path}: its arrays do not match their SHA-256 (damaged)")
+        if data.loss.dtype != np.bool_ or offsets.dtype != np.int64 or data.source.dtype != np.int64 \
+                or (layout is not None and layout.dtype != np.int32) \
+                or (len(data.source) and not 0 <= int(data.source.min()) <= int(data.source.max()) < data.n_expressions):
+            raise DataError(f"{path}: arrays of the wrong type, or examples of expressions it does not hold")
+        return data
 
 
 MAX_ECHO = 160  # characters of a user's expression quoted in an error
