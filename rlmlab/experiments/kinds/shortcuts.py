@@ -10,17 +10,8 @@ from rlmlab.experiments.folder import check_saved, read_meta, write_meta
 from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
-from rlmlab.experiments.tables import (
-    count_ci,
-    eval_results,
-    gap,
-    learner_name,
-    learners,
-    pct,
-    plot_learning_curves,
-    probe_groups,
-    training_runs,
-)
+from rlmlab.experiments.tables import (count_ci, eval_results, gap, learner_name, learners, pct,
+                                       plot_learning_curves, probe_groups, training_runs)
 from rlmlab.measuring.stats import accuracy, share
 
 
