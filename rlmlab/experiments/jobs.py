@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,9 @@ def _evaluated(eval_dir: Path) -> dict | None:
 
 def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
              extend: bool = False) -> list[dict]:
-    """Run jobs locally in order, or spread them over a Ray cluster."""
+    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`)."""
     if ray_address is None:
         return [run_job(j, out, progress, extend) for j in jobs]
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--ray-address needs Ray: pip install 'ray[default]'") from None
-    ray.init(address=ray_address)
-    remote = ray.remote(num_cpus=1)(run_job)
-    return ray.get([remote.remote(j, str(out), False, extend) for j in jobs])
+    from rlmlab.experiments.cluster import run_on_ray
+
+    return run_on_ray(jobs, out, ray_address, extend)

@@ -1,0 +1,176 @@
+"""An experiment's jobs as Ray tasks: `rlmlab run --ray-address` (docs/distributed.md).
+
+The experiment folder (`--out`) lives on a filesystem that every node mounts at the same path.
+The driver builds the data there before dispatching; each task runs `run_job` on a node, in the
+driver's working directory, and writes only its own `<job>/<view>/` folder; Ray carries nothing
+but the job's description out and its evaluation summaries back. So a cluster run leaves the
+very files of a local run, and resumes the same way, on the cluster or locally: a re-run of the
+command skips what is done and continues the rest from their `last` checkpoints.
+
+A task reserves `train.threads` CPUs of its node (1 when unset) and torch, and the processes
+that build a job's examples, use that many, so a node runs as many jobs at once as its CPUs
+allow. A task whose worker process or node dies is started again (`LOST_WORKER_RETRIES`) and
+resumes from `last`. A job that fails stops the others: they save `last` as on Ctrl-C, and the
+failure reaches the user as the job's own one-line error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.experiments.jobs import Job
+
+LOST_WORKER_RETRIES = 3
+"""Times Ray starts a job again after its worker process or node died (its own errors are final)."""
+
+STOP_GRACE_S = 120
+"""How long the jobs stopped after a failure or a Ctrl-C get to finish their step and save `last`."""
+
+CONNECT_TIMEOUT_S = 10
+"""How long the head's port may take to answer before the address is called unreachable (Ray
+itself retries for minutes)."""
+
+
+class ClusterError(RlmlabError):
+    """A Ray cluster that cannot be reached, or that lost a job's worker more often than it retries."""
+
+
+def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = False) -> list[dict]:
+    """Run `jobs` as tasks of the Ray cluster at `address` (host:port of its head, "auto", or a
+    ray:// client address) and return each job's {set: summary}, in the order of `jobs`.
+
+    Each task works in this process's working directory, so that relative paths name the same
+    files as here, and a run's recorded data paths stay those of a local run of the command
+    (a resumed run must train on the paths it started with)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray-address needs Ray: pip install 'rlmlab[ray]'") from None
+    cwd = os.getcwd()
+    jobs = [_with_threads(job) for job in jobs]
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the workers' lines reach a log: no escape codes
+    connected_here = not ray.is_initialized()
+    if connected_here:
+        _connect(ray, address)
+    try:
+        _refuse_unschedulable(ray, jobs)
+        task = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
+        refs = [task.options(num_cpus=_threads(job), name=f"{job.name}/{job.view}").remote(job, str(out), extend, cwd)
+                for job in jobs]
+        print(f"{len(jobs)} jobs on the Ray cluster at {address}: {_describe(ray)}", file=sys.stderr)
+        return _gather(ray, refs, jobs)
+    finally:
+        if connected_here:
+            ray.shutdown()
+
+
+def _with_threads(job: Job) -> Job:
+    """`job` with an explicit thread count: torch, and the example builder's process pool, would
+    otherwise take every core of the node for each task."""
+    threads = job.settings.get("train.threads") or 1
+    return replace(job, settings={"data.workers": threads, **job.settings, "train.threads": threads})
+
+
+def _threads(job: Job) -> int:
+    return job.settings["train.threads"]
+
+
+def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
+    """The Ray task: `run_job` on whichever node Ray chose, in the driver's working directory."""
+    import torch
+
+    from rlmlab.experiments.jobs import run_job
+
+    missing = [path for path in (Path(cwd, p) for p in (out, job.train, job.val, *job.evals.values()))
+               if not path.exists()]
+    if missing:
+        raise DataError(f"{missing[0]}: not found on Ray node {socket.gethostname()}; --out must be on a "
+                        "filesystem that every node mounts at the same path")
+    # Evaluation of an already trained job does not go through train(), which sets the threads.
+    torch.set_num_threads(_threads(job))
+    worker_cwd = os.getcwd()
+    if Path(cwd).is_dir():  # needed for relative paths only, which were found there
+        os.chdir(cwd)
+    try:
+        return run_job(job, out, progress=False, extend=extend)
+    finally:
+        os.chdir(worker_cwd)
+
+
+def _connect(ray, address: str) -> None:
+    host_port = address.removeprefix("ray://")
+    host, _, port = host_port.rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as e:
+            raise ClusterError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); "
+                               "start one with `ray start --head`") from None
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as e:  # RuntimeError: Ray or Python versions differ
+        raise ClusterError(f"--ray-address {address}: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+
+def _refuse_unschedulable(ray, jobs: list[Job]) -> None:
+    """A task that asks for more CPUs than any node has would wait forever: refuse it now."""
+    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+    too_big = max(_threads(job) for job in jobs) if jobs else 0
+    if too_big > largest:
+        raise ConfigError(f"a job asks for {too_big} threads (--threads) but the largest node of the Ray "
+                          f"cluster has {largest:g} CPUs")
+
+
+def _describe(ray) -> str:
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    cpus = sum(node["Resources"].get("CPU", 0) for node in nodes)
+    return f"{len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs"
+
+
+def _gather(ray, refs: list, jobs: list[Job]) -> list[dict]:
+    """The jobs' results as they finish; the first failure stops the jobs still running."""
+    from ray.exceptions import RayError, RayTaskError
+
+    job_of = {ref: job for ref, job in zip(refs, jobs)}
+    results = {}
+    pending = list(refs)
+    try:
+        while pending:
+            [ref], pending = ray.wait(pending, num_returns=1)
+            job = job_of[ref]
+            try:
+                results[ref] = ray.get(ref)
+            except RayTaskError as e:
+                print(f"{job.name}/{job.view} failed" + ("; stopping the other jobs" if pending else ""),
+                      file=sys.stderr)
+                _stop(ray, pending)
+                if isinstance(e.cause, (RlmlabError, OSError)):
+                    raise e.cause from None  # the job's own one-line error; its traceback is no news
+                raise
+            except RayError as e:  # the worker or node died once more than Ray restarts it
+                _stop(ray, pending)
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ClusterError(f"{job.name}/{job.view}: {reason} (restarted up to {LOST_WORKER_RETRIES} times); "
+                                   "run the same command again to resume it from its last checkpoint") from None
+            print(f"{job.name}/{job.view}: done ({len(results)}/{len(refs)})", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupt: stopping the jobs; each saves its last checkpoint", file=sys.stderr)
+        _stop(ray, pending)
+        raise
+    return [results[ref] for ref in refs]
+
+
+def _stop(ray, pending: list) -> None:
+    """Cancel running jobs the way Ctrl-C stops a local one (finish the step, save `last`), and
+    wait for them to do it."""
+    for ref in pending:
+        ray.cancel(ref)
+    if pending:
+        ray.wait(pending, num_returns=len(pending), timeout=STOP_GRACE_S)
