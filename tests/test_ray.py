@@ -171,15 +171,17 @@ def test_more_threads_than_any_node_has_is_refused(both_runs, ray_address):
 def test_an_unreachable_address_is_a_one_line_error(tmp_path, capsys):
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     assert main([*SMOKE, "--out", str(tmp_path), "--ray-address", address]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(
-        f"rlmlab run: error: --ray-address {address}: no Ray head answers there")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"rlmlab run: error: --ray-address {address}: no Ray head answers there")
+    assert not (tmp_path / "data").exists()  # refused before any data is built
 
 
 def test_without_ray_the_error_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     assert main([*SMOKE, "--out", str(tmp_path), "--ray-address", "127.0.0.1:1"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == \
-        "rlmlab run: error: --ray-address needs Ray: pip install 'rlmlab[ray]'"
+    assert capsys.readouterr().err == "rlmlab run: error: --ray-address needs Ray: pip install 'rlmlab[ray]'\n"
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_node_without_the_shared_folder_names_it(tmp_path):

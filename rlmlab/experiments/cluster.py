@@ -48,10 +48,7 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
     Each task works in this process's working directory, so that relative paths name the same
     files as here, and a run's recorded data paths stay those of a local run of the command
     (a resumed run must train on the paths it started with)."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--ray-address needs Ray: pip install 'rlmlab[ray]'") from None
+    ray = check_address(address)
     cwd = os.getcwd()
     jobs = [_with_threads(job) for job in jobs]
     if not sys.stderr.isatty():
@@ -104,15 +101,24 @@ def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
         os.chdir(worker_cwd)
 
 
-def _connect(ray, address: str) -> None:
-    host_port = address.removeprefix("ray://")
-    host, _, port = host_port.rpartition(":")
+def check_address(address: str):
+    """Ray, once it is known to be installed and a head to answer at `address` (host:port): an
+    experiment checks this before it builds its data."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray-address needs Ray: pip install 'rlmlab[ray]'") from None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     if host and port.isdigit():
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as e:
             raise ClusterError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); "
                                "start one with `ray start --head`") from None
+    return ray
+
+
+def _connect(ray, address: str) -> None:
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as e:  # RuntimeError: Ray or Python versions differ

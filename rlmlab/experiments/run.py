@@ -33,6 +33,10 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
     out = Path(out)
     refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
+    if ray_address is not None:
+        from rlmlab.experiments.cluster import check_address
+
+        check_address(ray_address)
     t0 = time.perf_counter()
     jobs = experiment.plan(p, out, tuple(views), progress, **options)
     run_jobs(jobs, out, ray_address, progress, extend)
