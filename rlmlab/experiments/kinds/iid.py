@@ -24,50 +24,6 @@ from rlmlab.experiments.tables import (
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
-def plan_iid(kind: "IIDSweep", p: ExperimentPreset, out: Path, views, sizes=None, progress: bool = True) -> list[Job]:
-    """Jobs of the IID sweep over `sizes` (default: the preset's). Runs on different sizes or
-    learners may share the folder: the experiment lists every size any of them planned."""
-    import pyarrow.parquet as pq
-
-    from rlmlab.experiments.splits import Split, iid_split
-
-    data = out / "data" / "iid"
-    if not (data / "split.json").exists():
-        iid_split(load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val, dedupe_train=p.iid_distinct_train,
-                  max_trace_len=p.iid_max_trace).save(data)
-    split = Split.load(data)
-    check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
-                                         "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
-    available = split.train.num_rows
-    wanted = sorted(set(sizes or p.iid_sizes))
-    if any(not isinstance(n, int) or n < 1 for n in wanted):
-        raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
-    sizes = [n for n in wanted if n <= available]
-    skipped = [n for n in wanted if n > available]
-    planned = set(sizes)
-    if (out / "experiment.json").exists():
-        planned |= set(read_meta(out).get("sizes", ()))
-    meta = {"split": split.params, "sizes": sorted(planned)}
-    if skipped:
-        # The paper's N = 450,000 does not fit its own 500,000-expression pool (see
-        # iid_distinct_train). Recorded in experiment.json and the report, not silently dropped.
-        meta["skipped_sizes"] = {"sizes": skipped, "reason": f"the split has {available} training expressions"}
-        print(f"rlmlab: IID sizes {', '.join(map(str, skipped))} skipped: the split has {available} training "
-              "expressions", file=sys.stderr)
-    write_meta(out, kind, p, meta)
-    jobs = []
-    for n in sizes:
-        path = data / f"train-{n}.parquet"
-        if not path.exists():
-            pq.write_table(split.train_subset(n), path)
-        seeds = 1 if n >= p.iid_one_seed_from else p.iid_seeds
-        for seed in range(seeds):
-            for v in views:
-                jobs.append(Job(kind.job_name(n, seed), v, str(path), str(data / "val.parquet"),
-                                {"test": str(data / "test.parquet")}, _iid_settings(p, v, seed), p.eval_batch))
-    return jobs
-
-
 def _iid_settings(p: ExperimentPreset, view: str, seed: int) -> dict:
     # The paper's IID sweep uses no weight decay.
     s = {**p.job_settings(view, seed=1337 + seed), "train.weight_decay": 0.0}
@@ -192,7 +148,49 @@ class IIDSweep(ExperimentKind):
         return f"iid-N{n}-s{seed}"
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, sizes=None) -> list[Job]:
-        return plan_iid(self, preset, out, views, sizes, progress)
+        """Jobs of the IID sweep over `sizes` (default: the preset's). Runs on different sizes or
+        learners may share the folder: the experiment lists every size any of them planned."""
+        import pyarrow.parquet as pq
+
+        p = preset
+
+        from rlmlab.experiments.splits import Split, iid_split
+
+        data = out / "data" / "iid"
+        if not (data / "split.json").exists():
+            iid_split(load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
+                      dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace).save(data)
+        split = Split.load(data)
+        check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
+                                             "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
+        available = split.train.num_rows
+        wanted = sorted(set(sizes or p.iid_sizes))
+        if any(not isinstance(n, int) or n < 1 for n in wanted):
+            raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
+        sizes = [n for n in wanted if n <= available]
+        skipped = [n for n in wanted if n > available]
+        planned = set(sizes)
+        if (out / "experiment.json").exists():
+            planned |= set(read_meta(out).get("sizes", ()))
+        meta = {"split": split.params, "sizes": sorted(planned)}
+        if skipped:
+            # The paper's N = 450,000 does not fit its own 500,000-expression pool (see
+            # iid_distinct_train). Recorded in experiment.json and the report, not silently dropped.
+            meta["skipped_sizes"] = {"sizes": skipped, "reason": f"the split has {available} training expressions"}
+            print(f"rlmlab: IID sizes {', '.join(map(str, skipped))} skipped: the split has {available} training "
+                  "expressions", file=sys.stderr)
+        write_meta(out, self, p, meta)
+        jobs = []
+        for n in sizes:
+            path = data / f"train-{n}.parquet"
+            if not path.exists():
+                pq.write_table(split.train_subset(n), path)
+            seeds = 1 if n >= p.iid_one_seed_from else p.iid_seeds
+            for seed in range(seeds):
+                for v in views:
+                    jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
+                                    {"test": str(data / "test.parquet")}, _iid_settings(p, v, seed), p.eval_batch))
+        return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
         return list(iid_runs(out))

@@ -15,49 +15,6 @@ from rlmlab.experiments.tables import (count_ci, eval_results, gap, learner_name
 from rlmlab.measuring.stats import accuracy, share
 
 
-def plan_shortcuts(kind: "ShortcutSuite", p: ExperimentPreset, out: Path, views, names=None) -> list[Job]:
-    """Jobs of the constructions `names` (default: all six). Runs on subsets share the folder:
-    the experiment lists every construction any of them planned, in the table's order."""
-    import pyarrow.parquet as pq
-
-    from rlmlab.experiments.shortcuts import (
-        CONSTRUCTIONS,
-        ShortcutConfig,
-        ShortcutDataset,
-        build_shortcut_dataset,
-    )
-
-    names = list(names or CONSTRUCTIONS)
-    unknown = [n for n in names if n not in CONSTRUCTIONS]
-    if unknown:
-        raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
-    planned = set(names)
-    if (out / "experiment.json").exists():
-        planned |= set(read_meta(out).get("constructions", ()))
-    write_meta(out, kind, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
-    config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
-    jobs = []
-    for name in names:
-        data = out / "data" / kind.job_name(name)
-        if not (data / "shortcut.json").exists():
-            build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
-                                   n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
-        ds = ShortcutDataset.load(data)
-        saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
-        check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),
-                                   "n_iid": p.shortcut_n_eval, "n_ood": p.shortcut_n_eval,
-                                   "max_trace_len": p.shortcut_max_trace})
-        for part in ("iid", "ood"):
-            if not (data / f"{part}.parquet").exists():
-                pq.write_table(getattr(ds, part), data / f"{part}.parquet")
-        for v in views:
-            jobs.append(Job(kind.job_name(name), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                            {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
-                            p.job_settings(v, per_view=p.shortcut_per_view),
-                            p.eval_batch))
-    return jobs
-
-
 # The paper's Table 3: IID RM, IID CoT, OOD RM, OOD CoT accuracy and CoT shortcut rate (%).
 PAPER_TABLE3 = {
     "copy_deep_return": (100.0, 100.0, 87.3, 7.0, 92.7),
@@ -179,7 +136,42 @@ class ShortcutSuite(ExperimentKind):
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
              constructions=None) -> list[Job]:
-        return plan_shortcuts(self, preset, out, views, constructions)
+        """Jobs of `constructions` (default: all six). Runs on subsets share the folder: the
+        experiment lists every construction any of them planned, in the table's order."""
+        import pyarrow.parquet as pq
+
+        from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
+
+        p = preset
+        names = list(constructions or CONSTRUCTIONS)
+        unknown = [n for n in names if n not in CONSTRUCTIONS]
+        if unknown:
+            raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
+        planned = set(names)
+        if (out / "experiment.json").exists():
+            planned |= set(read_meta(out).get("constructions", ()))
+        write_meta(out, self, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
+        config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
+        jobs = []
+        for name in names:
+            data = out / "data" / self.job_name(name)
+            if not (data / "shortcut.json").exists():
+                build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
+                                       n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
+            ds = ShortcutDataset.load(data)
+            saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
+            check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),
+                                       "n_iid": p.shortcut_n_eval, "n_ood": p.shortcut_n_eval,
+                                       "max_trace_len": p.shortcut_max_trace})
+            for part in ("iid", "ood"):
+                if not (data / f"{part}.parquet").exists():
+                    pq.write_table(getattr(ds, part), data / f"{part}.parquet")
+            for v in views:
+                jobs.append(Job(self.job_name(name), v, str(data / "train.parquet"), str(data / "val.parquet"),
+                                {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
+                                p.job_settings(v, per_view=p.shortcut_per_view),
+                                p.eval_batch))
+        return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
         return [self.job_name(name) for name in meta["constructions"]]
