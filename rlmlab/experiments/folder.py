@@ -22,6 +22,7 @@ from rlmlab.experiments.presets import ExperimentPreset
 
 
 def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):
+    """The preset's pool, built once under `out/data/` and shared by every split drawn there."""
     from rlmlab.task.pool import build_pool, read_pool, write_pool
 
     path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
