@@ -203,6 +203,8 @@ def test_report_and_run_errors(tmp_path, capsys):
         run_experiment("shortcuts", "smoke", tmp_path / "s2", sizes=[100])
     with pytest.raises(ConfigError, match="unknown experiment 'recipe'"):
         run_experiment("recipe", "smoke", tmp_path / "r")
+    with pytest.raises(ConfigError, match="does not plan recipe experiments"):
+        get_kind("recipe").plan(get_preset("smoke"), tmp_path / "r", ("rm",))
 
 
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():

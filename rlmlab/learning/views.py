@@ -235,6 +235,8 @@ class ViewData:
                 layout = z["layout"] if "layout" in z.files else None
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
+        # What np.load raises on a damaged zip: cut short (EOFError), a bad header (struct.error),
+        # a compression method byte it does not know (NotImplementedError).
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error) as e:
             raise DataError(f"{path}: not a view-data file ({type(e).__name__})") from None
         if not isinstance(meta, dict) or meta.get("format") != VIEWDATA_FORMAT:

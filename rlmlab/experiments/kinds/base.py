@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
 
 
-class ExperimentKind:
+class ExperimentKind(ABC):
     """One kind of experiment: how it plans its jobs and names their folders, what its
     `experiment.json` holds, how its tables and figures are built from saved results, and how two
     exports of it merge. `rlmlab run`, `rlmlab report` and `rlmlab export` know nothing else about
@@ -35,15 +36,15 @@ class ExperimentKind:
 
     def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
         """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""
-        raise NotImplementedError(f"`rlmlab run` does not plan {self.name} experiments")
+        raise ConfigError(f"`rlmlab run` does not plan {self.name} experiments")
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
         """The experiment's job folders under `out`, in the order of its tables."""
         return []
 
+    @abstractmethod
     def report(self, out: Path, meta: dict, dest: Path) -> dict:
         """Write this kind's tables and figures into `dest`; return every number shown."""
-        raise NotImplementedError
 
     def merge_meta(self, old: dict, new: dict) -> dict:
         """`new`'s description, extended by what `old` planned that `new` did not (both have the
