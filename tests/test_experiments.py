@@ -217,6 +217,54 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     # Without sweep-specific values the threshold splits' budget and patience apply.
     settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), "rm", seed=0)
     assert ((settings["train.patience"], settings["train.max_minutes"])) == (12, 150.0)
+    # Per-learner IID settings apply last; --minutes replaces every learner's budget.
+    preset = get_preset("paper-cpu")
+    cot, rm = _iid_settings(preset, "cot", seed=0), _iid_settings(preset, "rm", seed=0)
+    assert (cot["train.max_minutes"], rm["train.max_minutes"]) == (45.0, 30.0)
+    assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
+    assert cot["train.patience"] == rm["train.patience"] == 5 and cot["train.weight_decay"] == 0.0
+    assert _iid_settings(preset.with_budget(minutes=7.0), "cot", seed=0)["train.max_minutes"] == 7.0
+    # A view without settings of its own takes those of the learner whose driver it decodes with.
+    assert _iid_settings(preset, "rm-frames", seed=0)["train.max_minutes"] == 30.0
+
+
+def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
+    preset = get_preset("paper-cpu")
+    seeds = {n: 1 if n >= preset.iid_one_seed_from else preset.iid_seeds for n in preset.iid_sizes}
+    assert seeds == {300: 3, 1_000: 3, 3_000: 3, 10_000: 3, 30_000: 1}
+    assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
+    shortcut = {v: preset.job_settings(v, per_view=preset.shortcut_per_view) for v in ("rm", "cot")}
+    # the recipe of the threshold splits, with the shortcut runs' own budgets
+    assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 16)
+    assert (shortcut["rm"]["train.max_minutes"], shortcut["cot"]["train.max_minutes"]) == (60.0, 120.0)
+
+
+def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "uncapped"
+    argv = ["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+            "--constructions", "position_parity"]
+    assert main([*argv, "--preset.shortcut_max_trace=900", "--preset.shortcut_n_train", "30"]) == 0
+    data = out / "data" / "shortcut-position_parity"
+    assert pq.read_metadata(data / "train.parquet").num_rows == 30
+    assert json.loads((out / "experiment.json").read_text())["preset"]["shortcut_max_trace"] == 900
+    recorded = json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"]
+    assert recorded[-2:] == ["--preset.shortcut_max_trace=900", "--preset.shortcut_n_train=30"]
+    # The folder's data were built with that cap: a run asking for another is refused.
+    capsys.readouterr()
+    assert main([*argv, "--preset.shortcut_n_train=30"]) == 2
+    assert "max_trace_len" in capsys.readouterr().err
+    for bad, message in [("--preset.shortcut_max_trace=lots", "--preset.shortcut_max_trace: expected int"),
+                         ("--preset.shortcut_max_trace=0", "shortcut_max_trace must be a positive integer"),
+                         ("--preset.iid_max_trace=none", None)]:
+        code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--views", "rm",
+                     "--quiet", "--sizes", "100", bad])
+        if message is None:
+            assert code == 0  # an optional field takes none
+        else:
+            assert code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # not a scalar field: argparse refuses it, naming it
+        main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "j"), "--preset.per_view={}"])
+    assert "unrecognized arguments: --preset.per_view={}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad, message", [

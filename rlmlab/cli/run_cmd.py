@@ -14,15 +14,19 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
-from rlmlab.experiments.presets import PRESETS, get_preset
+from rlmlab.experiments.presets import PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
+from rlmlab.learning.config import field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.learning.views import get_view
 
 
+PRESET_SETTING = "preset:"
+
+
 def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
     p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
@@ -46,6 +50,12 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
+                                 "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
+    docs = field_docs(ExperimentPreset)
+    for name in settable_fields():
+        group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
+                           help=docs.get(name, "").replace("%", "%%"))
     p.set_defaults(handler=run)
 
 
@@ -75,7 +85,8 @@ def run(args) -> int:
             raise ConfigError(f"--sizes: expected comma-separated integers, got {args.sizes!r}") from None
         if not sizes or min(sizes) < 1:
             raise ConfigError(f"--sizes: expected positive sizes, got {args.sizes!r}")
-    preset = get_preset(args.preset)
+    settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
+    preset = get_preset(args.preset).with_settings(settings)
     train = dict(preset.train)
     if args.threads is not None:
         if args.threads < 1:
@@ -90,6 +101,7 @@ def run(args) -> int:
                                if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps",
                                         "threads", "ray_address")
                                and v is not None]
+                            + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    sizes=sizes, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field, replace
 
 from rlmlab.errors import ConfigError
@@ -63,6 +64,9 @@ class ExperimentPreset:
     iid_max_trace: int | None = None
     """Draw the IID split from the pool's expressions whose complete trace has at most this many
     tokens (paper: None, the whole generator: ~540 tokens on average, up to ~6,900)."""
+    iid_per_view: dict = field(default_factory=dict)
+    """Settings per learner for the IID runs only, over `per_view`, `iid_minutes` and
+    `iid_patience` (e.g. each learner's budget per run)."""
     iid_distinct_train: bool = True
     """IID training subsets hold distinct expressions, as the paper says ("N distinct
     expressions"); False keeps the pool's repeated draws (never a held-out text). Neither
@@ -105,11 +109,25 @@ class ExperimentPreset:
             raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
         # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
         apply_settings(RunConfig(), {f"train.{k}": v for k, v in self.train.items()})
-        for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items()]:
+        for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items(), *self.iid_per_view.items()]:
             apply_settings(RunConfig(), settings)
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def with_settings(self, settings: dict[str, str]) -> "ExperimentPreset":
+        """The preset with fields set from command-line text ({"shortcut_max_trace": "4096"}, as
+        `rlmlab run --preset.shortcut_max_trace=4096` gives them), each parsed as its field's type
+        and the result validated like any preset."""
+        from rlmlab.learning.config import parse_value
+
+        known = settable_fields()
+        values = {}
+        for key, text in settings.items():
+            if key not in known:
+                raise ConfigError(f"--preset.{key}: not a settable preset field (have: {', '.join(known)})")
+            values[key] = parse_value(text, known[key], f"--preset.{key}")
+        return replace(self, **values)
 
     def with_budget(self, minutes: float | None = None, max_steps: int | None = None) -> "ExperimentPreset":
         """The preset with every learner's budget set to `minutes` / `max_steps` where given (as
@@ -121,13 +139,12 @@ class ExperimentPreset:
             return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
 
         return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
-                       per_view=without(self.per_view), shortcut_per_view=without(self.shortcut_per_view))
+                       per_view=without(self.per_view), shortcut_per_view=without(self.shortcut_per_view),
+                       iid_per_view=without(self.iid_per_view))
 
     def job_settings(self, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
         """The typed `rlmlab train` settings (dotted keys) of one learner's job: the preset's
         budgets and `train` settings, then its settings for that learner, then `per_view`."""
-        from rlmlab.learning.learner import learner
-
         s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
              "train.answer_eval": self.answer_eval}
         if self.minutes is not None:
@@ -137,11 +154,32 @@ class ExperimentPreset:
         if self.patience is not None:
             s["train.patience"] = self.patience
         s.update({f"train.{k}": v for k, v in self.train.items()})
-        # A view without settings of its own (rm-frames, a new observation function) takes those
-        # of the learner whose driver it decodes with.
         for table in (self.per_view, per_view or {}):
-            s.update(table.get(view, table.get(learner(view).driver, {})))
+            s.update(settings_for(table, view))
         return s
+
+
+def settable_fields() -> dict[str, object]:
+    """The preset fields `rlmlab run --preset.NAME=VALUE` sets: every one with a scalar value
+    (sizes, evaluation sizes, trace caps, budgets of the IID runs). The per-learner tables and
+    the IID sizes are not scalars; `minutes` and `max_steps` have `rlmlab run --minutes` and
+    `--max-steps`, which also replace the budgets the per-learner tables set."""
+    scalar = (int, float, bool, str)
+    out = {}
+    for name, tp in typing.get_type_hints(ExperimentPreset).items():
+        base = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if name not in ("name", "minutes", "max_steps") and len(base) == 1 and base[0] in scalar:
+            out[name] = tp
+    return out
+
+
+def settings_for(table: dict, view: str) -> dict:
+    """A learner's entry of a per-learner settings table. A view without settings of its own
+    (rm-frames, a new observation function) takes those of the learner whose driver it decodes
+    with."""
+    from rlmlab.learning.learner import learner
+
+    return table.get(view, table.get(learner(view).driver, {}))
 
 
 PRESETS: dict[str, ExperimentPreset] = {
@@ -175,7 +213,22 @@ PRESETS: dict[str, ExperimentPreset] = {
         per_view={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
                          "train.eval_every": 300, "train.max_minutes": 90.0},
                   "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
-                          "train.eval_every": 1000, "train.max_minutes": 240.0}}),
+                          "train.eval_every": 1000, "train.max_minutes": 240.0}},
+        # Shortcut traces capped at 600 tokens, as `small`'s (the paper's CoT context is 4,096;
+        # --preset.shortcut_max_trace=4096 lifts the cap). 10,000 training expressions give CoT
+        # ~4.6M tokens and RM ~180k frames per epoch; a learner whose 300 validation
+        # expressions stop improving for six validations has reached its plateau.
+        shortcut_max_trace=600,
+        shortcut_per_view={"rm": {"train.max_minutes": 60.0, "train.eval_every": 300, "train.patience": 6},
+                           "cot": {"train.max_minutes": 120.0, "train.eval_every": 500, "train.patience": 6}},
+        # The paper's IID protocol (three seeds up to N = 10,000, one above, 5,000 test
+        # expressions) on the length split's training distribution (traces of at most 595
+        # tokens, ~240 on average) rather than the whole generator's (~540, up to ~6,900): a
+        # third of the tokens per expression, so that the sweep fits a few sessions of two cores.
+        iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
+        iid_max_trace=595, iid_patience=5,
+        iid_per_view={"rm": {"train.max_minutes": 30.0, "train.eval_every": 300},
+                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500}}),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(

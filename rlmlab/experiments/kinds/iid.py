@@ -11,7 +11,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
 from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.presets import ExperimentPreset, settings_for
 from rlmlab.experiments.tables import (
     eval_results,
     learner_name,
@@ -25,13 +25,14 @@ from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
 def _iid_settings(p: ExperimentPreset, view: str, seed: int) -> dict:
-    # The paper's IID sweep uses no weight decay.
-    s = {**p.job_settings(view, seed=1337 + seed), "train.weight_decay": 0.0}
+    s = p.job_settings(view, seed=1337 + seed)
     if p.iid_minutes is not None:
         s["train.max_minutes"] = p.iid_minutes
     if p.iid_patience is not None:
         s["train.patience"] = p.iid_patience
-    return s
+    s.update(settings_for(p.iid_per_view, view))
+    # The paper's IID sweep uses no weight decay.
+    return {**s, "train.weight_decay": 0.0}
 
 
 def iid_points(out: Path, sizes: list[int]) -> list[dict]:
