@@ -33,6 +33,11 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path)
     width = p200["ci95"][1] - p200["ci95"][0]
     assert width > 1.2 * (pooled[1] - pooled[0])
     assert abs(width - (wilson(25, 50)[1] - wilson(25, 50)[0])) < 0.06
+    # Each seed's own accuracy is kept beside the mean: seeds that disagree show their spread.
+    _write_results(tmp_path / "iid-N300-s0" / "rm" / "eval" / "test", right)
+    _write_results(tmp_path / "iid-N300-s1" / "rm" / "eval" / "test", [True] * 50)
+    (p300,) = iid_points(tmp_path, [300])
+    assert (p300["accuracy"], p300["seed_accuracy"], p200["seed_accuracy"]) == (0.75, [0.5, 1.0], [0.5, 0.5])
 
 
 def test_paper_rows_only_for_the_learners_the_paper_has():

@@ -56,7 +56,8 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
                                 "different expressions")
             by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
-            p = {"N": n, "view": view, "seeds": k, **accuracy([r for res in per_seed for r in res])}
+            p = {"N": n, "view": view, "seeds": k, **accuracy([r for res in per_seed for r in res]),
+                 "seed_accuracy": [accuracy(res)["accuracy"] for res in per_seed]}
             if k > 1:
                 p["ci95"] = list(bootstrap_ratio([sum(r["correct"] for r in rs) for rs in by_expr], [k] * len(by_expr)))
             if all("tf_total" in res[0] for res in per_seed):
@@ -90,13 +91,14 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     points = iid_points(out, meta["sizes"])
     if not points:
         raise DataError(f"{out}: no IID test results yet (run `rlmlab run iid` first)")
-    md = ["| N | learner | seeds | final answer (%) | 95% CI | per-token (%) | 95% CI |", "|---|---|---|---|---|---|---|"]
+    md = ["| N | learner | seeds | final answer (%) | 95% CI | per seed (%) | per-token (%) | 95% CI |",
+          "|---|---|---|---|---|---|---|---|"]
     for p in points:
         ci = p["ci95"]
         tok = p.get("per_token")
         tci = p.get("per_token_ci95")
         md.append(f"| {p['N']} | {learner_name(p['view'])} | {p['seeds']} | {pct(p['accuracy'])} | "
-                  f"{pct(ci[0])}–{pct(ci[1])} | {pct(tok)} | "
+                  f"{pct(ci[0])}–{pct(ci[1])} | {' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(tok)} | "
                   f"{'–' if tci is None else pct(tci[0]) + '–' + pct(tci[1])} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
            r"\midrule"] + [f"{p['N']} & {learner_name(p['view'])} & {p['seeds']} & {pct(p['accuracy'])} & "
@@ -121,6 +123,9 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=learner_name(view))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
+        seeds = [(p["N"], 100 * a) for p in ps if p["seeds"] > 1 for a in p["seed_accuracy"]]
+        if seeds:  # each seed's own accuracy, where the point averages several
+            a1.scatter(*zip(*seeds), s=9, color=color, alpha=0.5, linewidths=0)
         if all("per_token" in p for p in ps):
             a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=learner_name(view))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
