@@ -108,6 +108,14 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     for clock in ("elapsed_s", "cpu_s"):
         times = [r[clock] for r in b]
         assert times == sorted(times) and times[0] > 0
+    # The log says the run was resumed, where, and its report lists it.
+    assert [(r["step"], r["elapsed_s"] > 0) for r in records(tmp_path / "b", "resume")] == [(8, True)]
+    assert records(tmp_path / "a", "resume") == []
+    from rlmlab.experiments.tables import training_summary, training_table
+
+    summary = {**training_summary(tmp_path / "b"), "job": "toy", "view": "rm"}
+    assert summary["resumed_at"] == [8] and "- toy RM: at step 8\n" in training_table([summary])
+    assert "Resumed" not in training_table([{**training_summary(tmp_path / "a"), "job": "toy", "view": "rm"}])
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):

@@ -157,6 +157,7 @@ def training_summary(run_dir: Path) -> dict:
             "epochs": max((r.get("epoch", 0) for r in recs), default=0),
             "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
             "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
+            "resumed_at": [r["step"] for r in recs if r.get("kind") == "resume"],
             "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
                             for r in val]}
 
@@ -176,7 +177,11 @@ def training_table(summaries: list[dict]) -> str:
     curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
+    resumed = [f"- {t['job']} {learner_name(t['view'])}: at step " + ", ".join(f"{s:,}" for s in t["resumed_at"])
+               for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
             "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
+            + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or to extend "
+               "the budget):\n\n" + "\n".join(resumed) + "\n" if resumed else "")
             + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"
                + "\n".join(curves) + "\n" if curves else ""))

@@ -413,6 +413,9 @@ class Trainer:
         self.step_times: list[float] = []  # this session's training steps, seconds each
         self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
         self.interrupted = False
+        if resume:  # so that a run's record says it was interrupted (or extended) and continued
+            self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
+                            "cpu_s": round(self.state.cpu_s, 3)})
 
     def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
         cfg, tc, st = self.cfg, self.tc, self.state
