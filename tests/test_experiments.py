@@ -152,6 +152,10 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                                                                                    "position_parity"]
     rows = json.loads((report(out) / "report.json").read_text())["rows"]
     assert [r["construction"] for r in rows] == ["copy_deep_return", "position_parity"]
+    # A smoke model fits nothing, and each row says so next to its shortcut rates.
+    table = (out / "report" / "table-shortcuts.md").read_text().splitlines()
+    column = table[0].split(" | ").index("Not fitted (IID < 99%)")
+    assert [line.split(" | ")[column] for line in table[2:4]] == ["RM, CoT", "RM, CoT"]
     runs = [line.split(" | ")[:2] for line in (out / "report" / "table-training.md").read_text().splitlines()
             if line.startswith("| shortcut-")]
     assert runs == [[f"| shortcut-{name}", learner] for name in ("copy_deep_return", "position_parity")

@@ -10,8 +10,8 @@ from rlmlab.experiments.folder import check_saved, read_meta, write_meta
 from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
-from rlmlab.experiments.tables import (count_ci, eval_results, gap, learner_name, learners, pct,
-                                       plot_learning_curves, probe_groups, training_runs)
+from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
+                                       pct, plot_learning_curves, probe_groups, training_runs)
 from rlmlab.measuring.stats import accuracy, share
 
 
@@ -61,9 +61,14 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     def probe_cell(r, v):
         return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
 
+    def unfit(r):  # the paper's reading needs a learner that fits its training distribution
+        names = [learner_name(v) for v in views if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
+        return ", ".join(names) or "–"
+
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
-          "| Shortcut rate (RM) | paper (IID RM/CoT, OOD RM/CoT, rate) |" + "".join(f" {c} |" for c in probe_cols),
-          "|---" * (9 + len(probe_cols)) + "|"]
+          f"| Shortcut rate (RM) | Not fitted (IID < {100 * FIT_THRESHOLD:.0f}%) "
+          "| paper (IID RM/CoT, OOD RM/CoT, rate) |" + "".join(f" {c} |" for c in probe_cols),
+          "|---" * (10 + len(probe_cols)) + "|"]
     tex = [r"\begin{tabular}{@{}lcc!{\vrule}cccc@{}}", r"\toprule",
            r"Construction & RM acc. & CoT acc. & RM acc. & CoT acc. & Gap (pt) & Shortcut rate \\", r"\midrule"]
     for r in rows:
@@ -71,7 +76,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
         cells = [pct(acc(r, "rm_iid")), pct(acc(r, "cot_iid")), pct(acc(r, "rm_ood")), pct(acc(r, "cot_ood")),
                  gap(acc(r, "rm_ood"), acc(r, "cot_ood")), pct(r.get("cot_shortcut_rate"))]
         md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {pct(r.get('rm_shortcut_rate'))} | "
-                  + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
+                  + f"{unfit(r)} | " + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
                   + "".join(f" {probe_cell(r, v)} |" for v in probed))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
