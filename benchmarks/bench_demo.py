@@ -1,8 +1,8 @@
 """Wall time of the README's main job, `rlmlab demo`, from an empty output folder.
 
 Goal (issue 6): at most 10 minutes on the 2-core development machine. The demo rebuilds the
-seed-42 pool (500,000 expressions) and the small preset's length split, then decodes the
-released RM and CoT checkpoints on `--per-bin` expressions per bin. Stages are timed from the
+seed-42 pool (500,000 expressions) and the paper-cpu preset's length split (L = 595), then
+decodes the released RM and CoT checkpoints on `--per-bin` expressions per bin. Stages are timed from the
 demo's own progress: pool + split, each learner's evaluation, the report.
 
     python benchmarks/bench_demo.py [--per-bin 40] [--threads 2]
@@ -33,6 +33,10 @@ def main() -> None:
     print_facts()
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f}")
     from rlmlab.cli import main as cli
+    from rlmlab.cli.demo_cmd import PRESET
+    from rlmlab.experiments.presets import get_preset
+
+    job = f"length-{get_preset(PRESET).length}"
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "demo"
@@ -41,7 +45,7 @@ def main() -> None:
         total = time.perf_counter() - t0
         stamps = {}
         for view in ("rm", "cot"):
-            summary = out / "length-197" / view / "eval" / "eval" / "summary.json"
+            summary = out / job / view / "eval" / "eval" / "summary.json"
             if summary.exists():
                 stamps[view] = summary.stat().st_mtime - start_wall
     print(f"exit status {rc}; load average (1 min) at end: {os.getloadavg()[0]:.2f}")
