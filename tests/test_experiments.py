@@ -238,8 +238,8 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     assert seeds == {300: 3, 1_000: 3, 3_000: 3, 10_000: 3, 30_000: 1}
     assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
     shortcut = {v: preset.job_settings(v, per_view=preset.shortcut_per_view) for v in ("rm", "cot")}
-    # the recipe of the threshold splits, with the shortcut runs' own budgets
-    assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 16)
+    # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets
+    assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 8)
     assert (shortcut["rm"]["train.max_minutes"], shortcut["cot"]["train.max_minutes"]) == (60.0, 120.0)
 
 
