@@ -141,12 +141,14 @@ def test_rerun_on_the_cluster_resumes_only_unfinished_jobs(both_runs, ray_addres
     assert {p: p.stat().st_mtime_ns for p in rm_files} == rm_files
     # Resumed, not trained again: a new run would log its validations anew, with other timings.
     assert _step_records(cot) == trained and (cot / "done.json").exists()
+    assert '"kind": "resume"' in (cot / "metrics.jsonl").read_text()
     assert _results(cwd / "local") == before
 
 
 def _step_records(run_dir: Path) -> list[str]:
     """The training and validation lines of a run's metrics.jsonl (timings included)."""
-    return [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"kind": "end"' not in line]
+    return [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "end"' not in line and '"kind": "resume"' not in line]
 
 
 def test_a_failing_job_is_a_one_line_error(both_runs, ray_address, tmp_path):

@@ -189,7 +189,8 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
     n_records = len((out / "metrics.jsonl").read_text().splitlines())
     assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0  # nothing left to do
     assert load_run(out, "last").step == 6 and len(records(out, "train")) == 6
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == n_records + 1  # just the end record
+    added = [json.loads(x)["kind"] for x in (out / "metrics.jsonl").read_text().splitlines()[n_records:]]
+    assert added == ["resume", "end"]  # no step: it says it was resumed, and ends
     assert main(args[:-1] + ["--train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "rlmlab train: error: train.lr: expected float, got 'fast'"
