@@ -55,7 +55,8 @@ MAIN = markdown_tables((ROOT / "README.md").read_text())
         "RM, L=595, paper-cpu (%)": "RM acc. (%)",
         "CoT, L=595, paper-cpu (%)": "CoT acc. (%)"}),
     ("depth-10-paper-cpu", "table-depth-10.md", "Depth bin (×K), K = 10", {
-        "RM, K=10, paper-cpu (%)": "RM acc. (%)"}),
+        "RM, K=10, paper-cpu (%)": "RM acc. (%)",
+        "CoT, K=10, paper-cpu (%)": "CoT acc. (%)"}),
     ("depth-5-small", "table-depth-5.md", "Depth bin (×K)", {
         "RM, K=5, small (%)": "RM acc. (%)",
         "CoT, K=5, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 80.3)"}),
