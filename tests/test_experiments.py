@@ -241,6 +241,8 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets
     assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 8)
     assert (shortcut["rm"]["train.max_minutes"], shortcut["cot"]["train.max_minutes"]) == (60.0, 120.0)
+    # CoT's plateau comes with the cosine's decay, so only RM stops early
+    assert (shortcut["rm"]["train.patience"], shortcut["cot"]["train.patience"]) == (6, None)
 
 
 def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
