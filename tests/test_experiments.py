@@ -226,7 +226,7 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     cot, rm = _iid_settings(preset, "cot", seed=0), _iid_settings(preset, "rm", seed=0)
     assert (cot["train.max_minutes"], rm["train.max_minutes"]) == (45.0, 30.0)
     assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
-    assert cot["train.patience"] == rm["train.patience"] == 5 and cot["train.weight_decay"] == 0.0
+    assert (rm["train.patience"], cot["train.patience"]) == (5, None) and cot["train.weight_decay"] == 0.0
     assert _iid_settings(preset.with_budget(minutes=7.0), "cot", seed=0)["train.max_minutes"] == 7.0
     # A view without settings of its own takes those of the learner whose driver it decodes with.
     assert _iid_settings(preset, "rm-frames", seed=0)["train.max_minutes"] == 30.0

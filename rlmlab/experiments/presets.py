@@ -229,10 +229,11 @@ PRESETS: dict[str, ExperimentPreset] = {
         # expressions) on the length split's training distribution (traces of at most 595
         # tokens, ~240 on average) rather than the whole generator's (~540, up to ~6,900): a
         # third of the tokens per expression, so that the sweep fits a few sessions of two cores.
+        # CoT trains its whole budget here too, for the reason its shortcut runs do.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
         iid_max_trace=595, iid_patience=5,
         iid_per_view={"rm": {"train.max_minutes": 30.0, "train.eval_every": 300},
-                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500}}),
+                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500, "train.patience": None}}),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(
