@@ -347,6 +347,23 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     assert json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"][-1] == "--extend"
 
 
+def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
+    from rlmlab.experiments.jobs import reopen_to_extend
+
+    out, dest = tmp_path / "length", tmp_path / "results" / "length"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
+    assert main(["export", str(out), str(dest)]) == 0
+    run_dir, exported = out / "length-96" / "rm", dest / "length-96" / "rm"
+    assert (exported / "done.json").exists() and (exported / "eval" / "eval" / "results.jsonl").exists()
+    # Extended and still training at the next export: the results say so, not the old end.
+    assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
+    assert main(["export", str(out), str(dest)]) == 0
+    assert not (exported / "done.json").exists() and not (exported / "eval").exists()
+    assert json.loads((exported / "superseded-step3" / "done.json").read_text())["step"] == 3
+    assert (exported / "config.json").exists() and (exported / "metrics.jsonl").exists()
+    assert (dest / "length-96" / "cot" / "done.json").exists()  # the other learner's run is untouched
+
+
 def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
     # Two machines (or sessions) each ran a part of the sweep into a folder of their own.
     parts = {n: tmp_path / f"part-{n}" for n in (100, 200)}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.report import report
 
@@ -52,11 +53,24 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
         copied += 1
         size += path.stat().st_size
     dest.mkdir(parents=True, exist_ok=True)
+    _drop_superseded(src, dest)
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
     if commands:
         (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
     report(dest)
     return {"files": copied, "bytes": size, "checkpoints": checkpoints, "data_files": data_files}
+
+
+def _drop_superseded(src: Path, dest: Path) -> None:
+    """Remove from `dest` the outputs of a run that `rlmlab run --extend` has since reopened in
+    `src` (moved to its `superseded-step<N>/`, which the export copied): an earlier export's
+    done.json and evaluations would otherwise still describe the run as finished."""
+    for keep in src.rglob("superseded-step*"):
+        run = keep.parent.relative_to(src)
+        for name in RUN_OUTPUTS:
+            stale = dest / run / name
+            if not (src / run / name).exists() and (keep / name).exists() and stale.exists():
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
 
 
 def _lines(path: Path) -> list[str]:
