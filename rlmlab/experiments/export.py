@@ -23,7 +23,8 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     configs, metrics, per-expression results, probe summaries and commands, without
     checkpoints or data files, then rebuild the report there from the copy.
 
-    Files already in `dest` that the source lacks (a README, say) are kept; files the source
+    Files already in `dest` that the source lacks (a README, say) are kept, except the old
+    outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
     has are overwritten, except the two that describe the whole experiment: when `dest` holds
     the results of other runs of the same experiment (another session, machine or subset of
     constructions or sizes), `experiment.json` lists what either planned and `commands.jsonl`
@@ -69,8 +70,12 @@ def _drop_superseded(src: Path, dest: Path) -> None:
         run = keep.parent.relative_to(src)
         for name in RUN_OUTPUTS:
             stale = dest / run / name
-            if not (src / run / name).exists() and (keep / name).exists() and stale.exists():
-                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+            if (src / run / name).exists() or not (keep / name).exists():
+                continue
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            elif stale.exists():
+                stale.unlink()
 
 
 def _lines(path: Path) -> list[str]:
