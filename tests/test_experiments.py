@@ -273,6 +273,47 @@ def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
     assert "unrecognized arguments: --preset.per_view={}" in capsys.readouterr().err
 
 
+def test_learner_settings_set_one_entry_of_a_per_learner_table():
+    preset = get_preset("paper-cpu")
+    changed = preset.with_budget(minutes=7.0).with_learner_settings(
+        ["shortcut_per_view.cot.train.batch_size=4", "shortcut_per_view.cot.train.max_minutes=240",
+         "iid_per_view.rm-frames.train.patience=none"])
+    cot = changed.job_settings("cot", per_view=changed.shortcut_per_view)
+    # the entry is set over --minutes and keeps the rest of the learner's settings
+    assert (cot["train.batch_size"], cot["train.max_minutes"], cot["train.lr"]) == (4, 240.0, 3e-3)
+    assert changed.job_settings("rm", per_view=changed.shortcut_per_view)["train.max_minutes"] == 7.0
+    # a view without an entry of its own starts from its driver's
+    frames = changed.job_settings("rm-frames", per_view=changed.iid_per_view)
+    assert frames["train.patience"] is None and frames["train.eval_every"] == 300
+    assert changed.iid_per_view["rm"] == preset.with_budget(minutes=7.0).iid_per_view["rm"]
+
+
+@pytest.mark.parametrize("item, message", [
+    ("shortcut_per_view.cot.train.batch_size", "expected TABLE.VIEW.SECTION.KEY=VALUE"),
+    ("shortcuts.cot.train.batch_size=4", "unknown table 'shortcuts'"),
+    ("per_view.cott.train.batch_size=4", "cott"),
+    ("per_view.cot.train.batchsize=4", "unknown config key 'train.batchsize'"),
+    ("per_view.cot.train.batch_size=four", "expected int"),
+    ("per_view.cot.train.batch_size=0", "batch_size"),
+])
+def test_learner_settings_refuse_bad_entries_on_one_line(tmp_path, capsys, item, message):
+    code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--views", "rm", "--quiet",
+                 "--sizes", "100", "--learner-setting", item])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_records_and_applies_learner_settings(tmp_path):
+    out = tmp_path / "s"
+    assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+                 "--constructions", "position_parity",
+                 "--learner-setting", "shortcut_per_view.rm.train.batch_size=2"]) == 0
+    saved = json.loads((out / "shortcut-position_parity" / "rm" / "config.json").read_text())
+    assert saved["train"]["batch_size"] == 2
+    recorded = json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"]
+    assert recorded[-1] == "--learner-setting=shortcut_per_view.rm.train.batch_size=2"
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"model": "huge"}, "unknown model preset 'huge'"),
     ({"n_val": 0}, "n_val must be a positive integer"),

@@ -56,6 +56,10 @@ def register(sub) -> None:
     for name in settable_fields():
         group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
                            help=docs.get(name, "").replace("%", "%%"))
+    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.VIEW.SECTION.KEY=V",
+                   help="set one learner's entry of a per-learner table of the preset (per_view, "
+                        "shortcut_per_view, iid_per_view), over --minutes/--max-steps; repeatable, e.g. "
+                        "--learner-setting shortcut_per_view.cot.train.batch_size=4")
     p.set_defaults(handler=run)
 
 
@@ -92,7 +96,8 @@ def run(args) -> int:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
         train["threads"] = args.threads
-    preset = preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
+    preset = (preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
+              .with_learner_settings(args.learner_setting))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "commands.jsonl", "a") as f:
@@ -102,6 +107,7 @@ def run(args) -> int:
                                         "threads", "ray_address")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
+                            + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    sizes=sizes, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)

@@ -129,6 +129,31 @@ class ExperimentPreset:
             values[key] = parse_value(text, known[key], f"--preset.{key}")
         return replace(self, **values)
 
+    def with_learner_settings(self, items: list[str]) -> "ExperimentPreset":
+        """The preset with single entries of its per-learner tables set from command-line text,
+        each `TABLE.VIEW.SECTION.KEY=VALUE` (as `rlmlab run --learner-setting
+        shortcut_per_view.cot.train.batch_size=4` gives them), over the table's entry for that
+        learner; the value is parsed as the config field's type."""
+        from rlmlab.learning.config import parse_setting
+        from rlmlab.learning.views import get_view
+
+        tables = {name: {view: dict(settings) for view, settings in getattr(self, name).items()}
+                  for name in PER_LEARNER_TABLES}
+        for item in items:
+            where = f"--learner-setting {item}"
+            path, eq, text = item.partition("=")
+            table, _, rest = path.partition(".")
+            view, _, key = rest.partition(".")
+            if not eq or not key:
+                raise ConfigError(f"{where}: expected TABLE.VIEW.SECTION.KEY=VALUE, e.g. "
+                                  "shortcut_per_view.cot.train.batch_size=4")
+            if table not in PER_LEARNER_TABLES:
+                raise ConfigError(f"{where}: unknown table {table!r} (have: {', '.join(PER_LEARNER_TABLES)})")
+            get_view(view)  # one-line ConfigError naming an unknown view
+            entry = tables[table].setdefault(view, dict(settings_for(getattr(self, table), view)))
+            entry[key] = parse_setting(key, text, where)
+        return replace(self, **tables)
+
     def with_budget(self, minutes: float | None = None, max_steps: int | None = None) -> "ExperimentPreset":
         """The preset with every learner's budget set to `minutes` / `max_steps` where given (as
         `rlmlab run --minutes/--max-steps` asks), over the budgets it gives single learners."""
@@ -157,6 +182,10 @@ class ExperimentPreset:
         for table in (self.per_view, per_view or {}):
             s.update(settings_for(table, view))
         return s
+
+
+# The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
+PER_LEARNER_TABLES = ("per_view", "shortcut_per_view", "iid_per_view")
 
 
 def settable_fields() -> dict[str, object]:

@@ -408,10 +408,17 @@ def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, str]) -> Ru
     nested: dict[str, dict] = {}
     for key, text in items:
         section, _, name = key.partition(".")
-        if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-            raise ConfigError(f"unknown config key '{key}'")
-        nested.setdefault(section, {})[name] = parse_value(text, _hints(SECTIONS[section])[name], key)
+        nested.setdefault(section, {})[name] = parse_setting(key, text)
     return apply_dict(cfg, nested, where="override")
+
+
+def parse_setting(key: str, text: str, where: str | None = None):
+    """The value of command-line text for config key `key` ("train.batch_size"), parsed as that
+    field's type; `where` names the option in errors (default: the key)."""
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
+        raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'")
+    return parse_value(text, _hints(SECTIONS[section])[name], where or key)
 
 
 def apply_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
