@@ -403,6 +403,35 @@ def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
     assert json.loads((exported / "superseded-step3" / "done.json").read_text())["step"] == 3
     assert (exported / "config.json").exists() and (exported / "metrics.jsonl").exists()
     assert (dest / "length-96" / "cot" / "done.json").exists()  # the other learner's run is untouched
+    assert not list(dest.rglob(".lock")) and list(out.rglob(".lock"))  # lock files stay behind
+
+
+def test_a_run_held_by_another_process_is_refused_and_planning_waits_its_turn(tmp_path, capsys):
+    import threading
+
+    from rlmlab.experiments.folder import folder_lock
+
+    out = tmp_path / "length"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    with folder_lock(out / "length-96" / "rm"):  # as another `rlmlab run` training it would
+        assert main(argv) == 2
+    assert "length-96/rm: another process is training or evaluating this run" in capsys.readouterr().err
+    assert not (out / "length-96" / "rm" / "done.json").exists()
+    assert main(argv) == 0  # released: the run trains
+    # A run that finds another planning in the folder waits for it, then plans on what it built.
+    planned = threading.Event()
+
+    def second_run():
+        assert main([*argv, "--views", "cot"]) == 0
+        planned.set()
+
+    with folder_lock(out):
+        thread = threading.Thread(target=second_run)
+        thread.start()
+        assert not planned.wait(1.0)
+    thread.join(120)
+    assert planned.is_set() and (out / "length-96" / "cot" / "done.json").exists()
+    assert "another run is building data or recording its plan here; waiting for it" in capsys.readouterr().err
 
 
 def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):

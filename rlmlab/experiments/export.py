@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError
-from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.folder import LOCK_NAME, read_meta
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.report import report
@@ -41,7 +41,8 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         rebuilt = rel.parts[0] in ("report", "view")  # the report below; `rlmlab view` pages on demand
-        if rebuilt or not path.is_file() or rel.parts in (("experiment.json",), ("commands.jsonl",)):
+        if (rebuilt or not path.is_file() or path.name == LOCK_NAME
+                or rel.parts in (("experiment.json",), ("commands.jsonl",))):
             continue
         if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
             checkpoints += path.name == "checkpoint.json"

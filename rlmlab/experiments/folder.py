@@ -8,17 +8,46 @@
     report/                       tables and figures (`rlmlab report`), pure functions of the above
 
 The checks here keep a re-run from mixing data built under other settings, or one experiment's
-runs with another's.
+runs with another's; the locks let runs on different subsets share one folder (one per core).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.presets import ExperimentPreset
+
+
+# Lock files (empty, held with flock while a run plans or trains; `rlmlab export` leaves them out).
+LOCK_NAME = ".lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is using it"):
+    """Hold `folder`'s lock for the duration: with `wait`, block until the process holding it lets
+    go (saying so on stderr), otherwise raise DataError naming `folder` and `busy`. The OS drops
+    the lock when its holder exits, so a killed run never leaves the folder locked. Without
+    `fcntl` (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_NAME, "a") as f:  # "a": taking the lock leaves the folder's files as they were
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise DataError(f"{folder}: {busy}") from None
+            print(f"{folder}: {busy}; waiting for it", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):

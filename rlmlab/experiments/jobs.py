@@ -93,14 +93,21 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
 def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     run that finished on its budget continues when the job now asks for a larger one
-    (`reopen_to_extend`)."""
+    (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
+    views and subset twice) is refused rather than trained twice at once."""
+    from rlmlab.experiments.folder import folder_lock
+
+    with folder_lock(job.run_dir(Path(out)), wait=False, busy="another process is training or evaluating this run"):
+        return _run_job(job, Path(out), progress, extend)
+
+
+def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
     from rlmlab.decoding.infer import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.train import resolve_device
     from rlmlab.measuring.score import evaluate_file
 
-    out = Path(out)
     run_dir = job.run_dir(out)
     done = run_dir / "done.json"
     if done.exists() and not _finished(done):

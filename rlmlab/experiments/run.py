@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
-from rlmlab.experiments.folder import refuse_another_experiment
+from rlmlab.experiments.folder import folder_lock, refuse_another_experiment
 from rlmlab.experiments.jobs import Job, run_jobs
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
@@ -32,13 +32,15 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
                           f"(it takes: {', '.join(experiment.options) or 'none'})")
     p = preset if isinstance(preset, ExperimentPreset) else get_preset(preset)
     out = Path(out)
-    refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
     if ray_address is not None:
         from rlmlab.experiments.cluster import check_address
 
         check_address(ray_address)
     t0 = time.perf_counter()
-    jobs = experiment.plan(p, out, tuple(views), progress, **options)
+    # Runs sharing the folder build its data and rewrite experiment.json one at a time.
+    with folder_lock(out, busy="another run is building data or recording its plan here"):
+        refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
+        jobs = experiment.plan(p, out, tuple(views), progress, **options)
     run_jobs(jobs, out, ray_address, progress, extend)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs
