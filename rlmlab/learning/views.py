@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import struct
+import tokenize
 import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -236,8 +237,10 @@ class ViewData:
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
         # What np.load raises on a damaged zip: cut short (EOFError), a bad header (struct.error),
-        # a compression method byte it does not know (NotImplementedError).
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error) as e:
+        # a compression method byte it does not know (NotImplementedError), an array header its
+        # parser cannot read (SyntaxError, tokenize.TokenError, RecursionError).
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error,
+                SyntaxError, tokenize.TokenError, RecursionError) as e:
             raise DataError(f"{path}: not a view-data file ({type(e).__name__})") from None
         if not isinstance(meta, dict) or meta.get("format") != VIEWDATA_FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
