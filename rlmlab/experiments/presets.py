@@ -109,8 +109,9 @@ class ExperimentPreset:
             raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
         # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
         apply_settings(RunConfig(), {f"train.{k}": v for k, v in self.train.items()})
-        for view, settings in [*self.per_view.items(), *self.shortcut_per_view.items(), *self.iid_per_view.items()]:
-            apply_settings(RunConfig(), settings)
+        for table in PER_LEARNER_TABLES:
+            for settings in getattr(self, table).values():
+                apply_settings(RunConfig(), settings)
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -164,8 +165,7 @@ class ExperimentPreset:
             return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
 
         return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
-                       per_view=without(self.per_view), shortcut_per_view=without(self.shortcut_per_view),
-                       iid_per_view=without(self.iid_per_view))
+                       **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES})
 
     def job_settings(self, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
         """The typed `rlmlab train` settings (dotted keys) of one learner's job: the preset's
