@@ -357,6 +357,10 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert main(argv) == 0  # the re-run resumes it to its budget, then evaluates
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
     assert (run_dir / "eval" / "eval" / "summary.json").exists()
+    # A resume after an interruption is listed as a resume, not as an extended budget.
+    from rlmlab.experiments.tables import training_summary
+
+    assert (training_summary(run_dir)["resumed_at"], training_summary(run_dir)["extended_at"]) == ([1], [])
 
 
 def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
@@ -380,6 +384,8 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     assert (old / "eval" / "eval" / "results.jsonl").read_text() == first
     assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 5
     assert main(["report", str(out)]) == 0
+    # The report marks the extension, where the learning rate restarted, apart from plain resumes.
+    assert "- length-96 RM: at step 3 (budget extended)\n" in (out / "report" / "table-training.md").read_text()
     capsys.readouterr()
     # Nothing to extend to: the run stays finished and says why.
     assert main([*argv, "--max-steps", "5", "--extend"]) == 0

@@ -114,7 +114,7 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     from rlmlab.experiments.tables import training_summary, training_table
 
     summary = {**training_summary(tmp_path / "b"), "job": "toy", "view": "rm"}
-    assert summary["resumed_at"] == [8] and "- toy RM: at step 8\n" in training_table([summary])
+    assert summary["resumed_at"] == [8] and "- toy RM: at step 8 (budget extended)\n" in training_table([summary])
     assert "Resumed" not in training_table([{**training_summary(tmp_path / "a"), "job": "toy", "view": "rm"}])
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))

@@ -112,8 +112,17 @@ def metrics_records(run_dir: Path) -> list[dict]:
     return recs
 
 
+def extensions(records: list[dict]) -> list[dict]:
+    """The resume records where a run that had finished was given a larger budget (`rlmlab run
+    --extend`): those that follow an `end` record not caused by an interruption. Under a time
+    budget the learning rate restarts there along the longer cosine."""
+    return [r for prev, r in zip(records, records[1:]) if prev.get("kind") == "end"
+            and prev.get("reason") != "interrupted" and r.get("kind") == "resume"]
+
+
 def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
-    """Validation answer accuracy and loss against wall-clock training minutes, per learner."""
+    """Validation answer accuracy and loss against wall-clock training minutes, per learner, with
+    the 99% line a fitted learner reaches and a dotted mark where a budget was extended."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,14 +131,22 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
     for view, run_dir in runs.items():
-        val = [r for r in metrics_records(run_dir) if r.get("kind") == "val" and "elapsed_s" in r]
+        recs = metrics_records(run_dir)
+        val = [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
         if not val:
             continue
         drawn = True
         x = [r["elapsed_s"] / 60 for r in val]
         if any("answer_acc" in r for r in val):
-            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view))
-        a2.plot(x, [r["loss"] for r in val], label=learner_name(view))
+            line, = a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view))
+        else:
+            line, = a1.plot([], [])
+        a2.plot(x, [r["loss"] for r in val], label=learner_name(view), color=line.get_color())
+        for ext in extensions(recs):
+            for a in (a1, a2):
+                a.axvline(ext.get("elapsed_s", 0) / 60, color=line.get_color(), linestyle=":", linewidth=1)
+    if drawn:
+        a1.axhline(99, color="grey", linestyle="--", linewidth=0.8)
     a1.set_xlabel("training minutes")
     a1.set_ylabel("val final-answer acc (%)")
     a2.set_xlabel("training minutes")
@@ -158,6 +175,7 @@ def training_summary(run_dir: Path) -> dict:
             "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
             "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
             "resumed_at": [r["step"] for r in recs if r.get("kind") == "resume"],
+            "extended_at": [r["step"] for r in extensions(recs)],
             "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
                             for r in val]}
 
@@ -177,8 +195,9 @@ def training_table(summaries: list[dict]) -> str:
     curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
-    resumed = [f"- {t['job']} {learner_name(t['view'])}: at step " + ", ".join(f"{s:,}" for s in t["resumed_at"])
-               for t in summaries if t.get("resumed_at")]
+    resumed = [f"- {t['job']} {learner_name(t['view'])}: at step " + ", ".join(
+        f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ()) else "") for s in t["resumed_at"])
+        for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
             "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
             + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or to extend "
