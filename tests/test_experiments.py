@@ -215,21 +215,36 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     from rlmlab.experiments.kinds.iid import _iid_settings
 
     preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
-    settings = _iid_settings(preset, "rm", seed=2)
+    settings = _iid_settings(preset, 100, "rm", seed=2)
     assert (settings["train.patience"], settings["train.max_minutes"]) == (5, 60.0)
     assert (settings["train.weight_decay"], settings["train.seed"]) == (0.0, 1339)
     # Without sweep-specific values the threshold splits' budget and patience apply.
-    settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), "rm", seed=0)
+    settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), 100, "rm",
+                             seed=0)
     assert ((settings["train.patience"], settings["train.max_minutes"])) == (12, 150.0)
     # Per-learner IID settings apply last; --minutes replaces every learner's budget.
     preset = get_preset("paper-cpu")
-    cot, rm = _iid_settings(preset, "cot", seed=0), _iid_settings(preset, "rm", seed=0)
+    cot, rm = _iid_settings(preset, 300, "cot", seed=0), _iid_settings(preset, 300, "rm", seed=0)
     assert (cot["train.max_minutes"], rm["train.max_minutes"]) == (45.0, 30.0)
     assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
     assert (rm["train.patience"], cot["train.patience"]) == (5, None) and cot["train.weight_decay"] == 0.0
-    assert _iid_settings(preset.with_budget(minutes=7.0), "cot", seed=0)["train.max_minutes"] == 7.0
+    # Settings per size apply from their size on, the larger threshold over the smaller.
+    budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_minutes"] for v in ("rm", "cot"))
+              for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
+    assert budget == {3_000: (30.0, 45.0), 9_999: (30.0, 45.0), 10_000: (30.0, 120.0), 29_999: (30.0, 120.0),
+                      30_000: (60.0, 240.0), 100_000: (60.0, 240.0)}
+    assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_view's
+    for n in (300, 30_000):
+        assert _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)["train.max_minutes"] == 7.0
     # A view without settings of its own takes those of the learner whose driver it decodes with.
-    assert _iid_settings(preset, "rm-frames", seed=0)["train.max_minutes"] == 30.0
+    assert _iid_settings(preset, 300, "rm-frames", seed=0)["train.max_minutes"] == 30.0
+    assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_minutes"] == 60.0
+    # --learner-setting edits a size's entry, or adds a size.
+    changed = preset.with_learner_settings(["iid_per_size.30000.cot.train.max_minutes=300",
+                                            "iid_per_size.1000.rm.train.patience=none"])
+    assert _iid_settings(changed, 30_000, "cot", seed=0)["train.max_minutes"] == 300.0
+    assert _iid_settings(changed, 10_000, "cot", seed=0)["train.max_minutes"] == 120.0
+    assert [_iid_settings(changed, n, "rm", seed=0)["train.patience"] for n in (300, 1_000)] == [5, None]
 
 
 def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
@@ -295,6 +310,9 @@ def test_learner_settings_set_one_entry_of_a_per_learner_table():
     ("per_view.cot.train.batchsize=4", "unknown config key 'train.batchsize'"),
     ("per_view.cot.train.batch_size=four", "expected int"),
     ("per_view.cot.train.batch_size=0", "batch_size"),
+    ("iid_per_size.lots.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
+    ("iid_per_size.0.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
+    ("iid_per_size.300.cot.train.max_minutes=-1", "max_minutes"),
 ])
 def test_learner_settings_refuse_bad_entries_on_one_line(tmp_path, capsys, item, message):
     code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--views", "rm", "--quiet",
@@ -325,6 +343,8 @@ def test_run_records_and_applies_learner_settings(tmp_path):
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
     ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
     ({"shortcut_per_view": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),
+    ({"iid_per_size": {"10000": {"cot": {"train.max_minutes": 9.0}}}}, "iid_per_size keys must be positive"),
+    ({"iid_per_size": {10_000: {"cot": {"train.max_minutes": "long"}}}}, "train.max_minutes: expected"),
 ])
 def test_experiment_presets_are_validated_on_construction(bad, message):
     from rlmlab.errors import ConfigError

@@ -58,7 +58,8 @@ def register(sub) -> None:
                            help=docs.get(name, "").replace("%", "%%"))
     p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.VIEW.SECTION.KEY=V",
                    help="set one learner's entry of a per-learner table of the preset (per_view, "
-                        "shortcut_per_view, iid_per_view), over --minutes/--max-steps; repeatable, e.g. "
+                        "shortcut_per_view, iid_per_view, iid_per_size.N: the IID runs from N training "
+                        "expressions on), over --minutes/--max-steps; repeatable, e.g. "
                         "--learner-setting shortcut_per_view.cot.train.batch_size=4")
     p.set_defaults(handler=run)
 

@@ -67,6 +67,11 @@ class ExperimentPreset:
     iid_per_view: dict = field(default_factory=dict)
     """Settings per learner for the IID runs only, over `per_view`, `iid_minutes` and
     `iid_patience` (e.g. each learner's budget per run)."""
+    iid_per_size: dict = field(default_factory=dict)
+    """Settings per learner for the IID runs from a training-set size on, over `iid_per_view`:
+    {10_000: {"cot": {"train.max_minutes": 120.0}}} gives CoT 120 minutes at every N >= 10,000
+    (every size threshold at or below N applies, the larger over the smaller). A larger training
+    set takes more steps to fit, while a small one is memorized early."""
     iid_distinct_train: bool = True
     """IID training subsets hold distinct expressions, as the paper says ("N distinct
     expressions"); False keeps the pool's repeated draws (never a held-out text). Neither
@@ -109,9 +114,27 @@ class ExperimentPreset:
             raise ConfigError(f"{where}: iid_sizes must be increasing positive sizes, got {self.iid_sizes!r}")
         # The training settings must be ones `rlmlab train` accepts (unknown keys, wrong types).
         apply_settings(RunConfig(), {f"train.{k}": v for k, v in self.train.items()})
-        for table in PER_LEARNER_TABLES:
-            for settings in getattr(self, table).values():
+        for size in self.iid_per_size:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ConfigError(f"{where}: iid_per_size keys must be positive training-set sizes, got {size!r}")
+        for _, table in self.per_learner_tables():
+            for settings in table.values():
                 apply_settings(RunConfig(), settings)
+
+    def per_learner_tables(self) -> list[tuple[str, dict]]:
+        """Every per-learner settings table with its `--learner-setting` name: those of
+        PER_LEARNER_TABLES, and one `iid_per_size.N` per size of `iid_per_size`."""
+        return ([(name, getattr(self, name)) for name in PER_LEARNER_TABLES]
+                + [(f"iid_per_size.{n}", table) for n, table in sorted(self.iid_per_size.items())])
+
+    def iid_settings(self, n: int, view: str) -> dict:
+        """A learner's settings for the IID runs of `n` training expressions: its `iid_per_view`
+        entry, then those of every `iid_per_size` threshold at or below `n`, in increasing order."""
+        s = dict(settings_for(self.iid_per_view, view))
+        for size, table in sorted(self.iid_per_size.items()):
+            if n >= size:
+                s.update(settings_for(table, view))
+        return s
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -140,20 +163,31 @@ class ExperimentPreset:
 
         tables = {name: {view: dict(settings) for view, settings in getattr(self, name).items()}
                   for name in PER_LEARNER_TABLES}
+        sized = {n: {view: dict(settings) for view, settings in table.items()}
+                 for n, table in self.iid_per_size.items()}
         for item in items:
             where = f"--learner-setting {item}"
             path, eq, text = item.partition("=")
             table, _, rest = path.partition(".")
+            if table == "iid_per_size":
+                size, _, rest = rest.partition(".")
+                if not size.isdigit() or int(size) < 1:
+                    raise ConfigError(f"{where}: expected iid_per_size.N.VIEW.SECTION.KEY=VALUE with N a "
+                                      "training-set size, e.g. iid_per_size.10000.cot.train.max_minutes=120")
+                target = sized.setdefault(int(size), {})
+            elif table in PER_LEARNER_TABLES:
+                target = tables[table]
+            else:
+                raise ConfigError(f"{where}: unknown table {table!r} (have: "
+                                  f"{', '.join(PER_LEARNER_TABLES)}, iid_per_size.N)")
             view, _, key = rest.partition(".")
             if not eq or not key:
                 raise ConfigError(f"{where}: expected TABLE.VIEW.SECTION.KEY=VALUE, e.g. "
                                   "shortcut_per_view.cot.train.batch_size=4")
-            if table not in PER_LEARNER_TABLES:
-                raise ConfigError(f"{where}: unknown table {table!r} (have: {', '.join(PER_LEARNER_TABLES)})")
             get_view(view)  # one-line ConfigError naming an unknown view
-            entry = tables[table].setdefault(view, dict(settings_for(getattr(self, table), view)))
+            entry = target.setdefault(view, dict(settings_for(target, view)))
             entry[key] = parse_setting(key, text, where)
-        return replace(self, **tables)
+        return replace(self, **tables, iid_per_size=sized)
 
     def with_budget(self, minutes: float | None = None, max_steps: int | None = None) -> "ExperimentPreset":
         """The preset with every learner's budget set to `minutes` / `max_steps` where given (as
@@ -165,7 +199,8 @@ class ExperimentPreset:
             return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
 
         return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
-                       **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES})
+                       **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES},
+                       iid_per_size={n: without(table) for n, table in self.iid_per_size.items()})
 
     def job_settings(self, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
         """The typed `rlmlab train` settings (dotted keys) of one learner's job: the preset's
@@ -258,11 +293,16 @@ PRESETS: dict[str, ExperimentPreset] = {
         # expressions) on the length split's training distribution (traces of at most 595
         # tokens, ~240 on average) rather than the whole generator's (~540, up to ~6,900): a
         # third of the tokens per expression, so that the sweep fits a few sessions of two cores.
-        # CoT trains its whole budget here too, for the reason its shortcut runs do.
+        # CoT trains its whole budget here too, for the reason its shortcut runs do. Its budget
+        # grows with N: on this distribution its length-split run was at 73% validation after 46
+        # minutes and first reached 99% after 166 CPU minutes, so 45 minutes would leave CoT short
+        # of its plateau at the sizes where the paper has it catch up with RM.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
         iid_max_trace=595, iid_patience=5,
         iid_per_view={"rm": {"train.max_minutes": 30.0, "train.eval_every": 300},
-                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500, "train.patience": None}}),
+                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500, "train.patience": None}},
+        iid_per_size={10_000: {"cot": {"train.max_minutes": 120.0}},
+                      30_000: {"rm": {"train.max_minutes": 60.0}, "cot": {"train.max_minutes": 240.0}}}),
     # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
     # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
     "paper": ExperimentPreset(

@@ -11,7 +11,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
 from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.presets import ExperimentPreset, settings_for
+from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
     eval_results,
     learner_name,
@@ -24,13 +24,13 @@ from rlmlab.experiments.tables import (
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
-def _iid_settings(p: ExperimentPreset, view: str, seed: int) -> dict:
+def _iid_settings(p: ExperimentPreset, n: int, view: str, seed: int) -> dict:
     s = p.job_settings(view, seed=1337 + seed)
     if p.iid_minutes is not None:
         s["train.max_minutes"] = p.iid_minutes
     if p.iid_patience is not None:
         s["train.patience"] = p.iid_patience
-    s.update(settings_for(p.iid_per_view, view))
+    s.update(p.iid_settings(n, view))
     # The paper's IID sweep uses no weight decay.
     return {**s, "train.weight_decay": 0.0}
 
@@ -195,7 +195,7 @@ class IIDSweep(ExperimentKind):
             for seed in range(seeds):
                 for v in views:
                     jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
-                                    {"test": str(data / "test.parquet")}, _iid_settings(p, v, seed), p.eval_batch))
+                                    {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), p.eval_batch))
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
