@@ -117,15 +117,9 @@ class ExperimentPreset:
         for size in self.iid_per_size:
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ConfigError(f"{where}: iid_per_size keys must be positive training-set sizes, got {size!r}")
-        for _, table in self.per_learner_tables():
+        for table in [getattr(self, name) for name in PER_LEARNER_TABLES] + list(self.iid_per_size.values()):
             for settings in table.values():
                 apply_settings(RunConfig(), settings)
-
-    def per_learner_tables(self) -> list[tuple[str, dict]]:
-        """Every per-learner settings table with its `--learner-setting` name: those of
-        PER_LEARNER_TABLES, and one `iid_per_size.N` per size of `iid_per_size`."""
-        return ([(name, getattr(self, name)) for name in PER_LEARNER_TABLES]
-                + [(f"iid_per_size.{n}", table) for n, table in sorted(self.iid_per_size.items())])
 
     def iid_settings(self, n: int, view: str) -> dict:
         """A learner's settings for the IID runs of `n` training expressions: its `iid_per_view`
