@@ -188,6 +188,16 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert [r.split(" | ")[:3] for r in probe_rows] == [["| position_parity", "CoT", "IID"],
                                                         ["| position_parity", "CoT", "OOD"]]
     assert probe_rows[0].split(" | ")[6] == "–"  # no answer-level probe on IID
+    # Table 3 as the paper lays it out: its row names and order, each learner pair beside the
+    # paper's numbers, CoT's probe where it ran, and who did not fit.
+    paper = (out / "report" / "table-shortcuts-paper.md").read_text().splitlines()
+    assert paper[0].startswith("| Construction, smoke | IID RM / CoT (%) |")
+    assert [line.split(" | ")[0] for line in paper[2:]] == ["| copy answer from deep return", "| trace-position parity"]
+    parity = paper[3].split(" | ")
+    assert parity[2] == f"{100 * rows[1]['rm_ood']['accuracy']:.1f} / {100 * ood['accuracy']:.1f}"
+    assert parity[4:] == [f"{100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f}",
+                          "100.0 / 100.0", "99.7 / 9.7", "90.3", "RM, CoT |"]
+    assert paper[2].split(" | ")[4] == "–"  # copy_deep_return was not probed
 
 
 def test_report_and_run_errors(tmp_path, capsys):

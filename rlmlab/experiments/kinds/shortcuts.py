@@ -25,6 +25,16 @@ PAPER_TABLE3 = {
     "position_parity": (100.0, 100.0, 99.7, 9.7, 90.3),
 }
 
+# The paper's names of the constructions, as its Table 3 rows read.
+PAPER_NAMES = {
+    "copy_deep_return": "copy answer from deep return",
+    "hidden_literal": "hidden intermediate literal",
+    "long_range_aggregate": "long-range aggregate",
+    "near_answer_aggregate": "near-answer aggregate",
+    "position_weighted_aggregate": "position-weighted aggregate",
+    "position_parity": "trace-position parity",
+}
+
 
 def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -> dict:
     from rlmlab.experiments.shortcuts import shortcut_rate
@@ -96,10 +106,30 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
         job = kind.job_name(name)
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
+    preset = meta.get("preset", {}).get("name", "?")
+    (dest / "table-shortcuts-paper.md").write_text(paper_side_by_side(rows, preset, acc, unfit, probe_cell))
     if probed:
         (dest / "table-shortcuts-probe.md").write_text(shortcut_probe_table(rows, probed))
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     return {"rows": rows}
+
+
+def paper_side_by_side(rows: list[dict], preset: str, acc, unfit, probe_cell) -> str:
+    """Table 3 in the paper's row names and order, each learner pair beside the paper's, with
+    CoT's non-invariant prediction points and the learners that did not fit (the README's table)."""
+    md = [f"| Construction, {preset} | IID RM / CoT (%) | OOD RM / CoT (%) | shortcut rate RM / CoT (%) | "
+          f"CoT non-invariant points IID / OOD (%) | paper IID RM / CoT | paper OOD RM / CoT | "
+          f"paper CoT shortcut rate | not fitted (IID < {100 * FIT_THRESHOLD:.0f}%) |", "|---" * 9 + "|"]
+    for r in sorted(rows, key=lambda r: PAPER_NAMES.get(r["construction"], r["construction"])):
+        if len(r) == 1:  # nothing evaluated yet
+            continue
+        p = [f"{x:.1f}" for x in PAPER_TABLE3[r["construction"]]] if r["construction"] in PAPER_TABLE3 else ["–"] * 5
+        probe = probe_cell(r, "cot")
+        md.append(f"| {PAPER_NAMES.get(r['construction'], r['construction'])} | "
+                  f"{pct(acc(r, 'rm_iid'))} / {pct(acc(r, 'cot_iid'))} | {pct(acc(r, 'rm_ood'))} / {pct(acc(r, 'cot_ood'))} | "
+                  f"{pct(r.get('rm_shortcut_rate'))} / {pct(r.get('cot_shortcut_rate'))} | "
+                  f"{'–' if probe == '– / –' else probe} | {p[0]} / {p[1]} | {p[2]} / {p[3]} | {p[4]} | {unfit(r)} |")
+    return "\n".join(md) + "\n"
 
 
 def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
