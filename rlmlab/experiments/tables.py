@@ -146,7 +146,7 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
             for a in (a1, a2):
                 a.axvline(ext.get("elapsed_s", 0) / 60, color=line.get_color(), linestyle=":", linewidth=1)
     if drawn:
-        a1.axhline(99, color="grey", linestyle="--", linewidth=0.8)
+        a1.axhline(100 * FIT_THRESHOLD, color="grey", linestyle="--", linewidth=0.8)
     a1.set_xlabel("training minutes")
     a1.set_ylabel("val final-answer acc (%)")
     a2.set_xlabel("training minutes")
