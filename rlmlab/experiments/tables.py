@@ -130,21 +130,20 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
-    for view, run_dir in runs.items():
+    for i, (view, run_dir) in enumerate(runs.items()):
         recs = metrics_records(run_dir)
         val = [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
         if not val:
             continue
         drawn = True
+        color = f"C{i}"  # one colour per learner on both panels
         x = [r["elapsed_s"] / 60 for r in val]
         if any("answer_acc" in r for r in val):
-            line, = a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view))
-        else:
-            line, = a1.plot([], [])
-        a2.plot(x, [r["loss"] for r in val], label=learner_name(view), color=line.get_color())
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view), color=color)
+        a2.plot(x, [r["loss"] for r in val], label=learner_name(view), color=color)
         for ext in extensions(recs):
             for a in (a1, a2):
-                a.axvline(ext.get("elapsed_s", 0) / 60, color=line.get_color(), linestyle=":", linewidth=1)
+                a.axvline(ext.get("elapsed_s", 0) / 60, color=color, linestyle=":", linewidth=1)
     if drawn:
         a1.axhline(100 * FIT_THRESHOLD, color="grey", linestyle="--", linewidth=0.8)
     a1.set_xlabel("training minutes")
