@@ -135,6 +135,17 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     for bad in (["--sizes", "1k"], ["--sizes", "0"], ["--sizes", ","]):
         assert main([*smoke_iid, *bad]) == 2
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--sizes", "100"]) == 2
+    # --seeds runs a subset of each size's seeds (one full sweep first, the other seeds later);
+    # a size with fewer seeds runs those it has, and an index no size has is refused.
+    two_seeds = [*smoke_iid, "--preset.iid_seeds=2", "--preset.iid_one_seed_from=150"]
+    assert main([*two_seeds, "--sizes", "120,150", "--seeds", "1"]) == 0
+    assert sorted(p.name for p in out.glob("iid-N*")) == ["iid-N120-s0", "iid-N120-s1", "iid-N150-s0"]
+    assert json.loads((out / "iid-N120-s1" / "rm" / "config.json").read_text())["train"]["seed"] == 1338
+    assert '"--seeds=1"' in (out / "commands.jsonl").read_text().splitlines()[-1]
+    for bad in (["--seeds", "2"], ["--seeds", "-1"], ["--seeds", "one"], ["--seeds", ","]):
+        assert main([*two_seeds, *bad]) == 2
+    assert main([*smoke_iid, "--seeds", "1"]) == 2  # the smoke preset runs one seed per size
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--seeds", "0"]) == 2
 
     out = tmp_path / "shortcuts"
     preset = get_preset("smoke").with_overrides(shortcut_max_trace=600,
@@ -259,7 +270,7 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
 
 def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     preset = get_preset("paper-cpu")
-    seeds = {n: 1 if n >= preset.iid_one_seed_from else preset.iid_seeds for n in preset.iid_sizes}
+    seeds = {n: preset.iid_seeds_at(n) for n in preset.iid_sizes}
     assert seeds == {300: 3, 1_000: 3, 3_000: 3, 10_000: 3, 30_000: 1}
     assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
     shortcut = {v: preset.job_settings(v, per_view=preset.shortcut_per_view) for v in ("rm", "cot")}

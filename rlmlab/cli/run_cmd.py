@@ -40,6 +40,9 @@ def register(sub) -> None:
     p.add_argument("--sizes", default=None,
                    help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "
                         "different sizes or learners may share --out")
+    p.add_argument("--seeds", default=None,
+                   help="iid only: comma-separated seed indices to run, 0 first (default: all the preset's; "
+                        "a size with fewer seeds runs those it has), e.g. --seeds 0 for one full sweep first")
     p.add_argument("--minutes", type=float, default=None,
                    help="override the training budget per learner (per run in the IID sweep)")
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
@@ -64,6 +67,19 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
+def _integers(flag: str, text: str | None, least: int) -> list[int] | None:
+    """A comma-separated list of integers >= `least` given to `flag`, or None when not given."""
+    if text is None:
+        return None
+    try:
+        values = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < least:
+        raise ConfigError(f"{flag}: expected integers of at least {least}, got {text!r}")
+    return values
+
+
 def run(args) -> int:
     views = tuple(v.strip() for v in args.views.split(",") if v.strip())
     if not views:
@@ -73,7 +89,7 @@ def run(args) -> int:
         if "/" in v:
             raise ConfigError(f"--views: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
-    for option in ("threshold", "constructions", "sizes"):
+    for option in ("threshold", "constructions", "sizes", "seeds"):
         if getattr(args, option) is not None and option not in kind.options:
             takes = [name for name in RUNNABLE if option in get_kind(name).options]
             raise ConfigError(f"--{option} applies to `rlmlab run {'|'.join(takes)}` only")
@@ -82,14 +98,8 @@ def run(args) -> int:
         constructions = [c.strip() for c in args.constructions.split(",") if c.strip()]
         if not constructions:
             raise ConfigError("--constructions: no construction given")
-    sizes = None
-    if args.sizes is not None:
-        try:
-            sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
-        except ValueError:
-            raise ConfigError(f"--sizes: expected comma-separated integers, got {args.sizes!r}") from None
-        if not sizes or min(sizes) < 1:
-            raise ConfigError(f"--sizes: expected positive sizes, got {args.sizes!r}")
+    sizes = _integers("--sizes", args.sizes, least=1)
+    seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
     train = dict(preset.train)
@@ -104,12 +114,12 @@ def run(args) -> int:
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "constructions", "sizes", "minutes", "max_steps",
+                               if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
                                         "threads", "ray_address")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   sizes=sizes, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
+                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
     return 0

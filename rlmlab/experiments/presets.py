@@ -121,6 +121,10 @@ class ExperimentPreset:
             for settings in table.values():
                 apply_settings(RunConfig(), settings)
 
+    def iid_seeds_at(self, n: int) -> int:
+        """How many seeds the IID sweep trains at training-set size `n`."""
+        return 1 if n >= self.iid_one_seed_from else self.iid_seeds
+
     def iid_settings(self, n: int, view: str) -> dict:
         """A learner's settings for the IID runs of `n` training expressions: its `iid_per_view`
         entry, then those of every `iid_per_size` threshold at or below `n`, in increasing order."""

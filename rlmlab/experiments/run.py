@@ -19,8 +19,8 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
 
     `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
-    (default: the preset's), `sizes` for the IID sweep (default: the preset's), `constructions`
-    for the shortcuts (default: all six); an option left None takes its default. `extend`
+    (default: the preset's), `sizes` and `seeds` for the IID sweep (default: the preset's),
+    `constructions` for the shortcuts (default: all six); an option left None takes its default. `extend`
     continues finished runs to a larger budget."""
     if kind not in RUNNABLE:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(RUNNABLE)})")

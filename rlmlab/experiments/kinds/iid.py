@@ -146,21 +146,31 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
 
 class IIDSweep(ExperimentKind):
     name = "iid"
-    options = ("sizes",)
+    options = ("sizes", "seeds")
     meta_fields = {"sizes": list}
 
     def job_name(self, n: int, seed: int) -> str:
         """Folder of the run at training-set size `n` and seed index `seed` (read back by `iid_runs`)."""
         return f"iid-N{n}-s{seed}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, sizes=None) -> list[Job]:
-        """Jobs of the IID sweep over `sizes` (default: the preset's). Runs on different sizes or
-        learners may share the folder: the experiment lists every size any of them planned."""
+    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, sizes=None,
+             seeds=None) -> list[Job]:
+        """Jobs of the IID sweep over `sizes` (default: the preset's) and the seed indices `seeds`
+        (default: every seed of each size; a size with fewer seeds runs those it has). Runs on
+        different sizes, seeds or learners may share the folder: the experiment lists every size
+        any of them planned."""
         import pyarrow.parquet as pq
 
-        p = preset
-
         from rlmlab.experiments.splits import Split, iid_split
+
+        p = preset
+        wanted = sorted(set(sizes or p.iid_sizes))
+        if any(not isinstance(n, int) or n < 1 for n in wanted):
+            raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
+        most = max(p.iid_seeds_at(n) for n in wanted)
+        if seeds is not None and (not seeds or any(not isinstance(s, int) or not 0 <= s < most for s in seeds)):
+            raise ConfigError(f"IID seeds must be indices 0..{most - 1} (the preset runs {most} at "
+                              f"N = {', '.join(map(str, wanted))}), got {seeds!r}")
 
         data = out / "data" / "iid"
         if not (data / "split.json").exists():
@@ -170,9 +180,6 @@ class IIDSweep(ExperimentKind):
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
         available = split.train.num_rows
-        wanted = sorted(set(sizes or p.iid_sizes))
-        if any(not isinstance(n, int) or n < 1 for n in wanted):
-            raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
         sizes = [n for n in wanted if n <= available]
         skipped = [n for n in wanted if n > available]
         planned = set(sizes)
@@ -191,8 +198,9 @@ class IIDSweep(ExperimentKind):
             path = data / f"train-{n}.parquet"
             if not path.exists():
                 pq.write_table(split.train_subset(n), path)
-            seeds = 1 if n >= p.iid_one_seed_from else p.iid_seeds
-            for seed in range(seeds):
+            for seed in range(p.iid_seeds_at(n)):
+                if seeds is not None and seed not in seeds:
+                    continue
                 for v in views:
                     jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
                                     {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), p.eval_batch))
