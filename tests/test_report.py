@@ -28,16 +28,18 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path)
     assert (p100["N"], p100["seeds"], p100["accuracy"]) == (100, 1, 0.5)
     assert p100["ci95"] == list(wilson(25, 50))
     assert (p200["seeds"], p200["accuracy"], p200["per_token"]) == (2, 0.5, 0.9)
+    assert p200["seed_per_token"] == [0.9, 0.9]
     # Two copies of the same 50 outcomes carry the information of 50, not of 100 samples.
     pooled = wilson(50, 100)
     width = p200["ci95"][1] - p200["ci95"][0]
     assert width > 1.2 * (pooled[1] - pooled[0])
     assert abs(width - (wilson(25, 50)[1] - wilson(25, 50)[0])) < 0.06
     # Each seed's own accuracy is kept beside the mean: seeds that disagree show their spread.
-    _write_results(tmp_path / "iid-N300-s0" / "rm" / "eval" / "test", right)
-    _write_results(tmp_path / "iid-N300-s1" / "rm" / "eval" / "test", [True] * 50)
+    _write_results(tmp_path / "iid-N300-s0" / "rm" / "eval" / "test", right, [8] * 50)
+    _write_results(tmp_path / "iid-N300-s1" / "rm" / "eval" / "test", [True] * 50, [10] * 50)
     (p300,) = iid_points(tmp_path, [300])
     assert (p300["accuracy"], p300["seed_accuracy"], p200["seed_accuracy"]) == (0.75, [0.5, 1.0], [0.5, 0.5])
+    assert (p300["per_token"], p300["seed_per_token"]) == (0.9, [0.8, 1.0])
 
 
 def test_paper_rows_only_for_the_learners_the_paper_has():

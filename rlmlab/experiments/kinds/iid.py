@@ -65,6 +65,8 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
                 t = [sum(r["tf_total"] for r in rs) for rs in by_expr]
                 p["per_token"] = sum(c) / sum(t)
                 p["per_token_ci95"] = list(bootstrap_ratio(c, t))
+                p["seed_per_token"] = [sum(r["tf_correct"] for r in res) / sum(r["tf_total"] for r in res)
+                                       for res in per_seed]
             points.append(p)
     return points
 
@@ -123,13 +125,12 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=learner_name(view))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
-        seeds = [(p["N"], 100 * a) for p in ps if p["seeds"] > 1 for a in p["seed_accuracy"]]
-        if seeds:  # each seed's own accuracy, where the point averages several
-            a1.scatter(*zip(*seeds), s=9, color=color, alpha=0.5, linewidths=0)
+        _scatter_seeds(a1, ps, "seed_accuracy", color)
         if all("per_token" in p for p in ps):
             a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=learner_name(view))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
+            _scatter_seeds(a2, ps, "seed_per_token", color)
     for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%)")):
         a.set_xscale("log")
         a.set_xlabel("training expressions N")
@@ -142,6 +143,13 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     for job in iid_runs(out):
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     return {"points": points}
+
+
+def _scatter_seeds(ax, points: list[dict], key: str, color) -> None:
+    """Each seed's own figure beside a point that averages several seeds."""
+    seeds = [(p["N"], 100 * a) for p in points if p["seeds"] > 1 for a in p[key]]
+    if seeds:
+        ax.scatter(*zip(*seeds), s=9, color=color, alpha=0.5, linewidths=0)
 
 
 class IIDSweep(ExperimentKind):
