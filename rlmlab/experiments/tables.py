@@ -14,6 +14,10 @@ from rlmlab.measuring.results import read_results
 # distribution: the paper reports out-of-domain accuracy only from this plateau on.
 FIT_THRESHOLD = 0.99
 
+# The paper's two learners in the same colours on the accuracy figures of every kind; other
+# views take matplotlib's cycle.
+LEARNER_COLORS = {"rm": "#1f5fa8", "cot": "#c0392b"}
+
 
 def fitted(best_validation: float | None) -> bool:
     """Whether a learner whose best validation final-answer accuracy is this reached the plateau."""

@@ -13,6 +13,7 @@ from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
+    LEARNER_COLORS,
     eval_results,
     learner_name,
     learners,
@@ -115,9 +116,8 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
-    colors = {"rm": "#1f5fa8", "cot": "#c0392b"}
     for view in dict.fromkeys(p["view"] for p in points):
-        color = colors.get(view)
+        color = LEARNER_COLORS.get(view)
         ps = [p for p in points if p["view"] == view]
         if not ps:
             continue

@@ -11,6 +11,7 @@ from rlmlab.experiments.jobs import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
+    LEARNER_COLORS,
     FIT_THRESHOLD,
     eval_results,
     fitted,
@@ -148,7 +149,6 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     xs = list(range(len(rows)))
-    colors = {"rm": "#1f5fa8", "cot": "#c0392b"}
     for v in views:
         pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v) and not (r["ood"] and v in unfit)]
         if not pts:
@@ -158,7 +158,7 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
         lo = [100 * p[1]["ci95"][0] for p in pts]
         hi = [100 * p[1]["ci95"][1] for p in pts]
         label = learner_name(v) + (" (not fitted: in domain only)" if v in unfit else "")
-        line, = ax.plot(x, a, "o-", color=colors.get(v), label=label)
+        line, = ax.plot(x, a, "o-", color=LEARNER_COLORS.get(v), label=label)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
     n_iid = sum(not r["ood"] for r in rows)
     ax.axvline(n_iid - 0.5, color="gray", ls="--", lw=1)
