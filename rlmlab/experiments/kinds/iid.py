@@ -131,8 +131,12 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
             _scatter_seeds(a2, ps, "seed_per_token", color)
+    sizes = sorted({p["N"] for p in points})
     for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%)")):
         a.set_xscale("log")
+        # Log-axis minor labels collide within a decade; label the sizes that ran instead.
+        a.set_xticks(sizes, [f"{n:,}" for n in sizes])
+        a.minorticks_off()
         a.set_xlabel("training expressions N")
         a.set_ylabel(title)
         a.legend()
