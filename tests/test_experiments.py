@@ -106,6 +106,10 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert runs == [["| iid-N100-s0", "RM", "3"], ["| iid-N200-s0", "RM", "3"]]
     assert all(line.endswith("| max_steps |") for line in table.splitlines() if line.startswith("| iid-N"))
     assert (out / "report" / "curves-iid-N200-s0.png").exists()
+    # A run moved out of the folder takes its learning curves out of the report with it.
+    shutil.move(out / "iid-N200-s0", tmp_path / "iid-N200-s0-superseded")
+    assert sorted(p.name for p in report(out).glob("curves-*")) == ["curves-iid-N100-s0.pdf", "curves-iid-N100-s0.png"]
+    shutil.move(tmp_path / "iid-N200-s0-superseded", out / "iid-N200-s0")
     # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
     from rlmlab.experiments.run import run_experiment
 

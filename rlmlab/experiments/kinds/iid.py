@@ -144,7 +144,11 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     for ext in ("png", "pdf"):
         save_figure(fig, dest / f"iid-sample-complexity.{ext}")
     plt.close(fig)
-    for job in iid_runs(out):
+    runs = iid_runs(out)
+    for stale in dest.glob("curves-iid-N*-s*.*"):  # a run folder that was moved away or renamed
+        if stale.stem.removeprefix("curves-") not in runs:
+            stale.unlink()
+    for job in runs:
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     return {"points": points}
 
