@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
@@ -231,6 +231,7 @@ def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu") -> T
         cfg = ModelConfig(**meta["model_config"])
     except (TypeError, RlmlabError) as e:
         raise CheckpointError(f"{ckpt}: bad model config ({e})") from None
+    _check_shapes(cfg, ckpt)
     model = Transformer(cfg)
     try:
         load_model(model, str(ckpt / MODEL_FILE), strict=True)
@@ -240,6 +241,24 @@ def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu") -> T
     if bad:
         raise CheckpointError(f"{ckpt}: {MODEL_FILE} holds non-finite weights ({', '.join(bad[:3])})")
     return model.to(device)
+
+
+def _check_shapes(cfg: ModelConfig, ckpt: Path) -> None:
+    """The weights file holds tensors of the shapes `cfg` builds, read from its header before
+    anything is allocated: a damaged config (a block size of 10^8) must not allocate gigabytes."""
+    try:
+        with safe_open(str(ckpt / MODEL_FILE), "pt") as f:
+            saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{ckpt}: cannot read {MODEL_FILE} ({str(e).splitlines()[0]})") from None
+    if cfg.n_layer > len(saved):  # every layer holds tensors; this bounds the meta model below
+        raise CheckpointError(f"{ckpt}: model config has {cfg.n_layer} layers, {MODEL_FILE} {len(saved)} tensors")
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(cfg).state_dict().items()}
+    for name, shape in saved.items():
+        if name in expected and expected[name] != shape:
+            raise CheckpointError(f"{ckpt}: {MODEL_FILE} does not match its model config "
+                                  f"({name} is {list(shape)}, the config makes {list(expected[name])})")
 
 
 def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> None:
