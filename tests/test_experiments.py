@@ -394,7 +394,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
     run_dir = out / "length-96" / "rm"
     with monkeypatch.context() as m:
-        m.setattr(rlmlab.learning.train, "_stop_on_sigint", ctrl_c_at_once)
+        m.setattr(rlmlab.learning.train, "_stop_on_signals", ctrl_c_at_once)
         assert main(argv) == 130
     # `last` was saved after one step, but a half-trained run is neither done nor evaluated.
     assert json.loads((run_dir / "last" / "checkpoint.json").read_text())["step"] == 1

@@ -122,6 +122,40 @@ def test_resume_equals_uninterrupted(data, tmp_path):
         train(config(), tr, va, tmp_path / "a", **quiet)
 
 
+def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import rlmlab.learning.train as training
+
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    cfg = config(dropout=0.1, max_steps=16, decay_steps=16, eval_every=4)
+    uninterrupted = train(cfg, tr, va, tmp_path / "a", **quiet)
+    step = training.train_step
+    calls = itertools.count(1)
+
+    def terminated_during_step_6(*args, **kwargs):
+        if next(calls) == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler preempting the job would
+        return step(*args, **kwargs)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as m:
+        m.setattr(training, "train_step", terminated_during_step_6)
+        stopped = train(cfg, tr, va, tmp_path / "b", **quiet)
+    assert signal.getsignal(signal.SIGTERM) == before  # restored after the run
+    assert (stopped.step, stopped.stop_reason) == (6, "interrupted")
+    assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == 6
+    assert [r["step"] for r in records(tmp_path / "b", "val")] == [4]  # no validation off the grid
+    resumed = train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+    a, b = records(tmp_path / "a", "val"), records(tmp_path / "b", "val")
+    assert [r["step"] for r in b] == [4, 8, 12, 16]
+    assert [(r["loss"], r["best"]) for r in a] == [(r["loss"], r["best"]) for r in b]
+    assert (resumed.best_step, resumed.best_score) == (uninterrupted.best_step, uninterrupted.best_score)
+    assert load_run(tmp_path / "b", "best").step == uninterrupted.best_step
+
+
 def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data, tmp_path):
     tr, va = data["cot"]
     scores = iter([0.2, 0.6, 0.4])

@@ -13,10 +13,12 @@ target position) and example accuracy (every target of an example right) on held
 of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
 final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
 checkpoint follows `train.select_metric`; training stops on max steps, the wall-clock
-budget, a validation plateau, or Ctrl-C (after finishing the step and saving).
+budget, a validation plateau, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown):
+those finish the step and save `last` without validating, so a stop takes about one step.
 
 Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
-`last` checkpoint, so on CPU a resumed run computes the very losses of an uninterrupted one.
+`last` checkpoint, so on CPU a resumed run computes the very losses, validations and best
+checkpoint of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -270,9 +272,12 @@ class TrainResult:
     val: dict  # the last validation's metrics
 
 
+STOP_SIGNALS = {signal.SIGINT: "interrupt", signal.SIGTERM: "terminated"}
+
+
 @contextmanager
-def _stop_on_sigint(echo):
-    """First Ctrl-C: finish the step, save and stop. Second: abort at once."""
+def _stop_on_signals(echo):
+    """First Ctrl-C or SIGTERM: finish the step, save and stop. A second one: abort at once."""
     flag = {"stop": False}
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -282,13 +287,14 @@ def _stop_on_sigint(echo):
         if flag["stop"]:
             raise KeyboardInterrupt
         flag["stop"] = True
-        echo("\ninterrupt: stopping after this step and saving (Ctrl-C again to abort)")
+        echo(f"\n{STOP_SIGNALS[signum]}: stopping after this step and saving (Ctrl-C again to abort)")
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, was in previous.items():
+            signal.signal(sig, was)
 
 
 class MetricsLog:
@@ -539,7 +545,7 @@ class Trainer:
                   "start": time.perf_counter()}
         self.model.train()
         try:
-            with _stop_on_sigint(self.echo) as interrupt:
+            with _stop_on_signals(self.echo) as interrupt:
                 stop_reason = self.should_stop()  # a resumed run may have nothing left to do
                 while stop_reason is None:
                     t0 = time.perf_counter()
@@ -566,7 +572,9 @@ class Trainer:
                     stop_reason = self.should_stop()
                     if stop_reason is None and st.step % tc.checkpoint_every == 0:
                         self.save("last", self.last_val)
-                if st.last_eval_step != st.step:
+                # A validation off the eval_every grid would make an interrupted run select its
+                # best checkpoint differently from an uninterrupted one.
+                if st.last_eval_step != st.step and stop_reason != "interrupted":
                     self.validate()
                 self.save("last", self.last_val)
             self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
