@@ -257,7 +257,7 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_minutes"] for v in ("rm", "cot"))
               for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
     assert budget == {3_000: (30.0, 45.0), 9_999: (30.0, 45.0), 10_000: (60.0, 120.0), 29_999: (60.0, 120.0),
-                      30_000: (60.0, 240.0), 100_000: (60.0, 240.0)}
+                      30_000: (60.0, 150.0), 100_000: (60.0, 150.0)}
     assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_view's
     for n in (300, 30_000):
         assert _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)["train.max_minutes"] == 7.0
