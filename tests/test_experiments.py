@@ -41,6 +41,12 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
         assert (t["step"], t["best"], t["best_step"], t["stop"]) == \
             (done["step"], done["best_score"], done["best_step"], done["stop_reason"])
     assert [t["view"] for t in saved["training"]] == ["rm", "cot"]
+    for t in saved["training"]:  # every validation logs its own time, so none is left out
+        vals = [json.loads(line) for line in (out / "length-96" / t["view"] / "metrics.jsonl").open()
+                if '"kind": "val"' in line]
+        assert t["validations_untimed"] == 0
+        assert abs(t["validation_minutes"] * 60 - sum(v["val_s"] for v in vals)) < 1e-9
+        assert 0 < t["validation_minutes"] < t["minutes"]
     training = (out / "report" / "table-training.md").read_text()
     for t in saved["training"]:  # each run's validation curve, one line per run
         curve = next(line for line in training.splitlines()

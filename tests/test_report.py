@@ -114,3 +114,22 @@ def test_failure_predictors_join_probe_rows_to_answers_by_id():
     assert 0.4 < p["trace_len"]["auc"] < 0.6
     # A learner invariant throughout (RM) has no predictor to report.
     assert failure_predictors(results, [dict(r, position_differ=0) for r in probe]) is None
+
+
+def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
+    from rlmlab.experiments.tables import training_table, validation_seconds
+
+    recs = [{"kind": "train", "step": 10, "elapsed_s": 5.0},
+            {"kind": "val", "step": 10, "val_s": 2.5, "elapsed_s": 7.5},
+            # Written before `val_s` existed: the gap from the training record at its step.
+            {"kind": "train", "step": 20, "elapsed_s": 12.0},
+            {"kind": "val", "step": 20, "elapsed_s": 16.0},
+            # Off the logging grid (a budget's end): its time is unknown, not guessed.
+            {"kind": "train", "step": 30, "elapsed_s": 20.0},
+            {"kind": "val", "step": 33, "elapsed_s": 25.0}]
+    assert validation_seconds(recs) == (6.5, 1)
+    assert validation_seconds(recs[:4]) == (6.5, 0)
+    row = {"job": "toy", "view": "cot", "step": 33, "tokens": 1e6, "epochs": 1.0, "minutes": 25.0,
+           "best": 0.5, "best_step": 30, "stop": "max_minutes", "validations": []}
+    assert "| 25 | ≥ 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 1}])
+    assert "| 25 | 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 0}])

@@ -166,6 +166,26 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     return drawn
 
 
+def validation_seconds(recs: list[dict]) -> tuple[float, int]:
+    """Wall seconds spent validating, and how many validations that sum leaves out.
+
+    A validation's time is its logged `val_s`. Records written before that field existed give
+    it as the gap from the training record logged just before it at the same step (the trainer
+    logs, then validates); a validation off that grid (the one a budget's end triggers) has
+    neither and is counted as left out."""
+    seconds, unknown = 0.0, 0
+    for before, r in zip([{}] + recs, recs):
+        if r.get("kind") != "val":
+            continue
+        if "val_s" in r:
+            seconds += r["val_s"]
+        elif before.get("kind") == "train" and before.get("step") == r.get("step") and "elapsed_s" in r:
+            seconds += r["elapsed_s"] - before["elapsed_s"]
+        else:
+            unknown += 1
+    return seconds, unknown
+
+
 def training_summary(run_dir: Path) -> dict:
     """Steps, tokens, epochs, minutes and best validation answer accuracy of a run, finished or not."""
     recs = metrics_records(run_dir)
@@ -173,9 +193,11 @@ def training_summary(run_dir: Path) -> dict:
     best = max(val, key=lambda r: r["answer_acc"], default=None)
     last = recs[-1] if recs else {}
     ended = last.get("kind") == "end"
+    val_s, val_unknown = validation_seconds(recs)
     return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
             "epochs": max((r.get("epoch", 0) for r in recs), default=0),
-            "minutes": last.get("elapsed_s", 0) / 60, "best": best and best["answer_acc"],
+            "minutes": last.get("elapsed_s", 0) / 60, "validation_minutes": val_s / 60,
+            "validations_untimed": val_unknown, "best": best and best["answer_acc"],
             "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
             "resumed_at": [r["step"] for r in recs if r.get("kind") == "resume"],
             "extended_at": [r["step"] for r in extensions(recs)],
@@ -189,11 +211,13 @@ def _epochs(e: float) -> str:
 
 def training_table(summaries: list[dict]) -> str:
     """Markdown table of `training_summary` records (each with its `job` and `view`)."""
-    md = ["| run | learner | steps | training tokens | epochs | minutes | best val final answer (%) | at step | stop |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| run | learner | steps | training tokens | epochs | minutes | of which validating | "
+          "best val final answer (%) | at step | stop |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for t in summaries:
+        validating = ("≥ " if t["validations_untimed"] else "") + f"{t['validation_minutes']:.0f}"
         md.append(f"| {t['job']} | {learner_name(t['view'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
-                  f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {pct(t['best'])} | "
+                  f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {validating} | {pct(t['best'])} | "
                   f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
     curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
@@ -202,7 +226,8 @@ def training_table(summaries: list[dict]) -> str:
         f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ()) else "") for s in t["resumed_at"])
         for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
-            "`minutes` is wall-clock training time, validation included):\n\n" + "\n".join(md) + "\n"
+            "`minutes` is wall-clock training time, validation included; ≥ where a validation's time was "
+            "not logged):\n\n" + "\n".join(md) + "\n"
             + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or to extend "
                "the budget):\n\n" + "\n".join(resumed) + "\n" if resumed else "")
             + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"

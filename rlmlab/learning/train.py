@@ -523,9 +523,10 @@ class Trainer:
         if improved:
             st.best_score, st.best_step = metrics[name], st.step
             self.save("best", metrics)
-        self.eval_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.eval_s += seconds
         self.n_evals += 1
-        self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved,
+        self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved, "val_s": round(seconds, 3),
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         self.last_val = metrics
         return metrics
