@@ -178,6 +178,23 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
     assert losses["h"] == losses["n"]
 
 
+def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
+    tr, va = data["rm"]
+
+    def slow_validate(model, vocab, view):
+        time.sleep(1.0)
+        return {"answer_acc": 0.5}
+
+    train(config(max_steps=6, eval_every=2, log_every=2), tr, va, tmp_path / "v", validate_fn=slow_validate,
+          progress=False, echo=lambda s: None)
+    logged = records(tmp_path / "v", "train")
+    assert [r["step"] for r in logged] == [2, 4, 6]
+    for before, after in itertools.pairwise(logged):
+        wall_s = after["elapsed_s"] - before["elapsed_s"]  # holds one validation, so over a second
+        step_s = (after["tokens"] - before["tokens"]) / after["tok_s"]
+        assert wall_s > 1.0 and 0 < step_s < wall_s - 0.9
+
+
 def test_stopping_rules(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)

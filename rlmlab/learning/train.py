@@ -541,9 +541,9 @@ class Trainer:
 
             bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.view}",
                        dynamic_ncols=True)
-        # Losses carry over a resume; tok/s is this session's own.
-        window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "tokens": 0,
-                  "start": time.perf_counter()}
+        # Losses carry over a resume; tok/s is this session's own and counts training steps only,
+        # so that a validation or a checkpoint save inside the window does not read as a slowdown.
+        window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "tokens": 0, "step_s": 0.0}
         self.model.train()
         try:
             with _stop_on_signals(self.echo) as interrupt:
@@ -558,6 +558,7 @@ class Trainer:
                                                         self.device)
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
                     self.step_times.append(time.perf_counter() - t0)
+                    window["step_s"] += self.step_times[-1]
                     window["loss"] += loss
                     window["steps"] += 1
                     window["tokens"] += n_tok
@@ -593,7 +594,7 @@ class Trainer:
 
     def _log_train(self, window: dict, lr: float, grad_norm: float, bar) -> None:
         st = self.state
-        tok_s = window["tokens"] / max(time.perf_counter() - window["start"], 1e-9)
+        tok_s = window["tokens"] / max(window["step_s"], 1e-9)
         loss = window["loss"] / window["steps"]
         epoch = st.stream["epoch"] + st.stream["cursor"] / max(1, self.rows_per_epoch)
         self.log.write({"kind": "train", "step": st.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -601,7 +602,7 @@ class Trainer:
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
-        window.update(loss=0.0, steps=0, tokens=0, start=time.perf_counter())
+        window.update(loss=0.0, steps=0, tokens=0, step_s=0.0)
 
 
 def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
