@@ -258,7 +258,8 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     cot, rm = _iid_settings(preset, 300, "cot", seed=0), _iid_settings(preset, 300, "rm", seed=0)
     assert (cot["train.max_minutes"], rm["train.max_minutes"]) == (45.0, 30.0)
     assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
-    assert (rm["train.patience"], cot["train.patience"]) == (5, None) and cot["train.weight_decay"] == 0.0
+    # Both learners train their whole budget, as in the paper's timeout protocol.
+    assert (rm["train.patience"], cot["train.patience"]) == (None, None) and cot["train.weight_decay"] == 0.0
     # Settings per size apply from their size on, the larger threshold over the smaller.
     budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_minutes"] for v in ("rm", "cot"))
               for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
@@ -272,10 +273,10 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_minutes"] == 60.0
     # --learner-setting edits a size's entry, or adds a size.
     changed = preset.with_learner_settings(["iid_per_size.30000.cot.train.max_minutes=300",
-                                            "iid_per_size.1000.rm.train.patience=none"])
+                                            "iid_per_size.1000.rm.train.patience=4"])
     assert _iid_settings(changed, 30_000, "cot", seed=0)["train.max_minutes"] == 300.0
     assert _iid_settings(changed, 10_000, "cot", seed=0)["train.max_minutes"] == 120.0
-    assert [_iid_settings(changed, n, "rm", seed=0)["train.patience"] for n in (300, 1_000)] == [5, None]
+    assert [_iid_settings(changed, n, "rm", seed=0)["train.patience"] for n in (300, 1_000)] == [None, 4]
 
 
 def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
@@ -443,6 +444,32 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     assert "not extended: it ran out of max_steps=5" in capsys.readouterr().err
     assert json.loads((run_dir / "done.json").read_text())["step"] == 5
     assert json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"][-1] == "--extend"
+
+
+def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_path, capsys):
+    out = tmp_path / "length"
+    # min_delta 10 counts no validation after the first as an improvement: a plateau stop at the
+    # second validation (step 4), well inside the step budget.
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm", "--max-steps", "12",
+            "--learner-setting", "per_view.rm.train.min_delta=10"]
+    run_dir = out / "length-96" / "rm"
+    assert main([*argv, "--preset.patience=1"]) == 0
+    assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "plateau"
+    assert json.loads((run_dir / "done.json").read_text())["step"] == 4
+    capsys.readouterr()
+    assert main([*argv, "--preset.patience=1", "--extend"]) == 0
+    assert "not extended: it stopped on patience=1 and the patience asked for now is 1" in capsys.readouterr().err
+    assert main([*argv, "--preset.patience=2", "--extend"]) == 0
+    done = json.loads((run_dir / "done.json").read_text())
+    assert (done["step"], done["stop_reason"]) == (6, "plateau")  # one more stalled validation allowed
+    assert json.loads((run_dir / "superseded-step4" / "done.json").read_text())["step"] == 4
+    assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 6
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if r["kind"] in ("end", "resume")] == [4, 4, 6]
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-training.md").read_text()
+    assert "- length-96 RM: at step 4 (after a plateau stop, with a larger patience)\n" in table
+    assert "budget extended" not in table  # its schedule did not restart
 
 
 def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):

@@ -48,7 +48,8 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
     p.add_argument("--extend", action="store_true",
                    help="continue finished runs whose budget ran out to the larger budget now asked for "
-                        "(--minutes, --max-steps); their evaluations, probes and frame tables move to "
+                        "(--minutes, --max-steps), and runs stopped on a plateau when the patience now "
+                        "asked for is larger or none; their evaluations, probes and frame tables move to "
                         "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")

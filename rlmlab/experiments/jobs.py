@@ -48,26 +48,34 @@ RUN_OUTPUTS = ("done.json", "eval", "probe", "frames")
 
 
 def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
-    """Reopen a finished run whose time or step budget ran out when `settings` now ask for a
-    larger one: its outputs (done.json, evaluations, probes, frame tables) move to
+    """Reopen a finished run when `settings` now allow it more: a larger time or step budget
+    than the one that ran out, or a larger patience (or none) than the one that stopped it on a
+    plateau. Its outputs (done.json, evaluations, probes, frame tables) move to
     `superseded-step<N>/` in the run folder, so that the run resumes from `last` and is evaluated
     afresh. Returns why it stays finished, or None when it was reopened.
 
-    The learning rate follows the cosine to the horizon of the new budget, so an extended run
+    After a larger budget the learning rate follows the cosine to the new horizon, so the run
     restarts warm from where the old schedule ended; it is not the run a larger budget would
-    have made from the start."""
+    have made from the start. After a plateau stop the budget and its schedule are unchanged,
+    so the run goes on as the new patience would have let it."""
+    from rlmlab.learning.config import TrainConfig
+
     try:
         done = json.loads((run_dir / "done.json").read_text())
         saved = json.loads((run_dir / "config.json").read_text())["train"]
         reason = done.get("stop_reason")
     except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
-    if reason not in ("max_minutes", "max_steps"):
-        return f"it stopped on {reason}, not on its budget"
-    key = reason
-    asked = settings.get(f"train.{key}")
-    if asked is None or saved.get(key) is None or asked <= saved[key]:
-        return f"it ran out of {key}={saved.get(key)} and the budget asked for now is {key}={asked}"
+    if reason == "plateau":
+        asked = settings.get("train.patience", TrainConfig.patience)
+        if asked is not None and (saved.get("patience") is None or asked <= saved["patience"]):
+            return f"it stopped on patience={saved.get('patience')} and the patience asked for now is {asked}"
+    elif reason in ("max_minutes", "max_steps"):
+        asked = settings.get(f"train.{reason}")
+        if asked is None or saved.get(reason) is None or asked <= saved[reason]:
+            return f"it ran out of {reason}={saved.get(reason)} and the budget asked for now is {reason}={asked}"
+    else:
+        return f"it stopped on {reason}, not on its budget or patience"
     keep = run_dir / f"superseded-step{done.get('step')}"
     if keep.exists():
         raise DataError(f"{keep} exists already: move it away to extend {run_dir} again from that step")

@@ -116,12 +116,13 @@ def metrics_records(run_dir: Path) -> list[dict]:
     return recs
 
 
-def extensions(records: list[dict]) -> list[dict]:
-    """The resume records where a run that had finished was given a larger budget (`rlmlab run
-    --extend`): those that follow an `end` record not caused by an interruption. Under a time
-    budget the learning rate restarts there along the longer cosine."""
+def extensions(records: list[dict], reasons: tuple[str, ...] = ("max_minutes", "max_steps")) -> list[dict]:
+    """The resume records where a finished run was reopened (`rlmlab run --extend`): those that
+    follow an `end` record for one of `reasons`. By default the budget extensions, where under a
+    time budget the learning rate restarts along the longer cosine; with ("plateau",) the runs
+    reopened with a larger patience, which go on along their old schedule."""
     return [r for prev, r in zip(records, records[1:]) if prev.get("kind") == "end"
-            and prev.get("reason") != "interrupted" and r.get("kind") == "resume"]
+            and prev.get("reason") in reasons and r.get("kind") == "resume"]
 
 
 def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
@@ -201,6 +202,7 @@ def training_summary(run_dir: Path) -> dict:
             "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
             "resumed_at": [r["step"] for r in recs if r.get("kind") == "resume"],
             "extended_at": [r["step"] for r in extensions(recs)],
+            "patience_lifted_at": [r["step"] for r in extensions(recs, ("plateau",))],
             "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
                             for r in val]}
 
@@ -223,12 +225,14 @@ def training_table(summaries: list[dict]) -> str:
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
     resumed = [f"- {t['job']} {learner_name(t['view'])}: at step " + ", ".join(
-        f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ()) else "") for s in t["resumed_at"])
+        f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ())
+                    else " (after a plateau stop, with a larger patience)" if s in t.get("patience_lifted_at", ())
+                    else "") for s in t["resumed_at"])
         for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
             "`minutes` is wall-clock training time, validation included; ≥ where a validation's time was "
             "not logged):\n\n" + "\n".join(md) + "\n"
-            + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or to extend "
-               "the budget):\n\n" + "\n".join(resumed) + "\n" if resumed else "")
+            + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or reopened "
+               "with a larger budget or patience):\n\n" + "\n".join(resumed) + "\n" if resumed else "")
             + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"
                + "\n".join(curves) + "\n" if curves else ""))
