@@ -472,6 +472,18 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
     assert "budget extended" not in table  # its schedule did not restart
 
 
+@pytest.mark.parametrize("config", ['{"train": 3}', '{"train": {"patience": "5"}}', '{"train": {"max_minutes": [1]}}',
+                                    '{"data": {}}', '[]', '{"train": '])
+def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
+    from rlmlab.experiments.jobs import reopen_to_extend
+
+    (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "plateau"}')
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(DataError, match="done.json or config.json is not what `rlmlab run` writes"):
+        reopen_to_extend(tmp_path, {"train.patience": None, "train.max_minutes": 9})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["config.json", "done.json"]  # nothing moved
+
+
 def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
     from rlmlab.experiments.jobs import reopen_to_extend
 

@@ -64,6 +64,9 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
         done = json.loads((run_dir / "done.json").read_text())
         saved = json.loads((run_dir / "config.json").read_text())["train"]
         reason = done.get("stop_reason")
+        if not isinstance(saved, dict) or not all(
+                isinstance(saved.get(key), (int, float, type(None))) for key in ("patience", "max_minutes", "max_steps")):
+            raise TypeError
     except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
     if reason == "plateau":
