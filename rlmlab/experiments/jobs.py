@@ -103,8 +103,8 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
 
 def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
-    run that finished on its budget continues when the job now asks for a larger one
-    (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
+    finished run continues when the job now asks for a larger budget than the one it ran out
+    of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
     views and subset twice) is refused rather than trained twice at once."""
     from rlmlab.experiments.folder import folder_lock
 
