@@ -90,6 +90,16 @@ def test_a_larger_step_budget_keeps_the_schedule_fixed_at_the_start(data, tmp_pa
     assert meta["trainer"]["schedule_steps"] == 8
 
 
+def test_another_thread_count_trains_the_same_steps_at_the_same_rates(data, tmp_path):
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    for threads in (1, 2):
+        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet)
+    one, two = records(tmp_path / "1", "train"), records(tmp_path / "2", "train")
+    assert [(r["step"], r["lr"], r["tokens"]) for r in one] == [(r["step"], r["lr"], r["tokens"]) for r in two]
+    assert [r["step"] for r in one] == list(range(1, 11))
+
+
 def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
     tr, va = data["cot"]
     quiet = dict(progress=False, echo=lambda s: None)
