@@ -1,4 +1,4 @@
-"""`rlmlab run iid|length|depth|shortcuts --preset NAME --out DIR`: one experiment, end to end.
+"""`rlmlab run iid|length|depth|sweep|shortcuts --preset NAME --out DIR`: one experiment, end to end.
 
 Builds the data, trains both learners, evaluates them and writes per-expression results and
 summaries; a re-run skips what is finished and resumes an interrupted training run, and with
@@ -34,6 +34,19 @@ def register(sub) -> None:
     p.add_argument("--views", default=",".join(PAPER_LEARNERS),
                    help="learners to run, comma-separated training views (default rm,cot; any view of "
                         "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
+    p.add_argument("--lengths", default=None,
+                   help="sweep only: comma-separated length thresholds L (default, with no --depths: the paper's "
+                        "33,96,197,359,595,1060,1345,1839); runs on different thresholds or learners may share --out")
+    p.add_argument("--depths", default=None,
+                   help="sweep only: comma-separated depth thresholds K (default, with no --lengths: the paper's "
+                        "3,5,7,9,10)")
+    p.add_argument("--plan", action="store_true",
+                   help="sweep only: print the sizing of each threshold (training expressions and tokens per "
+                        "epoch, widest frame and longest trace against the model's tables, decoding cost, CPU "
+                        "hours at this command's step budgets) and exit without writing anything")
+    p.add_argument("--pool", default=None,
+                   help="with --plan: the pool parquet to size from (default: <out>/data's pool if built, else "
+                        "the preset's pool sampled in memory)")
     p.add_argument("--constructions", default=None,
                    help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
                         "different subsets may share --out (e.g. one per core)")
@@ -93,7 +106,7 @@ def run(args) -> int:
         if "/" in v:
             raise ConfigError(f"--views: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
-    for option in ("threshold", "constructions", "sizes", "seeds"):
+    for option in ("threshold", "constructions", "sizes", "seeds", "lengths", "depths"):
         if getattr(args, option) is not None and option not in kind.options:
             takes = [name for name in RUNNABLE if option in get_kind(name).options]
             raise ConfigError(f"--{option} applies to `rlmlab run {'|'.join(takes)}` only")
@@ -103,6 +116,12 @@ def run(args) -> int:
         if not constructions:
             raise ConfigError("--constructions: no construction given")
     sizes = _integers("--sizes", args.sizes, least=1)
+    lengths = _integers("--lengths", args.lengths, least=1)
+    depths = _integers("--depths", args.depths, least=1)
+    if (args.plan or args.pool is not None) and args.kind != "sweep":
+        raise ConfigError("--plan and --pool apply to `rlmlab run sweep` only")
+    if args.pool is not None and not args.plan:
+        raise ConfigError("--pool applies with --plan only")
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
@@ -114,16 +133,22 @@ def run(args) -> int:
     preset = (preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
               .with_learner_settings(args.learner_setting))
     out = Path(args.out)
+    if args.plan:
+        from rlmlab.experiments.sizing import plan_sweep
+
+        print(plan_sweep(preset, out, views, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
+                               if k in ("threshold", "lengths", "depths", "views", "constructions", "sizes", "seeds", "minutes",
+                                        "max_steps",
                                         "threads", "ray_address")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
+                   lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
     return 0

@@ -34,9 +34,20 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     meta = read_meta(src)
     if dest == src or src in dest.parents:
         raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    old_commands, new_commands = _lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl")
     if (dest / "experiment.json").exists():
-        meta = merge_meta(read_meta(dest), meta, dest)
-    commands = merge_commands(_lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl"))
+        old = read_meta(dest)
+        # A folder of one kind may hold another kind's runs as they are (a threshold sweep, a
+        # single-threshold experiment): the two merge under the kind that holds the other.
+        if old["kind"] != meta["kind"]:
+            if (absorbed := get_kind(old["kind"]).absorb(meta)) is not None:
+                new_commands = [get_kind(old["kind"]).absorb_command(line, meta) for line in new_commands]
+                meta = absorbed
+            elif (absorbed := get_kind(meta["kind"]).absorb(old)) is not None:
+                old_commands = [get_kind(meta["kind"]).absorb_command(line, old) for line in old_commands]
+                old = absorbed
+        meta = merge_meta(old, meta, dest)
+    commands = merge_commands(old_commands, new_commands)
     copied = size = checkpoints = data_files = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)

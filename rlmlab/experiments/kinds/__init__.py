@@ -7,10 +7,12 @@ from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.iid import IIDSweep
 from rlmlab.experiments.kinds.recipe import RecipeComparison
 from rlmlab.experiments.kinds.shortcuts import ShortcutSuite
+from rlmlab.experiments.kinds.sweep import ThresholdSweep
 from rlmlab.experiments.kinds.threshold import ThresholdSplit
 
 KINDS: dict[str, ExperimentKind] = {k.name: k for k in (
-    ThresholdSplit("length"), ThresholdSplit("depth"), IIDSweep(), ShortcutSuite(), RecipeComparison())}
+    ThresholdSplit("length"), ThresholdSplit("depth"), ThresholdSweep(), IIDSweep(), ShortcutSuite(),
+    RecipeComparison())}
 RUNNABLE = tuple(name for name, k in KINDS.items() if k.runnable)
 """The kinds `rlmlab run` plans."""
 

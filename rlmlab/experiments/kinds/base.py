@@ -51,6 +51,17 @@ class ExperimentKind(ABC):
         same `identity`)."""
         return dict(new)
 
+    def absorb(self, meta: dict) -> dict | None:
+        """Another kind's experiment description (`meta`) as one of this kind, when a folder of
+        this kind can hold that experiment's runs as they are (a threshold sweep holds a
+        single-threshold experiment of the same preset); else None. `rlmlab export` merges such
+        an experiment into a folder of this kind."""
+        return None
+
+    def absorb_command(self, line: str, meta: dict) -> str:
+        """A line of an absorbed experiment's commands.jsonl, as this kind's command for the same runs."""
+        return line
+
     def check_meta(self, meta: dict, path: Path) -> None:
         for key, kind in self.meta_fields.items():
             if not isinstance(meta.get(key), kind):

@@ -1,0 +1,332 @@
+"""The threshold sweep (the paper's appendix "Threshold splits"): the length and depth splits at
+several thresholds in one folder, one job per threshold and learner, with a figure of accuracy
+against the threshold.
+
+A sweep folder has the layout of the single-threshold experiments side by side: job
+`length-595` trains on `data/length-595/` exactly as `rlmlab run length --threshold 595` does
+(same split, same settings), so a finished single-threshold experiment of the same preset and
+pool joins a sweep without retraining (`rlmlab export SINGLE SWEEP`, `absorb`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
+from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.threshold import report_threshold
+from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.tables import (
+    FIT_THRESHOLD,
+    LEARNER_COLORS,
+    eval_results,
+    fitted,
+    learner_name,
+    learners,
+    pct,
+    save_figure,
+    training_runs,
+    training_summary,
+)
+from rlmlab.measuring.stats import accuracy
+
+SPLIT_KINDS = ("length", "depth")
+UNIT = {"length": "L", "depth": "K"}
+
+# What the runs of a sweep share, besides the kind: the model and the data every split is
+# drawn from. Budgets may differ between thresholds (each run's config.json has its own).
+SHARED_PRESET_FIELDS = ("model", "pool_n", "pool_seed", "per_bin_cap", "n_val", "n_train")
+
+
+def shared(p: ExperimentPreset) -> dict:
+    """What every run of a sweep shares (`SHARED_PRESET_FIELDS`), as experiment.json records it."""
+    return {f: getattr(p, f) for f in SHARED_PRESET_FIELDS}
+
+
+def job_name(kind: str, threshold: int) -> str:
+    """The job (and data folder) of one threshold: the name the single-threshold experiment gives it."""
+    return f"{kind}-{threshold}"
+
+
+def parse_job(name: str) -> tuple[str, int]:
+    """(kind, threshold) of a job name written by `job_name`."""
+    kind, _, value = name.partition("-")
+    if kind not in SPLIT_KINDS or not value.isdigit() or int(value) < 1:
+        raise DataError(f"{name!r} is not a threshold job (length-L or depth-K)")
+    return kind, int(value)
+
+
+def ordered_jobs(names) -> list[str]:
+    """Length thresholds first, then depth, each increasing."""
+    return sorted(names, key=lambda n: (SPLIT_KINDS.index(parse_job(n)[0]), parse_job(n)[1]))
+
+
+def sweep_points(out: Path, meta: dict) -> list[dict]:
+    """Per (split, threshold, learner) with evaluation results: below-threshold accuracy (the
+    held-out IID bins pooled), the accuracy of every out-of-domain bin (None where the learner
+    did not fit: best validation below `FIT_THRESHOLD`), best validation and T_max."""
+    points = []
+    for job in ordered_jobs(meta["splits"]):
+        kind, threshold = parse_job(job)
+        split = meta["splits"][job]
+        runs = training_runs(out, job)
+        for view in learners(out, [job]):
+            res = eval_results(out, job, view, "eval")
+            if res is None:
+                continue
+            best = training_summary(runs[view])["best"] if view in runs else None
+            ok = fitted(best)
+            ood = {}
+            for b in split["bins"]:
+                if not b["ood"]:
+                    continue
+                in_bin = [r for r in res if r.get("bin") == b["label"]]
+                ood[b["label"]] = accuracy(in_bin) if in_bin and ok else None
+            below = [r for r in res if r.get("ood") is False]
+            points.append({"split": kind, "threshold": threshold, "job": job, "view": view, "best_validation": best,
+                           "fitted": ok, "t_max": split.get("t_max"), "n_train": split.get("n_train"),
+                           "below": accuracy(below) if below else None, "ood": ood,
+                           "n": {b["label"]: b["sampled"] for b in split["bins"]}})
+    return points
+
+
+def sweep_table(kind: str, points: list[dict]) -> str:
+    """The compact Markdown table of one split's sweep: a row per threshold and learner."""
+    points = [p for p in points if p["split"] == kind]
+    if not points:
+        return ""
+    labels = list(points[0]["ood"])
+    unit = UNIT[kind]
+    md = [f"| {unit} | learner | training expr. | T_max | best val. (%) | below {unit} (%) | "
+          + " | ".join(f"×{lab}" for lab in labels) + " |", "|---" * (6 + len(labels)) + "|"]
+    last = None
+    for p in points:
+        if last is not None and last != p["threshold"]:
+            md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
+        last = p["threshold"]
+        cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
+                 for lab in labels]
+        md.append(f"| {p['threshold']} | {learner_name(p['view'])} | {p['n_train']:,} | {p['t_max']} | "
+                  f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
+                  + " | ".join(cells) + " |")
+    md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
+    return "\n".join(md) + "\n"
+
+
+def _n_row(threshold: int, p: dict, labels: list[str]) -> str:
+    below = sum(n for lab, n in p["n"].items() if lab not in p["ood"])
+    return (f"| {threshold} | n | | | | {below} | " + " | ".join(str(p["n"][lab]) for lab in labels) + " |")
+
+
+def sweep_tex(kind: str, points: list[dict]) -> str:
+    points = [p for p in points if p["split"] == kind]
+    labels = list(points[0]["ood"])
+    unit = UNIT[kind]
+    tex = [r"\begin{tabular}{@{}rl*{%d}{c}@{}}" % (1 + len(labels)), r"\toprule",
+           rf"${unit}$ & learner & below ${unit}$ & "
+           + " & ".join(r"$\times " + lab.replace("<=", r"\le ").replace(">=", r"\ge ").replace("-", "$--$") + "$"
+                        for lab in labels) + r" \\", r"\midrule"]
+    for p in points:
+        cells = [("n.f." if not p["fitted"] else "--") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
+                 for lab in labels]
+        tex.append(f"{p['threshold']} & {learner_name(p['view'])} & {pct(p['below'] and p['below']['accuracy'])} & "
+                   + " & ".join(cells) + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(tex).replace("–", "--") + "\n"
+
+
+LEARNER_STYLES = {"rm": ("-", "o"), "cot": ("--", "^")}
+
+
+def plot_sweep(path: Path, points: list[dict]) -> None:
+    """Accuracy against the threshold, one panel per split present: below the threshold (the
+    learner's colour, thick) and every out-of-domain bin (a colour per bin, from the nearest to
+    the farthest), a line style per learner. A learner that did not fit at a threshold has no
+    out-of-domain point there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    kinds = [k for k in SPLIT_KINDS if any(p["split"] == k for p in points)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds) + 2.2, 4.2), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, kind in zip(axes[0], kinds):
+        ps = [p for p in points if p["split"] == kind]
+        labels = list(ps[0]["ood"])
+        views = list(dict.fromkeys(p["view"] for p in ps))
+        handles = []
+        for i, view in enumerate(views):
+            ls, marker = LEARNER_STYLES.get(view, (":", "s"))
+            mine = [p for p in ps if p["view"] == view]
+            xs = [p["threshold"] for p in mine if p["below"]]
+            ys = [100 * p["below"]["accuracy"] for p in mine if p["below"]]
+            color = LEARNER_COLORS.get(view, f"C{i}")
+            ax.plot(xs, ys, ls=ls, marker=marker, color=color, lw=2.4, ms=6)
+            for j, lab in enumerate(labels):
+                pts = [(p["threshold"], 100 * p["ood"][lab]["accuracy"]) for p in mine if p["ood"][lab]]
+                if pts:
+                    ax.plot(*zip(*pts), ls=ls, marker=marker, color=cmap(j / max(1, len(labels) - 1)), lw=1.2,
+                            ms=4, alpha=0.9)
+            unfit = [p["threshold"] for p in mine if not p["fitted"]]
+            handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
+                                  label=learner_name(view) + (f" (not fitted at {', '.join(map(str, unfit))})"
+                                                              if unfit else "")))
+        handles.append(Line2D([], [], color="grey", lw=2.4, label=f"below {UNIT[kind]} (learner's colour)"))
+        handles += [Line2D([], [], color=cmap(j / max(1, len(labels) - 1)), lw=1.2, label=f"×{lab}")
+                    for j, lab in enumerate(labels)]
+        thresholds = sorted({p["threshold"] for p in ps})
+        if kind == "length":
+            ax.set_xscale("log")
+        ax.set_xticks(thresholds, [str(t) for t in thresholds])
+        ax.minorticks_off()
+        ax.set_xlabel(f"{kind} threshold {UNIT[kind]}")
+        ax.set_ylabel("final-answer accuracy (%)")
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"{kind} split: accuracy against the threshold")
+        ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        save_figure(fig, path.with_suffix(f".{ext}"))
+    plt.close(fig)
+
+
+def report_sweep(out: Path, meta: dict, dest: Path) -> dict:
+    per_job = []
+    for job in ordered_jobs(meta["splits"]):
+        kind, threshold = parse_job(job)
+        if not learners(out, [job]):
+            continue
+        per_job.append(report_threshold(out, {"kind": kind, "threshold": threshold, "split": meta["splits"][job]},
+                                        dest, job))
+    if not per_job:
+        raise DataError(f"{out}: no evaluation results yet (run `rlmlab run sweep` first)")
+    points = sweep_points(out, meta)
+    md = ("Accuracy (%) against the threshold: below the threshold (its three held-out bins pooled) and per "
+          "out-of-domain bin (multiple of the threshold). Out-of-domain cells only for learners whose best "
+          f"validation final-answer accuracy reached {100 * FIT_THRESHOLD:.0f}%; per-threshold tables in "
+          "table-<split>-<threshold>.md.\n")
+    tex = ""
+    for kind in SPLIT_KINDS:
+        if any(p["split"] == kind for p in points):
+            md += f"\n{kind.capitalize()} split:\n\n" + sweep_table(kind, points)
+            tex += sweep_tex(kind, points)
+    (dest / "table-sweep.md").write_text(md)
+    (dest / "table-sweep.tex").write_text(tex)
+    plot_sweep(dest / "sweep", points)
+    return {"thresholds": per_job, "sweep": points}
+
+
+class ThresholdSweep(ExperimentKind):
+    """Length thresholds (`lengths`) and depth thresholds (`depths`) in one folder."""
+
+    name = "sweep"
+    options = ("lengths", "depths")
+    meta_fields = {"splits": dict, "shared": dict}
+
+    def identity(self, meta: dict) -> dict:
+        return {"kind": meta.get("kind"), "shared": meta.get("shared")}
+
+    def planned_identity(self, preset, lengths=None, depths=None) -> dict:
+        return {"kind": self.name, "shared": shared(preset)}
+
+    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, lengths=None,
+             depths=None) -> list[Job]:
+        """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths). Runs on
+        other thresholds or learners may share the folder: its experiment.json lists the split of
+        every threshold any of them planned."""
+        from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS, Split, threshold_split
+
+        p = preset
+        if lengths is None and depths is None:
+            lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
+        for ts in (lengths, depths):
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in ts or ()):
+                raise ConfigError(f"thresholds must be positive integers, got {list(ts)!r}")
+        wanted = [job_name(k, t) for k, ts in (("length", lengths), ("depth", depths)) for t in dict.fromkeys(ts or ())]
+        asked = {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap, "n_train_requested": p.n_train}
+        splits = dict(read_meta(out)["splits"]) if (out / "experiment.json").exists() else {}
+        jobs = []
+        pool = None
+        for name in wanted:
+            kind, threshold = parse_job(name)
+            data = out / "data" / name
+            complete = all((data / f"{t}.parquet").exists() for t in ("train", "val", "eval"))
+            if not ((data / "split.json").exists() and complete):
+                # An export keeps split.json and leaves the parquet files out; the split is a
+                # function of the pool and the parameters, so it is rebuilt and must come out the same.
+                pool = pool if pool is not None else load_pool(p, out, progress)
+                built = threshold_split(pool, kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+                                        n_train=p.n_train)
+                if name in splits and splits[name] != built.params:
+                    raise DataError(f"{out}: the split {name} rebuilt from the pool differs from the one its "
+                                    "experiment.json records; use another --out")
+                built.save(data)
+            split = Split.load(data)
+            check_split(data, split.params, p, asked)
+            splits[name] = split.params
+            jobs += [Job(name, v, str(data / "train.parquet"), str(data / "val.parquet"),
+                         {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in views]
+        write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))})
+        return jobs
+
+    def job_names(self, out: Path, meta: dict) -> list[str]:
+        return ordered_jobs(meta["splits"])
+
+    def report(self, out: Path, meta: dict, dest: Path) -> dict:
+        return report_sweep(out, meta, dest)
+
+    def check_meta(self, meta: dict, path: Path) -> None:
+        super().check_meta(meta, path)
+        for name, split in meta["splits"].items():
+            try:
+                parse_job(name)
+            except DataError:
+                raise DataError(f"{path}: {name!r} is not a threshold split (length-L or depth-K)") from None
+            if not (isinstance(split, dict) and isinstance(split.get("bins"), list)):
+                raise DataError(f"{path}: the split {name} has no bins")
+
+    def merge_meta(self, old: dict, new: dict) -> dict:
+        for name in set(old["splits"]) & set(new["splits"]):
+            if old["splits"][name] != new["splits"][name]:
+                raise DataError(f"the split {name} differs between the two sweeps (another pool or other sizes)")
+        return {**new, "splits": dict(sorted({**old["splits"], **new["splits"]}.items()))}
+
+    def absorb(self, meta: dict) -> dict | None:
+        """A single-threshold experiment's description as a sweep holding its one split, so that
+        its results join a sweep folder (`rlmlab export SINGLE SWEEP`)."""
+        if meta.get("kind") not in SPLIT_KINDS:
+            return None
+        preset = meta.get("preset") or {}
+        return {"kind": self.name, "preset": preset, "shared": {f: preset.get(f) for f in SHARED_PRESET_FIELDS},
+                "splits": {job_name(meta["kind"], int(meta["threshold"])): meta["split"]}}
+
+    def absorb_command(self, line: str, meta: dict) -> str:
+        """A stored `rlmlab run length|depth` command line of an absorbed experiment (`meta`) as
+        the `rlmlab run sweep` command that trains the same job; the original is kept beside it
+        under "imported"."""
+        import json
+
+        try:
+            argv = json.loads(line)["argv"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return line
+        if not (isinstance(argv, list) and argv[:2] == ["rlmlab", "run"] and len(argv) > 2
+                and argv[2] in SPLIT_KINDS):
+            return line
+        kind, threshold = argv[2], meta["threshold"]
+        new, skip = ["rlmlab", "run", "sweep"], False
+        for i, a in enumerate(argv[3:], 3):
+            if skip:
+                skip = False
+            elif a == "--threshold":
+                skip, threshold = True, argv[i + 1] if i + 1 < len(argv) else threshold
+            elif a.startswith("--threshold="):
+                threshold = a.split("=", 1)[1]
+            else:
+                new.append(a)
+        new.append(f"--{'lengths' if kind == 'length' else 'depths'}={threshold}")
+        return json.dumps({"argv": new, "imported": argv})
