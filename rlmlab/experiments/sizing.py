@@ -1,0 +1,325 @@
+"""Sizing a threshold sweep before running it (`rlmlab run sweep --plan`).
+
+Per threshold, from the pool's columns and per-call statistics (no view is built, no model
+run): training expressions, examples and positions per epoch for both learners, what a step
+holds and how many epochs the step budget is, the widest frame and the longest trace against
+the model's positional tables, and the tokens each evaluation set makes a learner generate.
+CPU hours are estimates scaled from the committed `paper-cpu` runs at L = 595 (docs/sweep.md).
+
+What a learner trains on, in positions (an example of n tokens takes n - 1 positions):
+- CoT: one example per expression, its whole trace: trace_len - 1;
+- RM (lane-packed, `rlmlab.learning.views.rm_lanes_view`): one example per frame instance,
+  holding the frame's call payload, everything the frame writes (its call blocks included) and
+  one returned value per child it calls (`lane_stats`; tests check it against the views).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from rlmlab.errors import DataError
+from rlmlab.task.expr import Call, default_library, literal_value, parse, size, substitute, value_token
+from rlmlab.task.library import Library
+
+# --- per-expression statistics ---------------------------------------------------------------
+
+_LANE_CACHE: "weakref.WeakKeyDictionary[Library, object]" = weakref.WeakKeyDictionary()
+
+
+def _lane_fn(library: Library):
+    """Memoised per sub-call: (value, lane tokens of the call's frame and every frame below it,
+    frame instances, longest single lane)."""
+    if library in _LANE_CACHE:
+        return _LANE_CACHE[library]
+    fns, bodies = library.functions, library.bodies
+
+    @lru_cache(maxsize=1 << 20)
+    def stats(q: Call) -> tuple[int | bool, int, int, int]:
+        fn = fns[q.fn]
+        own = size(q)  # the call payload opens the frame's lane
+        below = frames = longest = 0
+
+        def child(e: Call, prefix: int):
+            nonlocal own, below, frames, longest
+            own += prefix + size(e) + 2 + 1  # `p :=` or `return <return>`, the call block, the value back
+            v, c_tokens, c_frames, c_longest = stats(e)
+            below += c_tokens
+            frames += c_frames
+            longest = max(longest, c_longest)
+            return v
+
+        bound = []
+        for p, arg in zip(fn.params, q.args):
+            if isinstance(arg, str):
+                own += 3
+                bound.append(literal_value(arg))
+            else:
+                bound.append(child(arg, 2))
+        if fn.name == "if_then_else":
+            body = q.args[1] if bound[0] else q.args[2]
+        elif fn.impl is not None:
+            body = value_token(fn.impl(*bound))
+        else:
+            body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
+        if isinstance(body, str):
+            value = literal_value(body)
+            own += 4
+        else:
+            value = child(body, 2)
+            own += 1
+        return value, own + below, frames + 1, max(longest, own)
+
+    _LANE_CACHE[library] = stats
+    return stats
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """An expression's RM training examples in lane form."""
+
+    tokens: int
+    """Lane tokens over all its frame instances (`len(lane_pack(...))`)."""
+    frames: int
+    """Frame instances: RM training examples."""
+    longest: int
+    """Tokens of its longest frame lane."""
+    prompt: int
+    """Tokens of the written expression."""
+
+
+def lane_stats(expr: Call | str, library: Library | None = None) -> LaneStats:
+    library = library or default_library()
+    q = parse(expr, library) if isinstance(expr, str) else expr
+    _, tokens, frames, longest = _lane_fn(library)(q)
+    return LaneStats(tokens, frames, longest, size(q))
+
+
+def pool_lane_columns(texts: list[str], progress: bool = False) -> dict[str, np.ndarray]:
+    """`lane_stats` of every expression, as arrays (lane tokens, frames, longest lane, prompt)."""
+    library = default_library()
+    out = {k: np.zeros(len(texts), dtype=np.int64) for k in ("lane_tokens", "frames", "longest_lane", "prompt")}
+    it = enumerate(texts)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, total=len(texts), unit="expr", desc="lane statistics", dynamic_ncols=True)
+    for i, text in it:
+        s = lane_stats(text, library)
+        out["lane_tokens"][i], out["frames"][i], out["longest_lane"][i], out["prompt"][i] = (
+            s.tokens, s.frames, s.longest, s.prompt)
+    return out
+
+
+# --- cost model ------------------------------------------------------------------------------
+
+# Per-position work of the `cpu` model outside attention, in units of one attended key: the
+# matrix products take ~24 d^2 flops per position and layer, attention ~4 d per key (d = 128).
+CPU_MODEL_KEYS = 6 * 128
+DENSE_ROW = {"cot": 512, "rm": 128}
+"""Packed rows of these many positions attend with a dense mask over the whole row; a longer
+example gets a row of its own rounded up to 64 (`rlmlab.learning.packing`)."""
+
+# The committed paper-cpu runs at L = 595 (results/length-595-paper-cpu, docs/presets.md): CPU
+# seconds per step on one thread, validation included, and the positions of that step.
+REFERENCE = {"rm": {"cpu_s_per_step": 0.60, "threshold": ("length", 595)},
+             "cot": {"cpu_s_per_step": 0.33, "threshold": ("length", 595)}}
+# Their evaluation sets (3,100 expressions): seconds to decode, 1 thread.
+REFERENCE_DECODE_S = {"rm": 427.0, "cot": 326.0}
+
+
+def attention_span(positions: np.ndarray, view: str) -> np.ndarray:
+    row = DENSE_ROW["rm" if view != "cot" else "cot"]
+    return np.where(positions <= row, row, -(-positions // 64) * 64)
+
+
+def step_work(positions: np.ndarray, batch: int, view: str) -> float:
+    """Relative work of one step of `batch` examples drawn from examples of these positions."""
+    per = positions * (CPU_MODEL_KEYS + attention_span(positions, view))
+    return batch * float(per.mean())
+
+
+def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, view: str) -> float:
+    """Relative work of decoding canonical traces: per generated token the model's own work plus
+    its context, the prefix for CoT (cached keys) and the active frame for RM."""
+    if view == "cot":
+        context = prompt + generated / 2
+    else:
+        context = widest / 2
+    return float((generated * (CPU_MODEL_KEYS + context)).sum())
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+def _model_tables(preset) -> dict[str, int]:
+    from rlmlab.learning.config import PRESETS
+
+    return {v: PRESETS[preset.model][v]["block_size"] for v in ("rm", "cot")}
+
+
+def _threshold_rows(pool, ids: dict[int, int], kind: str, t: int, p) -> dict:
+    """Row indices (into the pool; `ids` maps a pool id to its row) of one split's train, val and
+    eval tables."""
+    from rlmlab.experiments.splits import threshold_split
+
+    s = threshold_split(pool, kind, t, n_val=p.n_val, per_bin_cap=p.per_bin_cap, n_train=p.n_train)
+    take = {name: np.array([ids[int(i)] for i in table.column("id").to_pylist()], dtype=np.int64)
+            for name, table in (("train", s.train), ("val", s.val), ("eval", s.eval))}
+    take["ood"] = np.array(s.eval.column("ood").to_pylist(), dtype=bool)
+    take["params"] = s.params
+    return take
+
+
+def size_threshold(cols: dict, rows: dict, preset, views, kind: str, t: int) -> dict:
+    """Every number of one threshold's plan row (see `plan_sweep`)."""
+    tables = _model_tables(preset)
+    tr, ev = rows["train"], rows["eval"]
+    trace, width = cols["trace_len"], cols["max_frame_width"]
+    out = {"split": kind, "threshold": t, "n_train": len(tr), "t_max": int(width[tr].max()),
+           "train_longest_trace": int(trace[tr].max()), "eval_n": len(ev), "eval_ood": int(rows["ood"].sum()),
+           "eval_widest_frame": int(width[ev].max()), "eval_longest_trace": int(trace[ev].max()),
+           # A learner reads at most its table: CoT the trace before its last token, RM the active frame before it.
+           "eval_beyond": {"rm": int((width[ev] - 1 > tables["rm"]).sum()),
+                           "cot": int((trace[ev] - 1 > tables["cot"]).sum())},
+           "train_dropped": {"cot": int((trace[tr] - 1 > tables["cot"]).sum()),
+                             "rm": int((width[tr] > tables["rm"]).sum())},
+           "learners": {}}
+    generated = (trace[ev] - cols["prompt"][ev]).astype(np.int64)
+    out["eval_generated"] = int(generated.sum())
+    for view in views:
+        family = "cot" if view == "cot" else "rm"
+        settings = preset.job_settings(view)
+        batch = int(settings.get("train.batch_size", 64))
+        steps = settings.get("train.max_steps")
+        if family == "cot":
+            positions = trace[tr] - 1
+            examples = len(tr)
+            tokens = int(trace[tr].sum())
+        else:
+            # Per frame instance; the mean lane positions per example is what a step's budget multiplies.
+            examples = int(cols["frames"][tr].sum())
+            tokens = int(cols["lane_tokens"][tr].sum())
+            positions = None
+        total_positions = tokens - examples
+        mean_positions = total_positions / examples
+        step_positions = batch * mean_positions
+        steps_per_epoch = examples / batch
+        if family == "cot":
+            work = step_work(positions, batch, "cot")
+        else:
+            # Lanes are ~30 positions, well inside RM's dense 128-position rows: work per position is flat.
+            work = step_positions * (CPU_MODEL_KEYS + DENSE_ROW["rm"])
+        out["learners"][view] = {"batch": batch, "steps": steps, "examples": examples, "tokens": tokens,
+                                 "positions": total_positions, "step_positions": round(step_positions),
+                                 "steps_per_epoch": steps_per_epoch,
+                                 "epochs": None if steps is None else steps / steps_per_epoch,
+                                 "step_work": work,
+                                 "decode_work": decode_work(generated, cols["prompt"][ev], width[ev], family)}
+    return out
+
+
+def calibrate(rows: list[dict], reference: dict) -> None:
+    """Attach CPU seconds to every learner of `rows` by scaling the reference runs' measured
+    costs with the relative work of a step and of the evaluation set; `reference` holds the
+    sized row of the reference threshold."""
+    for r in rows:
+        for view, lv in r["learners"].items():
+            family = "cot" if view == "cot" else "rm"
+            ref = reference["learners"].get(view) or reference["learners"].get(family)
+            if ref is None:
+                continue
+            lv["cpu_s_per_step"] = REFERENCE[family]["cpu_s_per_step"] * lv["step_work"] / ref["step_work"]
+            lv["decode_s"] = REFERENCE_DECODE_S[family] * lv["decode_work"] / ref["decode_work"]
+            train_s = None if lv["steps"] is None else lv["steps"] * lv["cpu_s_per_step"]
+            lv["cpu_hours"] = None if train_s is None else (train_s + lv["decode_s"]) / 3600
+
+
+def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
+    from rlmlab.task.pool import build_pool, read_pool
+
+    if pool is not None:
+        table = read_pool(pool)
+    elif (out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet").exists():
+        table = read_pool(out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet")
+    else:
+        table = build_pool(preset.pool_n, preset.pool_seed, progress=progress)
+    meta = (table.schema.metadata or {}).get(b"rlmlab.task.pool")
+    if meta is not None:
+        import json
+
+        info = json.loads(meta.decode())
+        if (info.get("n"), info.get("seed")) != (preset.pool_n, preset.pool_seed):
+            raise DataError(f"{pool}: a pool of {info.get('n')} expressions from seed {info.get('seed')}, but the "
+                            f"preset draws its splits from {preset.pool_n} from seed {preset.pool_seed}")
+    for c in ("id", "trace_len", "max_frame_width"):
+        if c not in table.column_names:
+            raise DataError(f"{pool}: not a pool (no {c!r} column)")
+    return table
+
+
+def size_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | None = None,
+               progress: bool = False) -> list[dict]:
+    """The sized rows of every threshold asked for (default: the paper's), with CPU estimates."""
+    from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
+
+    if lengths is None and depths is None:
+        lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
+    table = load_plan_pool(preset, Path(out), pool, progress)
+    cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
+            "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress))
+    ref_kind, ref_t = REFERENCE["rm"]["threshold"]
+    wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
+    ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}
+    if len(ids) != table.num_rows:
+        raise DataError(f"{pool or out}: the pool's ids are not distinct")
+    sized = {}
+    for kind, t in wanted + ([] if (ref_kind, ref_t) in wanted else [(ref_kind, ref_t)]):
+        sized[(kind, t)] = size_threshold(cols, _threshold_rows(table, ids, kind, t, preset), preset, views, kind, t)
+    rows = [sized[k] for k in wanted]
+    calibrate(rows, sized[(ref_kind, ref_t)])
+    return rows
+
+
+def _m(x: float) -> str:
+    return f"{x / 1e6:.1f}M"
+
+
+def plan_table(rows: list[dict], preset) -> str:
+    """Markdown of `size_sweep`'s rows: the data and limits per threshold, then per learner."""
+    tables = _model_tables(preset)
+    md = ["| split | threshold | training expr. | T_max | longest training trace | eval expr. (OOD) | "
+          f"widest eval frame (RM table {tables['rm']}) | longest eval trace (CoT table {tables['cot']}) | "
+          "eval beyond RM / CoT table | tokens to generate (eval) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['split']} | {r['threshold']} | {r['n_train']:,} | {r['t_max']} | {r['train_longest_trace']:,} | "
+                  f"{r['eval_n']:,} ({r['eval_ood']:,}) | {r['eval_widest_frame']} | {r['eval_longest_trace']:,} | "
+                  f"{r['eval_beyond']['rm']} / {r['eval_beyond']['cot']} | {_m(r['eval_generated'])} |")
+    views = list(dict.fromkeys(v for r in rows for v in r["learners"]))
+    md += ["", "| split | threshold | learner | examples / epoch | tokens / epoch | positions / step | steps / epoch | "
+           "step budget | epochs | CPU s / step | eval decoding (CPU min) | CPU hours |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for v in views:
+            lv = r["learners"][v]
+            dropped = r["train_dropped"]["cot" if v == "cot" else "rm"]
+            md.append(f"| {r['split']} | {r['threshold']} | {v} | {lv['examples']:,} | {_m(lv['tokens'])} | "
+                      f"{lv['step_positions']:,} | {lv['steps_per_epoch']:,.0f} | "
+                      f"{'–' if lv['steps'] is None else format(lv['steps'], ',')} | "
+                      f"{'–' if lv['epochs'] is None else format(lv['epochs'], '.2f')} | "
+                      f"{lv.get('cpu_s_per_step', math.nan):.2f} | {lv.get('decode_s', math.nan) / 60:.0f} | "
+                      f"{'–' if lv.get('cpu_hours') is None else format(lv['cpu_hours'], '.1f')} |"
+                      + (f" ({dropped} training examples beyond the table, dropped)" if dropped else ""))
+    return "\n".join(md) + "\n"
+
+
+def plan_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | None = None,
+               progress: bool = False) -> str:
+    """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
+    return plan_table(size_sweep(preset, out, views, lengths, depths, pool, progress), preset)

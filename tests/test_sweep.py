@@ -1,0 +1,163 @@
+"""The threshold sweep: one folder of length and depth thresholds, its report, importing a
+single-threshold experiment into it, and the sizing plan (`rlmlab run sweep --plan`)."""
+
+import json
+import random
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlmlab.cli import main
+from rlmlab.experiments.kinds.sweep import sweep_points, sweep_table
+from rlmlab.experiments.presets import get_preset
+from rlmlab.experiments.sizing import lane_stats, pool_lane_columns, size_threshold
+from rlmlab.experiments.splits import DEPTH_BINS, LENGTH_BINS
+from rlmlab.learning.views import build_view_data, rm_lanes_view
+from rlmlab.task.expr import default_library
+from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
+from rlmlab.task.trace import execute
+from rlmlab.task.vocab import Vocab
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.2, 0.4, 0.6]))
+def test_lane_statistics_are_those_of_the_lane_view(seed, p_lit):
+    expr = ExpressionSampler(default_library(), GeneratorConfig(p_lit=p_lit)).sample(random.Random(seed))
+    ex = execute(expr)
+    lanes = rm_lanes_view(ex)
+    s = lane_stats(expr)
+    assert s.tokens == sum(len(x.tokens) for x in lanes)
+    assert s.frames == len(lanes)
+    assert s.longest == max(len(x.tokens) for x in lanes)
+    assert s.prompt == ex.prompt_len
+
+
+def _split_params(bins, threshold, sampled=4):
+    return {"threshold": threshold, "t_max": 40 + threshold, "n_train": 1000,
+            "bins": [{"label": b.label, "ood": b.ood, "lo": str(b.lo), "hi": None if b.hi is None else str(b.hi),
+                      "available": sampled, "sampled": sampled} for b in bins]}
+
+
+def _fake_run(out, job, view, bins, correct_iid, correct_ood, best):
+    run = out / job / view
+    (run / "eval" / "eval").mkdir(parents=True)
+    with open(run / "eval" / "eval" / "results.jsonl", "w") as f:
+        for b in bins:
+            for i in range(4):
+                ok = (correct_ood if b.ood else correct_iid) > i
+                f.write(json.dumps({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
+                                    "within_tmax": True}) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0})
+                                       + "\n")
+
+
+def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
+    meta = {"kind": "sweep", "splits": {"length-33": _split_params(LENGTH_BINS, 33),
+                                        "length-96": _split_params(LENGTH_BINS, 96),
+                                        "depth-5": _split_params(DEPTH_BINS, 5)}}
+    _fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995)
+    _fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 1, 0.98)  # below 99%: not fitted
+    _fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 2, 1.0)
+    _fake_run(tmp_path, "depth-5", "cot", DEPTH_BINS, 3, 0, 0.99)
+    points = sweep_points(tmp_path, meta)
+    assert [(p["split"], p["threshold"], p["view"]) for p in points] == [
+        ("length", 33, "rm"), ("length", 33, "cot"), ("length", 96, "rm"), ("depth", 5, "cot")]
+    rm33, cot33, rm96, cot5 = points
+    assert rm33["below"]["accuracy"] == 1.0 and rm33["ood"]["1.0-1.25"]["accuracy"] == 0.75
+    assert not cot33["fitted"] and all(a is None for a in cot33["ood"].values())
+    assert cot33["below"]["accuracy"] == 1.0  # below the threshold is shown either way
+    assert cot5["fitted"] and cot5["below"]["accuracy"] == 0.75 and cot5["ood"]["1.1"]["accuracy"] == 0.0
+    md = sweep_table("length", points)
+    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line for line in md.splitlines()[2:]}
+    assert rows["| 33 CoT"].count("not fitted") == 7 and "| 98.0 | 100.0 |" in rows["| 33 CoT"]
+    assert rows["| 33 RM"].endswith("| 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 |")
+    assert rows["| 96 n"] == "| 96 | n | | | | 12 | 4 | 4 | 4 | 4 | 4 | 4 | 4 |"
+    assert "×1.1" in sweep_table("depth", points) and sweep_table("depth", []) == ""
+
+
+def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(tmp_path, capsys):
+    sweep, single = tmp_path / "sweep", tmp_path / "single"
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(sweep), "--depths", "3", "--quiet"]) == 0
+    meta = json.loads((sweep / "experiment.json").read_text())
+    assert (meta["kind"], list(meta["splits"])) == ("sweep", ["depth-3"])
+    assert (sweep / "depth-3" / "rm" / "eval" / "eval" / "results.jsonl").exists()
+    assert main(["run", "length", "--preset", "smoke", "--out", str(single), "--quiet"]) == 0
+    assert main(["report", str(single)]) == 0
+    # Another pool is another sweep: refused before anything is built.
+    assert main(["run", "sweep", "--preset", "smoke", "--preset.pool_n=3000", "--out", str(sweep),
+                 "--lengths", "96", "--quiet"]) == 2
+    assert not (sweep / "length-96").exists()
+
+    # The single-threshold runs join the sweep's export without retraining, and its command is
+    # stored as the sweep command that trains the same job.
+    dest = tmp_path / "results"
+    assert main(["export", str(sweep), str(dest)]) == 0
+    assert main(["export", str(single), str(dest)]) == 0
+    meta = json.loads((dest / "experiment.json").read_text())
+    assert (meta["kind"], sorted(meta["splits"])) == ("sweep", ["depth-3", "length-96"])
+    assert meta["splits"]["length-96"] == json.loads((single / "experiment.json").read_text())["split"]
+    for name in ("length-96/cot/eval/eval/results.jsonl", "length-96/rm/metrics.jsonl", "data/length-96/split.json"):
+        assert (dest / name).read_bytes() == (single / name).read_bytes(), name
+    commands = [json.loads(line) for line in (dest / "commands.jsonl").read_text().splitlines()]
+    assert commands[-1]["argv"][:3] == ["rlmlab", "run", "sweep"] and "--lengths=96" in commands[-1]["argv"]
+    assert commands[-1]["imported"][:3] == ["rlmlab", "run", "length"]
+    for name in ("table-length-96.md", "table-depth-3.md", "table-sweep.md", "sweep.png", "sweep.pdf"):
+        assert (dest / "report" / name).exists(), name
+    assert (dest / "report" / "table-length-96.md").read_bytes() == (single / "report" / "table-length-96.md").read_bytes()
+    table = (dest / "report" / "table-sweep.md").read_text()
+    assert "Length split" in table and "Depth split" in table and table.count("not fitted") == 2 * 7 * 2
+
+    # Into the sweep's own run folder too: running the threshold then has nothing to train; its
+    # split (left out of the export) is rebuilt from the pool and must come out the same.
+    assert main(["export", str(single), str(sweep)]) == 0
+    stamp = (sweep / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(sweep), "--lengths", "96", "--quiet"]) == 0
+    assert (sweep / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime == stamp
+    assert (sweep / "data" / "length-96" / "train.parquet").exists()
+    assert not (sweep / "length-96" / "rm" / "best").exists()  # nothing was trained
+    # A single-threshold folder still holds only its own experiment.
+    assert main(["run", "length", "--preset", "smoke", "--out", str(sweep), "--quiet"]) == 2
+
+
+def test_sweep_options_are_checked_before_anything_is_written(tmp_path):
+    out = tmp_path / "x"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--lengths", "96"]) == 2
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(out), "--threshold", "96"]) == 2
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(out), "--lengths", "0"]) == 2
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--plan"]) == 2
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(out), "--plan", "--pool", str(tmp_path / "no")]) == 2
+    assert not out.exists()
+
+
+def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
+    from rlmlab.experiments.splits import threshold_split
+    from rlmlab.task.pool import build_pool
+
+    p = get_preset("smoke")
+    pool = build_pool(p.pool_n, p.pool_seed)
+    cols = {"trace_len": np.asarray(pool.column("trace_len").to_numpy(), dtype=np.int64),
+            "max_frame_width": np.asarray(pool.column("max_frame_width").to_numpy(), dtype=np.int64),
+            **pool_lane_columns(pool.column("expr").to_pylist())}
+    split = threshold_split(pool, "length", 96, n_val=p.n_val, per_bin_cap=p.per_bin_cap)
+    ids = {i: k for k, i in enumerate(pool.column("id").to_pylist())}
+    rows = {t: np.array([ids[i] for i in getattr(split, t).column("id").to_pylist()]) for t in ("train", "val", "eval")}
+    rows["ood"] = np.array(split.eval.column("ood").to_pylist())
+    sized = size_threshold(cols, rows, p, ("rm", "cot"), "length", 96)
+    train = split.train.column("expr").to_pylist()
+    for view in ("rm", "cot"):
+        data = build_view_data(train, view, Vocab.from_library())
+        lv = sized["learners"][view]
+        assert (lv["examples"], lv["tokens"], lv["positions"]) == (len(data), data.n_tokens, int((data.lengths - 1).sum()))
+    assert sized["n_train"] == len(train) and sized["t_max"] == split.params["t_max"]
+    generated = sum(len(execute(e).tokens) - execute(e).prompt_len for e in split.eval.column("expr").to_pylist())
+    assert sized["eval_generated"] == generated
+
+    # The command prints the plan and writes nothing.
+    out = tmp_path / "plan"
+    assert main(["run", "sweep", "--preset", "smoke", "--out", str(out), "--lengths", "96,197", "--depths", "3",
+                 "--plan", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists()
+    assert "| length | 96 | rm |" in text and "| depth | 3 | cot |" in text and f"| length | 96 | {len(train):,} |" in text
