@@ -47,8 +47,12 @@ def _fake_run(out, job, view, bins, correct_iid, correct_ood, best):
         for b in bins:
             for i in range(4):
                 ok = (correct_ood if b.ood else correct_iid) > i
+                # The last bin's first expression has a trace past CoT's 4,096 positions of the `cpu` model.
+                long = b.label == bins[-1].label and i == 0
                 f.write(json.dumps({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
-                                    "within_tmax": True}) + "\n")
+                                    "within_tmax": True, "trace_len": 4098 if long else 4097,
+                                    "max_frame_width": 513}) + "\n")
+    (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None}}))
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0})
                                        + "\n")
 
@@ -70,11 +74,14 @@ def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
     assert cot33["below"]["accuracy"] == 1.0  # below the threshold is shown either way
     assert cot5["fitted"] and cot5["below"]["accuracy"] == 0.75 and cot5["ood"]["1.1"]["accuracy"] == 0.0
     md = sweep_table("length", points)
-    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line for line in md.splitlines()[2:]}
+    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line for line in md.splitlines()[2:] if line.startswith("| ")}
     assert rows["| 33 CoT"].count("not fitted") == 7 and "| 98.0 | 100.0 |" in rows["| 33 CoT"]
     assert rows["| 33 RM"].endswith("| 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 |")
     assert rows["| 96 n"] == "| 96 | n | | | | 12 | 4 | 4 | 4 | 4 | 4 | 4 | 4 |"
     assert "×1.1" in sweep_table("depth", points) and sweep_table("depth", []) == ""
+    # Cells holding expressions that need more positions than the learner's table say so.
+    assert [p["beyond_table"] for p in points] == [{}, {">5.0": 1}, {}, {">=2.2": 1}]
+    assert "- L = 33, CoT: 1 of 4 in ×>5.0" in md
 
 
 def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(tmp_path, capsys):

@@ -29,7 +29,7 @@ CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 # Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
 ID_KEYS = ("job", "construction", "N", "view", "bin", "group")
 # The preset field that sets how many expressions each kind evaluates (per bin, per set).
-SAMPLE_FIELD = {"length": "per_bin_cap", "depth": "per_bin_cap", "iid": "iid_n_test",
+SAMPLE_FIELD = {"length": "per_bin_cap", "depth": "per_bin_cap", "sweep": "per_bin_cap", "iid": "iid_n_test",
                 "shortcuts": "shortcut_n_eval"}
 
 

@@ -88,8 +88,35 @@ def sweep_points(out: Path, meta: dict) -> list[dict]:
             points.append({"split": kind, "threshold": threshold, "job": job, "view": view, "best_validation": best,
                            "fitted": ok, "t_max": split.get("t_max"), "n_train": split.get("n_train"),
                            "below": accuracy(below) if below else None, "ood": ood,
-                           "n": {b["label"]: b["sampled"] for b in split["bins"]}})
+                           "n": {b["label"]: b["sampled"] for b in split["bins"]},
+                           "beyond_table": beyond_table(res, view, runs.get(view))})
     return points
+
+
+def beyond_table(results: list[dict], view: str, run_dir: Path | None) -> dict[str, int]:
+    """Per bin, the expressions whose canonical trace needs a longer context than the learner's
+    positional table: CoT reads the trace before its last token, RM the active frame before its
+    last token. Such an expression cannot be answered, whatever the model learned."""
+    import json
+
+    from rlmlab.learning.config import preset
+    from rlmlab.learning.learner import learner
+
+    if run_dir is None or not (run_dir / "config.json").exists():
+        return {}
+    try:
+        model = json.loads((run_dir / "config.json").read_text())["model"]
+        block = model.get("block_size") or preset(model["preset"], view, 1).block_size
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
+    except ConfigError:
+        return {}
+    column = "trace_len" if view == "cot" else "max_frame_width" if learner(view).driver == "rm" else None
+    counts: dict[str, int] = {}
+    for r in results:
+        if column is not None and isinstance(r.get(column), int) and r[column] - 1 > block:
+            counts[r.get("bin")] = counts.get(r.get("bin"), 0) + 1
+    return counts
 
 
 def sweep_table(kind: str, points: list[dict]) -> str:
@@ -112,6 +139,12 @@ def sweep_table(kind: str, points: list[dict]) -> str:
                   f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
                   + " | ".join(cells) + " |")
     md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
+    notes = [f"- {unit} = {p['threshold']}, {learner_name(p['view'])}: "
+             + ", ".join(f"{k} of {p['n'][lab]} in ×{lab}" for lab, k in p["beyond_table"].items())
+             for p in points if p["beyond_table"]]
+    if notes:
+        md += ["", "Expressions whose canonical trace needs a longer context than the learner's positional table "
+               "(they cannot be answered whatever the model learned; counted in the cells above):", ""] + notes
     return "\n".join(md) + "\n"
 
 
