@@ -142,13 +142,13 @@ def run(args) -> int:
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "lengths", "depths", "views", "constructions", "sizes", "seeds", "minutes",
-                                        "max_steps",
-                                        "threads", "ray_address")
+                               if k in ("threshold", "lengths", "depths", "views", "constructions", "sizes", "seeds",
+                                        "minutes", "max_steps", "threads", "ray_address")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
+                   lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
+                   progress=not args.quiet, extend=args.extend)
     return 0

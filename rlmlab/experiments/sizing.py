@@ -298,7 +298,8 @@ def plan_table(rows: list[dict], preset) -> str:
           "eval beyond RM / CoT table | tokens to generate (eval) |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['split']} | {r['threshold']} | {r['n_train']:,} | {r['t_max']} | {r['train_longest_trace']:,} | "
+        md.append(f"| {r['split']} | {r['threshold']} | {r['n_train']:,} | {r['t_max']} | "
+                  f"{r['train_longest_trace']:,} | "
                   f"{r['eval_n']:,} ({r['eval_ood']:,}) | {r['eval_widest_frame']} | {r['eval_longest_trace']:,} | "
                   f"{r['eval_beyond']['rm']} / {r['eval_beyond']['cot']} | {_m(r['eval_generated'])} |")
     views = list(dict.fromkeys(v for r in rows for v in r["learners"]))

@@ -133,8 +133,8 @@ def sweep_table(kind: str, points: list[dict]) -> str:
         if last is not None and last != p["threshold"]:
             md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
         last = p["threshold"]
-        cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
-                 for lab in labels]
+        cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None
+                 else pct(p["ood"][lab]["accuracy"]) for lab in labels]
         md.append(f"| {p['threshold']} | {learner_name(p['view'])} | {p['n_train']:,} | {p['t_max']} | "
                   f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
                   + " | ".join(cells) + " |")
