@@ -73,7 +73,8 @@ def main() -> None:
         s = threshold_split(pool, kind, t, n_val=p.n_val, per_bin_cap=p.per_bin_cap)
         # A uniform sample of the whole training set: its prefixes lean to the frequent (short)
         # expressions, whose first copy comes early in the split's walk of the pool.
-        pick = sorted(random.Random(f"bench:{kind}:{t}").sample(range(s.train.num_rows), min(args.sample, s.train.num_rows)))
+        n = min(args.sample, s.train.num_rows)
+        pick = sorted(random.Random(f"bench:{kind}:{t}").sample(range(s.train.num_rows), n))
         splits[(kind, t)] = (s.train.take(pick), s.val.slice(0, 50))
     results: dict = {}
     for _ in range(args.rounds):

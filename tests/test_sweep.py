@@ -74,7 +74,8 @@ def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
     assert cot33["below"]["accuracy"] == 1.0  # below the threshold is shown either way
     assert cot5["fitted"] and cot5["below"]["accuracy"] == 0.75 and cot5["ood"]["1.1"]["accuracy"] == 0.0
     md = sweep_table("length", points)
-    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line for line in md.splitlines()[2:] if line.startswith("| ")}
+    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line
+            for line in md.splitlines()[2:] if line.startswith("| ")}
     assert rows["| 33 CoT"].count("not fitted") == 7 and "| 98.0 | 100.0 |" in rows["| 33 CoT"]
     assert rows["| 33 RM"].endswith("| 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 |")
     assert rows["| 96 n"] == "| 96 | n | | | | 12 | 4 | 4 | 4 | 4 | 4 | 4 | 4 |"
@@ -112,7 +113,8 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     assert commands[-1]["imported"][:3] == ["rlmlab", "run", "length"]
     for name in ("table-length-96.md", "table-depth-3.md", "table-sweep.md", "sweep.png", "sweep.pdf"):
         assert (dest / "report" / name).exists(), name
-    assert (dest / "report" / "table-length-96.md").read_bytes() == (single / "report" / "table-length-96.md").read_bytes()
+    name = "report/table-length-96.md"
+    assert (dest / name).read_bytes() == (single / name).read_bytes()
     table = (dest / "report" / "table-sweep.md").read_text()
     assert "Length split" in table and "Depth split" in table and table.count("not fitted") == 2 * 7 * 2
 
@@ -156,7 +158,8 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
     for view in ("rm", "cot"):
         data = build_view_data(train, view, Vocab.from_library())
         lv = sized["learners"][view]
-        assert (lv["examples"], lv["tokens"], lv["positions"]) == (len(data), data.n_tokens, int((data.lengths - 1).sum()))
+        built = (len(data), data.n_tokens, int((data.lengths - 1).sum()))
+        assert (lv["examples"], lv["tokens"], lv["positions"]) == built
     assert sized["n_train"] == len(train) and sized["t_max"] == split.params["t_max"]
     generated = sum(len(execute(e).tokens) - execute(e).prompt_len for e in split.eval.column("expr").to_pylist())
     assert sized["eval_generated"] == generated
@@ -167,4 +170,5 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
                  "--plan", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert not out.exists()
-    assert "| length | 96 | rm |" in text and "| depth | 3 | cot |" in text and f"| length | 96 | {len(train):,} |" in text
+    assert "| length | 96 | rm |" in text and "| depth | 3 | cot |" in text
+    assert f"| length | 96 | {len(train):,} |" in text

@@ -118,12 +118,16 @@ def pool_lane_columns(texts: list[str], progress: bool = False) -> dict[str, np.
 
 # --- cost model ------------------------------------------------------------------------------
 
-# Per-position work of the `cpu` model outside attention, in units of one attended key: the
-# matrix products take ~24 d^2 flops per position and layer, attention ~4 d per key (d = 128).
-CPU_MODEL_KEYS = 6 * 128
+# Work per position of the `cpu` model outside attention, in units of one attended key. The
+# matrix products alone would be ~6·128 (24 d^2 flops against 4 d per key, d = 128); 1,400 is
+# what training steps measured on this CPU at L = 595, 1,060 and 1,839 give
+# (benchmarks/bench_sweep_steps.py, docs/sweep.md): attention runs closer to its flops than the
+# small matrix products and the per-position overheads do.
+CPU_MODEL_KEYS = 1400
 DENSE_ROW = {"cot": 512, "rm": 128}
-"""Packed rows of these many positions attend with a dense mask over the whole row; a longer
-example gets a row of its own rounded up to 64 (`rlmlab.learning.packing`)."""
+"""Packed-row lengths (`rlmlab.learning.packing`): RM's rows of 128 attend with a dense mask
+over the whole row; CoT's rows of 512, and a longer trace's row of its own, attend by blocks
+(causal within each example), so a CoT position attends to half its own example on average."""
 
 # The committed paper-cpu runs at L = 595 (results/length-595-paper-cpu, docs/presets.md): CPU
 # seconds per step on one thread, validation included, and the positions of that step.
@@ -133,15 +137,10 @@ REFERENCE = {"rm": {"cpu_s_per_step": 0.60, "threshold": ("length", 595)},
 REFERENCE_DECODE_S = {"rm": 427.0, "cot": 326.0}
 
 
-def attention_span(positions: np.ndarray, view: str) -> np.ndarray:
-    row = DENSE_ROW["rm" if view != "cot" else "cot"]
-    return np.where(positions <= row, row, -(-positions // 64) * 64)
-
-
 def step_work(positions: np.ndarray, batch: int, view: str) -> float:
     """Relative work of one step of `batch` examples drawn from examples of these positions."""
-    per = positions * (CPU_MODEL_KEYS + attention_span(positions, view))
-    return batch * float(per.mean())
+    span = positions / 2 if view == "cot" else np.full(len(positions), float(DENSE_ROW["rm"]))
+    return batch * float((positions * (CPU_MODEL_KEYS + span)).mean())
 
 
 def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, view: str) -> float:
@@ -212,7 +211,7 @@ def size_threshold(cols: dict, rows: dict, preset, views, kind: str, t: int) -> 
         if family == "cot":
             work = step_work(positions, batch, "cot")
         else:
-            # Lanes are ~30 positions, well inside RM's dense 128-position rows: work per position is flat.
+            # Lanes are ~30 positions, inside RM's dense 128-position rows: work per position is flat.
             work = step_positions * (CPU_MODEL_KEYS + DENSE_ROW["rm"])
         out["learners"][view] = {"batch": batch, "steps": steps, "examples": examples, "tokens": tokens,
                                  "positions": total_positions, "step_positions": round(step_positions),
