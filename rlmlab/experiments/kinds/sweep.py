@@ -214,7 +214,8 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
         thresholds = sorted({p["threshold"] for p in ps})
         if kind == "length":
             ax.set_xscale("log")
-        ax.set_xticks(thresholds, [str(t) for t in thresholds])
+        # Thresholds close on a log axis (1,060, 1,345, 1,839) would overprint level labels.
+        ax.set_xticks(thresholds, [str(t) for t in thresholds], rotation=45 if kind == "length" else 0)
         ax.minorticks_off()
         ax.set_xlabel(f"{kind} threshold {UNIT[kind]}")
         ax.set_ylabel("final-answer accuracy (%)")
