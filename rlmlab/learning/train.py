@@ -720,6 +720,14 @@ def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Ro
     `guard` it is recorded there for the caller to check later, without one it raises
     TrainingDiverged at once (a wait)."""
     batches = step_batches(data, rows, pad_id, tc, device, attention, model.cfg.block_size)
+    mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
+    return mean, sum(b.n_tokens for b in batches), grad_norm
+
+
+def optimizer_step(fwd, model: Transformer, optimizer, batches: list[PackedBatch], tc: TrainConfig,
+                   device: torch.device, guard: FiniteGuard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device half of `train_step`: forward and backward over prepared `batches`, clipping
+    and the AdamW update. Reads no device value unless `guard` is None."""
     n_targets = sum(b.n_targets for b in batches)
     total = torch.zeros((), device=device)
     for b in batches:
@@ -727,7 +735,7 @@ def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Ro
         (loss / n_targets).backward()  # the step's mean over targets, however the rows are split
         total += loss.detach()
     clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)  # a few kernels, not 2 per tensor
     mean = total.double() / n_targets  # as the host would divide: a float64 of the float32 sum
     checked_now = guard is None
     if checked_now:
@@ -738,7 +746,7 @@ def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Ro
     optimizer.zero_grad(set_to_none=True)
     if checked_now:
         guard.check()
-    return mean, sum(b.n_tokens for b in batches), grad_norm
+    return mean, grad_norm
 
 
 def _with_prefix(d: dict, prefix: str) -> dict:
