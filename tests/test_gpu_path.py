@@ -288,3 +288,56 @@ def test_attention_kind_follows_the_device_and_dropout():
     assert attention_kind(torch.device("cuda"), 0.0) == "flex"
     assert attention_kind(torch.device("cuda"), 0.1) == "blocks"  # FlexAttention has no attention dropout
     assert attention_kind(CPU, 0.0) == "blocks"
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+class Recording:
+    """A predictor that keeps every step's logits of the one it wraps."""
+
+    def __init__(self, inner):
+        self.inner, self.block_size, self.logits = inner, inner.block_size, []
+
+    def reset(self, n_slots: int) -> None:
+        self.inner.reset(n_slots)
+
+    def __call__(self, feeds):
+        out = self.inner(feeds)
+        self.logits.append(self.inner.logits.clone())
+        return out
+
+
+@pytest.mark.parametrize("view", ["cot", "rm"])
+def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(view, monkeypatch):
+    """The CUDA layout of the decoder on CPU: a cache allocated once for the whole block gives
+    the tokens and logits of the cache that grows, and every step sends its token layout to
+    the device in one copy."""
+    from conftest import sample_expressions
+
+    from rlmlab.decoding.infer import ModelPredictor, TeacherForced, _Upload, generate, oracle_predictor
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", view, len(VOCAB))).eval()
+    exprs = sample_expressions(12, seed=3)
+    sends = collections.Counter()
+    real_send = _Upload.send
+
+    def counted(self, device):
+        sends["sends"] += 1
+        return real_send(self, device)
+
+    monkeypatch.setattr(_Upload, "send", counted)
+    steps = []
+    for capacity in (None, model.cfg.block_size):
+        predictor = ModelPredictor(model, capacity=capacity)
+        recording = Recording(predictor)
+        gens = generate(TeacherForced(recording, oracle_predictor(view, VOCAB)), exprs, VOCAB, view, batch_size=4)
+        steps.append(([g.tokens for g in gens], recording.logits))
+        if capacity is not None:
+            assert predictor.cache.capacity == model.cfg.block_size and not predictor.cache.grow
+    (tok_a, log_a), (tok_b, log_b) = steps
+    assert tok_a == tok_b and len(log_a) == len(log_b) > 0
+    for a, b in zip(log_a, log_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert sends["sends"] == 2 * len(log_a)  # one copy per decoding step
