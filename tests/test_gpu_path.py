@@ -341,3 +341,47 @@ def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(view, mon
     for a, b in zip(log_a, log_b):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert sends["sends"] == 2 * len(log_a)  # one copy per decoding step
+
+
+# --- Ray ------------------------------------------------------------------------------------
+
+
+class FakeCluster:
+    """What `ray.nodes()` says of a cluster: nodes with their CPUs and GPUs."""
+
+    def __init__(self, *nodes: dict):
+        self._nodes = [{"Alive": True, "Resources": r} for r in nodes]
+
+    def nodes(self):
+        return self._nodes
+
+
+def test_ray_jobs_reserve_a_share_of_a_gpu_where_the_cluster_has_one():
+    from rlmlab.errors import ConfigError
+    from rlmlab.experiments.cluster import GPU_SHARE, _gpu_share, _gpus, _refuse_unschedulable
+    from rlmlab.experiments.jobs import Job
+
+    def job(**settings):
+        return Job("j", "rm", "t.parquet", "v.parquet", {}, {"train.threads": 1, **settings})
+
+    gpu_node, cpu_node = FakeCluster({"CPU": 16, "GPU": 1}), FakeCluster({"CPU": 16})
+    assert _gpu_share(gpu_node, None) == GPU_SHARE == 0.25 and _gpu_share(cpu_node, None) == 0.0
+    assert _gpu_share(gpu_node, 0.5) == 0.5 and _gpu_share(gpu_node, 0.0) == 0.0
+    assert _gpus(job(), 0.25) == 0.25 and _gpus(job(**{"train.device": "cuda"}), 0.25) == 0.25
+    assert _gpus(job(**{"train.device": "cpu"}), 0.25) == 0.0  # a CPU job takes no GPU
+    _refuse_unschedulable(gpu_node, [job()], 0.25)
+    _refuse_unschedulable(cpu_node, [job(**{"train.device": "cpu"})], 0.25)
+    with pytest.raises(ConfigError, match="no node of the Ray cluster has a GPU"):
+        _refuse_unschedulable(cpu_node, [job()], 0.25)
+
+
+def test_ray_gpu_share_is_checked_before_anything_is_written(tmp_path, capsys):
+    from rlmlab.cli import main
+
+    out = tmp_path / "x"
+    base = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]
+    assert main(base + ["--ray-gpus-per-job", "0.5"]) == 2
+    assert "goes with --ray-address" in capsys.readouterr().err
+    assert main(base + ["--ray-address", "127.0.0.1:1", "--ray-gpus-per-job", "2"]) == 2
+    assert "must lie in [0, 1], got 2" in capsys.readouterr().err
+    assert not out.exists()
