@@ -385,3 +385,33 @@ def test_ray_gpu_share_is_checked_before_anything_is_written(tmp_path, capsys):
     assert main(base + ["--ray-address", "127.0.0.1:1", "--ray-gpus-per-job", "2"]) == 2
     assert "must lie in [0, 1], got 2" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --- the trainer on the CUDA path -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("view", ["cot", "rm"])
+def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(view, tmp_path, monkeypatch):
+    """`train` with the CUDA path's attention (fixed-length rows, FlexAttention, validation
+    included) logs the losses and validation metrics of the CPU path, within float noise."""
+    import json
+
+    import rlmlab.learning.train as training
+    from rlmlab.learning.config import ModelSettings, RunConfig
+
+    exprs = build_pool(40, 7, workers=1).column("expr").to_pylist()
+    tr, va = (build_view_data(e, view, VOCAB, workers=1) for e in (exprs[:30], exprs[30:]))
+    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(view=view, cache_dir=""),
+                    TrainConfig(max_steps=3, warmup_steps=1, eval_every=3, log_every=1, batch_size=4, seed=1,
+                                micro_batch_tokens=1024))
+    logs = {}
+    for kind in ("blocks", "flex"):
+        monkeypatch.setattr(training, "attention_kind", lambda device, dropout, kind=kind: kind)
+        with cpu_flex():
+            training.train(cfg, tr, va, tmp_path / kind, progress=False, echo=lambda s: None)
+        logs[kind] = [json.loads(line) for line in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()]
+    a, b = ([(r["kind"], r.get("loss"), r.get("token_acc")) for r in logs[k] if r["kind"] in ("train", "val")]
+            for k in ("blocks", "flex"))
+    assert [x[0] for x in a] == [x[0] for x in b] == ["train"] * 3 + ["val"]
+    for (_, la, ta), (_, lb, tb) in zip(a, b):
+        assert la == pytest.approx(lb, rel=1e-4) and ta == tb

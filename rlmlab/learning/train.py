@@ -202,17 +202,24 @@ def attention_kind(device: torch.device, dropout: float) -> str:
     return "flex" if device.type == "cuda" and dropout == 0 else "blocks"
 
 
-def flat_length(tc: TrainConfig, block_size: int) -> int:
-    """Positions of every micro-batch row of the "flex" path: the micro-batch budget, at least
-    the longest example, in whole FlexAttention tiles."""
-    return -(-max(tc.micro_batch_tokens, block_size) // 128) * 128
+def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -> int:
+    """Positions of every micro-batch row on the "flex" path, in whole FlexAttention tiles: a
+    whole step (`step_tokens`, plus the most its last row can overshoot it: `longest`, the
+    longest row's content) when `micro_batch_tokens` allows, so that a step is one forward
+    pass; else `micro_batch_tokens`, at least `longest`."""
+    whole = step_tokens + longest if step_tokens is not None else None
+    n = whole if whole is not None and whole <= tc.micro_batch_tokens else max(tc.micro_batch_tokens, longest)
+    return -(-n // 128) * 128
 
 
 def step_batches(data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
-                 attention: str, block_size: int) -> list[PackedBatch]:
-    """`rows` as micro-batches on `device`, masks included, all built on the host."""
+                 attention: str, block_size: int, flat_len: int | None = None) -> list[PackedBatch]:
+    """`rows` as micro-batches on `device`, masks included, all built on the host. On the
+    "flex" path every micro-batch is one row of `flat_len` positions (default:
+    `flat_length(tc, block_size)`)."""
     if attention == "flex":
-        groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_length(tc, block_size))]
+        flat_len = flat_len or flat_length(tc, block_size)
+        groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_len)]
     else:
         groups = micro_batches(rows, tc.micro_batch_tokens)
     return [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout, block_size).prepare(device, attention)
@@ -446,9 +453,11 @@ class Trainer:
         self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
         self.stream.load_state(self.state.stream)
         self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+        longest = max(cfg.data.row_length, int(positions.max()), int(self.val_data.lengths.max()) - 1)
+        self.flat_len = flat_length(tc, longest, self.step_tokens)  # the "flex" path's one shape
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
         self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
-                                        model_cfg.block_size)
+                                        model_cfg.block_size, self.flat_len)
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
@@ -480,7 +489,9 @@ class Trainer:
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
-                  + (", FlexAttention" if self.attention == "flex" else "")
+                  + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
+                  + (f" (a step takes several: --train.micro_batch_tokens={self.step_tokens + self.flat_len} makes it one)"
+                     if self.attention == "flex" and self.flat_len < self.step_tokens else "")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
                   + (f"; resuming at step {st.step}" if resume else ""))
 
@@ -621,7 +632,7 @@ class Trainer:
                         g["lr"] = lr
                     loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
                                                         self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
-                                                        self.device, self.attention, self.guard)
+                                                        self.device, self.attention, self.guard, self.flat_len)
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
                     self.step_times.append(time.perf_counter() - t0)
                     window["step_s"] += self.step_times[-1]
@@ -712,14 +723,14 @@ class FiniteGuard:
 
 def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
                tc: TrainConfig, device: torch.device, attention: str = "blocks",
-               guard: FiniteGuard | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
+               guard: FiniteGuard | None = None, flat_len: int | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One optimizer step over `rows`: (mean target loss, example positions, gradient norm),
     loss and norm as 0-d tensors on `device`, read by nobody here: the host does not wait.
 
     A step whose loss or gradient is not finite leaves weights and optimizer untouched; with a
     `guard` it is recorded there for the caller to check later, without one it raises
     TrainingDiverged at once (a wait)."""
-    batches = step_batches(data, rows, pad_id, tc, device, attention, model.cfg.block_size)
+    batches = step_batches(data, rows, pad_id, tc, device, attention, model.cfg.block_size, flat_len)
     mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
     return mean, sum(b.n_tokens for b in batches), grad_norm
 
