@@ -17,6 +17,9 @@ plus 12 L d per allowed (query, key) pair); MFU divides them by the best dense m
 measured on the device (bf16 8192^3 on CUDA, fp32 2048^3 on CPU), so it is a fraction of what
 this machine does, not of a datasheet figure. `--kernels` also counts the CUDA kernels of one
 step with the profiler.
+
+On CUDA the fused FlexAttention kernel is first checked against the dense mask (outputs and
+gradients, with and without lanes, on random packed layouts); the benchmark stops if it differs.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import useful_flops  # noqa: E402
 from machine import print_facts  # noqa: E402
 
+import torch.nn.functional as F  # noqa: E402
+
+from rlmlab.learning.attention import FlexMask, flex_attend  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
@@ -70,6 +76,50 @@ def matmul_peak(device: torch.device, seconds: float = 3.0) -> float:
         sync(device)
         best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t0))
     return best / 1e9
+
+
+def dense_block_mask(B: int, T: int, row, start, length, frame=None, branch=None) -> torch.Tensor:
+    """(B, 1, T, T) bool, the mask a FlexMask stands for; positions outside every block see
+    themselves only (their outputs are not compared)."""
+    mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
+        block = causal[:n, :n].clone()
+        if frame is not None:
+            f, b = frame[r, s:s + n], branch[r, s:s + n]
+            block &= (f[:, None] == f[None, :]) & ((b[None, :] == -1) | (b[:, None] == b[None, :]))
+        mask[r, s:s + n, s:s + n] = block
+    return mask.unsqueeze(1)
+
+
+def check_flex_kernel(device: torch.device) -> None:
+    """The compiled FlexAttention kernel the trainer runs against the dense mask (fp32)."""
+    gen = torch.Generator().manual_seed(0)
+    B, T = 2, 1000
+    for lanes in (False, True):
+        row, start, length = [], [], []
+        for r in range(B):
+            t = 0
+            while t < T - 1:
+                n = int(torch.randint(1, min(400, T - t), (1,), generator=gen))
+                row.append(r), start.append(t), length.append(n)
+                t += n
+        row, start, length = (torch.tensor(a) for a in (row, start, length))
+        frame = torch.randint(0, 3, (B, T), generator=gen) if lanes else None
+        branch = torch.randint(-1, 2, (B, T), generator=gen) if lanes else None
+        dense = dense_block_mask(B, T, row, start, length, frame, branch).to(device)
+        inside = torch.zeros(B, T, dtype=torch.bool)
+        for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
+            inside[r, s:s + n] = True
+        keep = inside.to(device)[:, None, :, None]
+        q, k, v = (torch.randn(B, 4, T, 32, device=device, requires_grad=True) for _ in range(3))
+        g = torch.randn(B, 4, T, 32, device=device) * keep
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+        out = flex_attend(q, k, v, FlexMask(B, T, row, start, length, frame, branch).to(device).block_mask())
+        grads = zip(torch.autograd.grad((out * g).sum(), (q, k, v)), torch.autograd.grad((ref * g).sum(), (q, k, v)))
+        for a, b in [(out * keep, ref * keep), *grads]:
+            torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
+    print("FlexAttention kernel: equal to the dense mask (outputs and gradients, with and without lanes)")
 
 
 def count_kernels(step, device: torch.device) -> int:
@@ -157,6 +207,8 @@ def main() -> None:
     print(f"device {device}, preset {name}, micro-batches of {micro:,} positions, "
           f"{'compiled' if compile_model else 'eager'}, load average (1 min) {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} cores")
+    if cuda:
+        check_flex_kernel(device)
     peak = matmul_peak(device)
     print(f"dense matmul peak: {peak:,.0f} GFLOP/s ({'bf16' if cuda else 'fp32'})")
 

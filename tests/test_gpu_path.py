@@ -141,6 +141,7 @@ def test_flex_mask_equals_the_dense_mask(data):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+
 @pytest.mark.parametrize("view", ["cot", "rm"])
 def test_the_cuda_path_step_equals_the_cpu_path_step(views, view):
     """One optimizer step on real packed rows through the CUDA path (rows laid end to end into
