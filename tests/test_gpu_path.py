@@ -416,3 +416,44 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(view, tmp_path
     assert [x[0] for x in a] == [x[0] for x in b] == ["train"] * 3 + ["val"]
     for (_, la, ta), (_, lb, tb) in zip(a, b):
         assert la == pytest.approx(lb, rel=1e-4) and ta == tb
+
+
+def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_path, monkeypatch):
+    """Losses are read only every log_every steps; a step that goes non-finite in between is
+    skipped on the device and caught before the next validation or save: the run stops
+    naming it, `last` stays at the save before it, and no validation runs after it."""
+    import itertools
+    import json
+
+    import rlmlab.learning.train as training
+    from rlmlab.errors import TrainingDiverged
+    from rlmlab.learning.checkpoint import load_run
+    from rlmlab.learning.config import ModelSettings, RunConfig
+
+    exprs = build_pool(60, 7, workers=1).column("expr").to_pylist()
+    tr, va = (build_view_data(e, "rm", VOCAB, workers=1) for e in (exprs[:50], exprs[50:]))
+    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(view="rm", cache_dir=""),
+                    TrainConfig(max_steps=12, warmup_steps=1, eval_every=4, log_every=100, batch_size=8, seed=1))
+    calls, poison = itertools.count(1), {"on": False}
+    real_step, real_loss = training.train_step, training.batch_loss
+
+    def step(*args, **kwargs):
+        poison["on"] = next(calls) >= 7  # steps 7 on
+        try:
+            return real_step(*args, **kwargs)
+        finally:
+            poison["on"] = False
+
+    def loss(fwd, batch, device):
+        value, logits = real_loss(fwd, batch, device)
+        return (value * float("nan") if poison["on"] else value), logits
+
+    monkeypatch.setattr(training, "train_step", step)
+    monkeypatch.setattr(training, "batch_loss", loss)
+    with pytest.raises(TrainingDiverged, match="at step 7"):
+        training.train(cfg, tr, va, tmp_path, progress=False, echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [4]  # none at step 8
+    assert [r["step"] for r in records if r["kind"] == "diverged"] == [6]  # the last good step
+    last = load_run(tmp_path, "last")
+    assert last.step == 4 and all(torch.isfinite(p).all() for p in last.model.parameters())
