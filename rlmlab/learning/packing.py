@@ -10,10 +10,11 @@ keeps padding at a few percent. The dense mask (`attn_mask`) defines what a pack
 computes; training hands it to the model in the form that is fastest on its device
 (`PackedBatch.attention`): on CPU for long rows a `BlockDiagonal`, whose attention cost follows
 the examples' lengths, not the row's; on CUDA a `FlexMask` (one attention call per layer).
-On CUDA the rows of a micro-batch are laid end to end in one row of a fixed length
-(`flat_micro_batches`), so that every forward has one shape and a compiled model one graph. An example longer than `row_len` gets a row of its own,
-rounded up to a multiple of 64 positions: such rows need no mask at all (plain causal
-attention), and long CoT traces are most of CoT's tokens.
+An example longer than `row_len` gets a row of its own, rounded up to a multiple of 64
+positions: such rows need no mask at all (plain causal attention), and long CoT traces are
+most of CoT's tokens. On CUDA the rows of a micro-batch are laid end to end in one row of a
+fixed length (`flat_micro_batches`), so that every forward pass has one shape and a compiled
+model one graph.
 
 `RowStream` turns a dataset into an endless, seeded, resumable sequence of rows: epoch e
 shuffles the examples with seed (seed, e) and packs them; its state is (epoch, row cursor).

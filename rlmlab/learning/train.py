@@ -455,6 +455,7 @@ class Trainer:
         self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
         longest = max(cfg.data.row_length, int(positions.max()), int(self.val_data.lengths.max()) - 1)
         self.flat_len = flat_length(tc, longest, self.step_tokens)  # the "flex" path's one shape
+        self.flat_step = -(-(self.step_tokens + longest) // 128) * 128  # ... if a step were one pass
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
         self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
                                         model_cfg.block_size, self.flat_len)
@@ -490,8 +491,8 @@ class Trainer:
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
                   + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
-                  + (f" (a step takes several: --train.micro_batch_tokens={self.step_tokens + self.flat_len} makes it one)"
-                     if self.attention == "flex" and self.flat_len < self.step_tokens else "")
+                  + (f" (a step may take several: --train.micro_batch_tokens={self.flat_step} makes it one)"
+                     if self.attention == "flex" and self.flat_len < self.flat_step else "")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
                   + (f"; resuming at step {st.step}" if resume else ""))
 
