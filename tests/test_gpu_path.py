@@ -457,3 +457,24 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     assert [r["step"] for r in records if r["kind"] == "diverged"] == [6]  # the last good step
     last = load_run(tmp_path, "last")
     assert last.step == 4 and all(torch.isfinite(p).all() for p in last.model.parameters())
+
+
+def test_flex_attention_outside_a_compiled_model_compiles_once_per_mask_rule():
+    """Without train.compile, CUDA runs FlexAttention through a compiled kernel of its own; each
+    batch brings a new `mask_mod` closure, which must not recompile it (one graph for the
+    plain rule, one for the lane rule)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(flex_attention, backend=counter, dynamic=False)
+    T = 256
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for n in (17, 100, 201):
+            layout = (torch.tensor([0, 0]), torch.tensor([0, n]), torch.tensor([n, T - n]))
+            q = torch.randn(1, 2, T, 16)
+            compiled(q, q, q, block_mask=FlexMask(1, T, *layout).block_mask())
+            lanes = (torch.zeros(1, T, dtype=torch.long), torch.full((1, T), -1))
+            compiled(q, q, q, block_mask=FlexMask(1, T, *layout, *lanes).block_mask())
+    torch._dynamo.reset()
+    assert counter.frame_count == 2
