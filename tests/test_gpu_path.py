@@ -20,6 +20,7 @@ import torch.nn.attention.flex_attention as flex
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._dynamo.testing import CompileCounter
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -258,7 +259,7 @@ def test_the_model_compiles_to_one_graph_without_recompiling(views):
         explained = torch._dynamo.explain(model)(b.idx, pos=b.pos, attn_mask=b.mask)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
         torch._dynamo.reset()
-        counter = torch._dynamo.testing.CompileCounter()
+        counter = CompileCounter()
         compiled = torch.compile(model, backend=counter, fullgraph=True)
         for b in batches:
             compiled(b.idx, pos=b.pos, attn_mask=b.mask)
@@ -465,7 +466,7 @@ def test_flex_attention_outside_a_compiled_model_compiles_once_per_mask_rule():
     plain rule, one for the lane rule)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    counter = torch._dynamo.testing.CompileCounter()
+    counter = CompileCounter()
     compiled = torch.compile(flex_attention, backend=counter, dynamic=False)
     T = 256
     torch._dynamo.reset()
