@@ -194,10 +194,11 @@ def _evaluated(eval_dir: Path) -> dict | None:
 
 
 def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
-             extend: bool = False) -> list[dict]:
-    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`)."""
+             extend: bool = False, ray_gpus: float | None = None) -> list[dict]:
+    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`, each
+    job taking `ray_gpus` of a GPU there)."""
     if ray_address is None:
         return [run_job(j, out, progress, extend) for j in jobs]
     from rlmlab.experiments.cluster import run_on_ray
 
-    return run_on_ray(jobs, out, ray_address, extend)
+    return run_on_ray(jobs, out, ray_address, extend, ray_gpus)
