@@ -237,3 +237,35 @@ def test_results_readme_tables_equal_the_generated_ones(folder):
                 assert [typography(c) for c in cells] == [typography(c) for c in matches[0]], (folder, label)
                 checked_rows += 1
     assert checked_rows, f"{folder}/README.md quotes none of its generated tables"
+
+
+def demo_output() -> list[str]:
+    """The lines of the README's fenced block that shows `rlmlab demo`'s output."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```text\n$ rlmlab demo\n")
+    return text[start:text.index("\n```", start + 1)].splitlines()[2:]
+
+
+def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
+    """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu
+    (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
+    the README shows is the committed per-expression results cut to N per bin."""
+    import json
+
+    shown = markdown_tables("\n".join(demo_output()))[0]
+    report = generated("length-595-paper-cpu", "table-length-595.md")[0]
+    assert shown[0] == report[0]
+    bins = [c.removesuffix(" (IID)") for c in report[0][1:]]
+    n = {int(c) for c in row(shown, "n")}
+    assert len(n) == 1
+    per_bin = n.pop()
+    acc = {}
+    for view, name in (("rm", "RM"), ("cot", "CoT")):
+        path = RESULTS / "length-595-paper-cpu" / "length-595" / view / "eval" / "eval" / "results.jsonl"
+        results = [json.loads(line) for line in path.read_text().splitlines()]
+        acc[name] = [100 * sum(r["correct"] for r in [r for r in results if r["bin"] == b][:per_bin]) / per_bin
+                     for b in bins]
+        assert row(shown, f"{name} acc. (%)") == [f"{a:.1f}" for a in acc[name]], name
+    assert row(shown, "Gap (pt)") == [f"{a - b:+.1f}" for a, b in zip(acc["RM"], acc["CoT"])]
+    for label in ("paper RM (%)", "paper CoT (%)"):
+        assert row(shown, label) == row(report, label)
