@@ -269,3 +269,38 @@ def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
     assert row(shown, "Gap (pt)") == [f"{a - b:+.1f}" for a, b in zip(acc["RM"], acc["CoT"])]
     for label in ("paper RM (%)", "paper CoT (%)"):
         assert row(shown, label) == row(report, label)
+
+
+def test_readme_preset_table_gives_the_presets_step_budgets():
+    """The README's preset table gives each learner's step budget as the preset sets it."""
+    from rlmlab.experiments.presets import get_preset, settings_for
+
+    def steps(cell):
+        return [int(c.replace(",", "")) for c in cell.split(" / ")]
+
+    found = [t for doc, t in quotes("preset") if doc == "README.md"]
+    assert len(found) == 1
+    table, name, checked = found[0], None, 0
+    columns = table[0]
+    for r in table[1:]:
+        name = r[0].strip("`") or name
+        preset = get_preset(name)
+        experiment = r[columns.index("experiment")]
+        for view, column in (("rm", "RM steps"), ("cot", "CoT steps")):
+            given = steps(r[columns.index(column)])
+            if name == "smoke":
+                expected = [preset.max_steps]
+            elif experiment.startswith("length"):
+                expected = [settings_for(preset.per_view, view)["train.max_steps"]]
+            elif experiment.startswith("shortcuts"):
+                expected = [settings_for(preset.shortcut_per_view, view)["train.max_steps"]]
+            elif experiment.startswith("iid, N = "):
+                sizes = steps(experiment.removeprefix("iid, N = "))
+                expected = [settings_for(preset.iid_per_size[n], view)["train.max_steps"] for n in sizes]
+                given = given * len(sizes) if len(given) == 1 else given
+            else:
+                assert experiment.startswith("iid"), experiment
+                expected = [settings_for(preset.iid_per_view, view)["train.max_steps"]]
+            assert given == expected, (name, experiment, view)
+            checked += 1
+    assert checked >= 14
