@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
@@ -89,6 +89,13 @@ class Task:
         """SHA-256 of the canonical form: the task's identity."""
         text = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def spec(self) -> str:
+        """What `load_task` takes to load this task again: a built-in name or the file's path."""
+        if self.source == "built-in" or self.source in builtin_tasks():
+            return self.name if self.source == "built-in" else self.source
+        return str(Path(self.source).resolve())
 
     @property
     def short(self) -> str:
@@ -172,7 +179,7 @@ def load_task(spec: "str | Path | Task | None" = None) -> Task:
     path = Path(spec)
     if not path.exists() and isinstance(spec, str) and "/" not in spec and not spec.endswith(".toml"):
         if (TASKS_DIR / f"{spec}.toml").exists():
-            return _load_file(TASKS_DIR / f"{spec}.toml")
+            return replace(_load_file(TASKS_DIR / f"{spec}.toml"), source=spec)
         raise TaskError(f"--task {spec}: no such task file, and no built-in task of that name "
                         f"(built-in: {', '.join(builtin_tasks())})")
     return _load_file(path)
@@ -331,6 +338,13 @@ def _is_int(v) -> bool:
 
 def _one_line(s: str) -> str:
     return " ".join(s.split())[:500]
+
+
+def add_task_option(parser) -> None:
+    """`--task NAME|FILE` on an argparse (sub)parser."""
+    parser.add_argument("--task", default=None, metavar="NAME|FILE",
+                        help="the task: a task file (docs/tasks.md) or a built-in name "
+                             f"({', '.join(builtin_tasks())}); default: paper")
 
 
 def task_of_meta(identity, what: str) -> str:
