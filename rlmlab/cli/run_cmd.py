@@ -54,6 +54,9 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", default=None, metavar="NAME|FILE",
+                   help="the task: a built-in name or a task file (docs/tasks.md); default paper. Recorded "
+                        "in experiment.json; a folder holds the experiment of one task")
     group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
                                  "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
     docs = field_docs(ExperimentPreset)
@@ -103,6 +106,10 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
+    if args.task is not None:
+        from rlmlab.task.taskfile import load_task
+
+        preset = preset.with_overrides(task=load_task(args.task).spec)  # checked before anything is written
     train = dict(preset.train)
     if args.threads is not None:
         if args.threads < 1:
@@ -116,7 +123,7 @@ def run(args) -> int:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
-                                        "threads", "ray_address")
+                                        "threads", "ray_address", "task")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]

@@ -89,6 +89,8 @@ class ExperimentPreset:
     paper fixes none, its CoT context is 4,096)."""
     eval_batch: int = 64
     """Expressions decoded at once."""
+    task: str = "paper"
+    """The task: a built-in name or a task file (docs/tasks.md); `rlmlab run --task`."""
 
     def __post_init__(self):
         from rlmlab.learning.config import PRESETS as MODEL_PRESETS
@@ -212,6 +214,8 @@ class ExperimentPreset:
         if self.patience is not None:
             s["train.patience"] = self.patience
         s.update({f"train.{k}": v for k, v in self.train.items()})
+        if self.task != "paper":
+            s["data.task"] = self.task
         for table in (self.per_view, per_view or {}):
             s.update(settings_for(table, view))
         return s

@@ -9,8 +9,8 @@ first, then every emitted token.
 Shared vocabulary: every template is written with the paper's library functions only, so one
 vocabulary (`Vocab.from_library()`) serves every experiment.
 
-Recursive sub-expressions. "Z" is a call of a tail-recursive function (accum_sum, factorial,
-fibonacci) whose arguments come from the paper's generator (Z is nesting level 1), that makes
+Recursive sub-expressions. "Z" is a call of a tail-recursive function (a function of kind
+"recursive": accum_sum, factorial, fibonacci) whose arguments come from the paper's generator (Z is nesting level 1), that makes
 at least `min_recursions` recursive calls and has at least `min_returns` internal integer
 returns. The internal returns of a frame are the values v of the `<return> v </return>`
 blocks (v a digit) inside that frame's span of the trace, in trace order; the last one is the
@@ -104,7 +104,14 @@ from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, Vocab
 
 Side = Literal["train", "ood"]
-TAIL_RECURSIVE = ("accum_sum", "factorial", "fibonacci")
+
+
+def tail_recursive(library=None) -> tuple[str, ...]:
+    """The library's tail-recursive functions, from each function's kind."""
+    return tuple(f.name for f in (library or default_library()) if f.kind == "recursive")
+
+
+TAIL_RECURSIVE = tail_recursive()
 FORMAT = "rlmlab.shortcut/1"
 N_IID = 300  # paper: n = 300 IID and 300 OOD evaluation expressions per construction
 N_OOD = 300
@@ -325,7 +332,7 @@ class ShortcutSampler:
         self._buckets: dict[object, deque] = defaultdict(deque)
         self._z_by_value: dict[int, deque] = defaultdict(deque)
         # Z: a tail-recursive root with generator arguments.
-        self._z_sampler = ExpressionSampler(self.library, config.generator, roots=list(TAIL_RECURSIVE))
+        self._z_sampler = ExpressionSampler(self.library, config.generator, roots=list(tail_recursive(self.library)))
         self._int_sampler = ExpressionSampler(self.library, config.generator,
                                               roots=[f.name for f in self.library if f.return_type == INT])
 
@@ -945,7 +952,7 @@ def shortcut_summary(results: Iterable[Mapping], *, prediction_key: str = "predi
     return {"n": len(results), "accuracy": acc, "shortcut_rate": rate}
 
 
-__all__ = ["CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "Construction", "Candidate", "ShortcutSampler",
+__all__ = ["CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "tail_recursive", "Construction", "Candidate", "ShortcutSampler",
            "ShortcutConfig", "ValidityLimits", "TraceFrame", "frame_tree", "internal_returns", "child",
            "answer_position", "RootView", "root_view", "root_payload", "CheckResult", "ValidityReport",
            "check_validity", "check_identifiable", "check_not_one_to_one", "check_no_static_literal",

@@ -224,6 +224,9 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
     limits = limits or Limits()
     results, summary = evaluate(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
                                 traces=traces, progress=progress, task=task)
+    task = load_task(task)
+    if not task.is_paper:  # a paper summary keeps the form it had before tasks were recorded
+        header = {**(header or {}), "task": {**task.identity, "spec": task.spec}}
     summary = {**(header or {}), "data": str(data), **summary,
                "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
                           "max_new_tokens": limits.max_new_tokens}}
