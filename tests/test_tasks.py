@@ -360,3 +360,14 @@ def test_smoke_experiment_on_the_second_task_and_no_mixing(tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     res = [json.loads(line) for line in (out / "length-96" / "rm" / "eval" / "eval" / "results.jsonl").open()]
     assert res and all(parse(r["expr"], load_task("mod7").library) for r in res)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_task_command_describes_and_prints_a_task_that_reads_back_the_same(name, capsys, tmp_path):
+    assert main(["task", name]) == 0
+    out = capsys.readouterr().out
+    assert load_task(name).digest in out and f"vocabulary  {len(load_task(name).vocab)} tokens" in out
+    assert main(["task", name, "--toml"]) == 0
+    path = tmp_path / "t.toml"
+    path.write_text(capsys.readouterr().out)
+    assert load_task(str(path)).digest == load_task(name).digest
