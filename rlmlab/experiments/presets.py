@@ -97,6 +97,8 @@ class ExperimentPreset:
         from rlmlab.learning.config import RunConfig, apply_settings
 
         where = f"experiment preset {self.name!r}"
+        if not isinstance(self.task, str) or not self.task.strip():
+            raise ConfigError(f"{where}: task must be a built-in task name or a task file, got {self.task!r}")
         if self.model not in MODEL_PRESETS:
             raise ConfigError(f"{where}: unknown model preset {self.model!r} (have: {', '.join(MODEL_PRESETS)})")
         for name in ("pool_n", "per_bin_cap", "n_val", "answer_eval", "eval_every", "iid_seeds",

@@ -29,7 +29,7 @@ MAX_RULE_DEPTH = 32  # nested sub-rules; keeps parsing and evaluation far from P
 KEYWORDS = frozenset({"if", "then", "else", "and", "or", "not", "True", "False", "M", "abs", "min", "max"})
 _FUNCS = {"abs": (1, 1), "min": (2, 8), "max": (2, 8)}
 _CMP = ("<=", ">=", "==", "!=", "<", ">")
-_LEX = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|!=|//|[-+*%<>(),]))")
+_LEX = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(<=|>=|==|!=|//|[-+*%<>(),]))", re.ASCII)
 
 
 class RuleError(ValueError):
@@ -207,7 +207,22 @@ def parse_rule(text: str) -> Rule:
     r = rule()
     if pos < len(toks):
         raise RuleError(f"stray {toks[pos]!r} after the rule {text!r}")
+    if _depth(r) > MAX_RULE_DEPTH:  # long operator chains nest too (x + x + ... is left-deep)
+        raise RuleError(f"rule nested more than {MAX_RULE_DEPTH} deep (split a long chain with parentheses)")
     return r
+
+
+def _depth(r: Rule) -> int:
+    """Depth of the rule's tree, without recursion."""
+    deepest, todo = 0, [(r, 1)]
+    while todo:
+        node, d = todo.pop()
+        deepest = max(deepest, d)
+        if isinstance(node, Op):
+            todo.extend((a, d + 1) for a in node.args)
+        elif isinstance(node, If):
+            todo.extend(((node.cond, d + 1), (node.then, d + 1), (node.other, d + 1)))
+    return deepest
 
 
 def to_text(r: Rule) -> str:
