@@ -203,6 +203,8 @@ ITE = {"name": "if_then_else", "params": ["c", "a", "b"], "types": ["bool", "T",
     ([ADD, LESS, SUB, ITE, {"name": "f", "params": ["a", "b"], "body":
       "if_then_else(less(b,1),if_then_else(less(a,1),0,f(sub(a,1),19)),f(a,sub(b,1)))"}], {"modulus": 20},
      "'f': more than 100 recursive calls"),
+    ([ADD, LESS, SUB, ITE, {"name": "f", "params": ["n"], "body": "if_then_else(less(n,1),0,f(sub(n,1)))"}],
+     {"modulus": 61}, r"'f': its calls can nest 123 frames deep, more than 100 \(60 recursive calls\)"),
     ([ADD, {"name": "f", "params": ["n"], "body": "add(f(n),1)"}], {}, "'f'.*declared composite|'f'.*calls itself"),
     ([ADD, LESS, SUB, ITE, {"name": "f", "params": ["n"], "body": "add(f(sub(n,1)),1)", "kind": "recursive"}], {},
      "'f': calls itself outside tail position"),

@@ -6,7 +6,8 @@ a table; composite and tail-recursive functions carry their body in the written 
 and type-checked when the library is built. A library is refused (LibraryError naming the
 function) unless it is well posed: every type checks, every name is known, every rule stays in
 0..M-1, no function calls itself except a tail-recursive one in tail position, and every tail
-recursion reaches its base case within `MAX_RECURSION` self-calls from every input.
+recursion reaches its base case within `MAX_RECURSION` self-calls from every input, and no
+function's calls nest more than `MAX_CALL_DEPTH` frames deep.
 
 Types are "int", "bool", or "T" (a type variable, for lazily evaluated arguments and the
 result a primitive chooses among them, as `if_then_else` does).
@@ -28,6 +29,10 @@ MAX_MODULUS = 100
 """Digit literals are tokens of their own; a larger modulus would swamp the vocabulary."""
 MAX_RECURSION = 100
 """A tail-recursive function must reach its base case within this many self-calls from every input."""
+MAX_CALL_DEPTH = 100
+"""Frames a call of any one function may open below it, bounded from its body and its recursion's
+steps (the paper's deepest, accum_sum and fibonacci, reach 21). Keeps traces within the drivers' default
+depth limit and the recursive executors far from Python's recursion limit."""
 MAX_CHECKED_INPUTS = 100_000
 """Rules and tail recursions are checked on every input; a function with more inputs is refused."""
 MAX_FUNCTIONS = 200
@@ -233,11 +238,45 @@ class Library:
 
         for name in self.functions:
             visit(name, [])
-        for name in order:  # callees first: their own recursions are checked by then
-            if self.functions[name].kind == "recursive":
-                self._check_tail_recursion(name)
+        self.max_call_depth: dict[str, int] = {}
+        for name in order:  # callees first: their own recursions and depths are known by then
+            fn = self.functions[name]
+            steps = self._check_tail_recursion(name) if fn.kind == "recursive" else 0
+            if fn.kind == "primitive":
+                depth = 1
+            else:
+                body = self.bodies[name]
+                depth = 1 + self._depth(body, name) + steps * self._tail_frames(body, name)
+            if depth > MAX_CALL_DEPTH:
+                raise LibraryError(f"function {name!r}: its calls can nest {depth} frames deep, more than "
+                                   f"{MAX_CALL_DEPTH}" + (f" ({steps} recursive calls)" if steps else ""))
+            self.max_call_depth[name] = depth
 
-    def _check_tail_recursion(self, name: str) -> None:
+    def _depth(self, e, name: str) -> int:
+        """Frames below a frame that evaluates `e` (in `name`'s body), the self-calls' own aside."""
+        if isinstance(e, str):
+            return 0
+        below = max((self._depth(a, name) for a in e.args), default=0)
+        if e.fn == name:
+            return below
+        if self.functions[e.fn].kind == "primitive":
+            return 1 + below
+        return max(1 + below, self.max_call_depth[e.fn])
+
+    def _tail_frames(self, e, name: str) -> int:
+        """Frames from a frame of `name` down to its next frame, along the tail position."""
+        if isinstance(e, str):
+            return 0
+        if e.fn == name:
+            return 1
+        g = self.functions[e.fn]
+        if g.kind != "primitive" or not g.lazy:
+            return 0
+        return 1 + max(self._tail_frames(a, name) for a in e.args[g.bound:])
+
+    def _check_tail_recursion(self, name: str) -> int:
+        """Check that `name` recurses in tail position only and ends from every input; returns
+        the most recursive calls it makes from one."""
         fn = self.functions[name]
         body = self.bodies[name]
 
@@ -282,6 +321,7 @@ class Library:
             if steps[start] > MAX_RECURSION:
                 raise LibraryError(f"function {name!r}: more than {MAX_RECURSION} recursive calls "
                                    f"from {_show(name, start)}")
+        return max(steps.values())
 
     def _tail_step(self, name: str, body: Call, args: tuple) -> tuple | None:
         """The arguments of the self-call that `name(*args)` makes, or None at a base case."""
