@@ -375,3 +375,28 @@ def test_the_task_command_describes_and_prints_a_task_that_reads_back_the_same(n
     path = tmp_path / "t.toml"
     path.write_text(capsys.readouterr().out)
     assert load_task(str(path)).digest == load_task(name).digest
+
+
+def test_train_and_eval_on_a_task_file(tmp_path, capsys, one_torch_thread):
+    task_file = tmp_path / "mine.toml"
+    task_file.write_text((TASKS_DIR / "mod7.toml").read_text().replace('name = "mod7"', 'name = "mine"'))
+    pool, paper_pool = tmp_path / "pool.parquet", tmp_path / "paper.parquet"
+    assert main(["data", "pool", "--task", str(task_file), "--n", "300", "--seed", "1", "--out", str(pool),
+                 "--quiet", "--workers", "1"]) == 0
+    write_pool(build_pool(300, 1, workers=1), paper_pool)
+    run = tmp_path / "run"
+    common = ["train", "--view", "rm", "--preset", "tiny", "--out", str(run), "--max-steps", "2", "--quiet",
+              "--data.val_size=50", "--train.answer_eval=0", "--data.cache_dir="]
+    assert main([*common, "--data", str(paper_pool), "--task", str(task_file)]) == 2  # a pool of another task
+    assert "belongs to task 'paper'" in capsys.readouterr().err and not run.exists()
+    assert main([*common, "--data", str(pool), "--task", str(task_file)]) == 0
+    saved = json.loads((run / "best" / "checkpoint.json").read_text())
+    assert saved["task"]["digest"] == load_task("mod7").digest  # the name is not part of the identity
+    assert saved["config"]["data"]["task"] == str(task_file.resolve())
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data", str(pool), "--limit", "5", "--quiet", "--max-new-tokens", "20"]) == 0
+    summary = json.loads((run / "eval" / "pool" / "summary.json").read_text())
+    assert summary["task"]["digest"] == load_task("mod7").digest
+    assert main(["eval", str(run), "--data", str(paper_pool), "--limit", "5", "--quiet"]) == 2
+    assert main(["eval", str(run), "--task", "paper", "--data", str(pool), "--quiet"]) == 2
+    assert "belongs to task 'mine'" in capsys.readouterr().err
