@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
-from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, parse, substitute, value_token
+from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse, value_token
 from rlmlab.task.rules import KEYWORDS, Lazy, RuleError, check_rule, eval_rule, parse_rule
 
 Kind = Literal["primitive", "composite", "recursive"]
@@ -325,19 +325,30 @@ class Library:
 
     def _tail_step(self, name: str, body: Call, args: tuple) -> tuple | None:
         """The arguments of the self-call that `name(*args)` makes, or None at a base case."""
-        fn = self.functions[name]
-        e = substitute(body, dict(zip(fn.params, map(value_token, args))))
+        env = dict(zip(self.functions[name].params, args))
+        e = body
         while isinstance(e, Call):  # walk the tail position down to a value or the self-call
             if e.fn == name:
-                return tuple(evaluate(a, self) for a in e.args)
+                return tuple(self._value(a, env) for a in e.args)
             g = self.functions[e.fn]
             if g.kind != "primitive" or not g.lazy:
                 return None
-            r = g.impl(*(evaluate(a, self) for a in e.args[:g.bound]))
+            r = g.impl(*(self._value(a, env) for a in e.args[:g.bound]))
             if not isinstance(r, Lazy):
                 return None
             e = e.args[r.index]
         return None
+
+    def _value(self, e, env: dict):
+        """The value of a body expression with its parameters bound to the values `env`."""
+        if isinstance(e, str):
+            return env[e] if e in env else literal_value(e)
+        g = self.functions[e.fn]
+        vals = [self._value(a, env) for a in e.args[:g.bound]]
+        if g.impl is not None:
+            v = g.impl(*vals)
+            return self._value(e.args[v.index], env) if type(v) is Lazy else v
+        return evaluate(Call(e.fn, tuple(map(value_token, vals))), self)
 
     def _domain(self, type_: str) -> tuple:
         return (False, True) if type_ == BOOL else tuple(range(self.modulus))
