@@ -60,6 +60,9 @@ def register(sub) -> None:
                    help="each job's share of a GPU on the Ray cluster (default 0.25 where the cluster has GPUs; "
                         "0: train on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", default=None, metavar="NAME|FILE",
+                   help="the task: a built-in name or a task file (docs/tasks.md); default paper. Recorded "
+                        "in experiment.json; a folder holds the experiment of one task")
     group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
                                  "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
     docs = field_docs(ExperimentPreset)
@@ -109,6 +112,10 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
+    if args.task is not None:
+        from rlmlab.task.taskfile import load_task
+
+        preset = preset.with_overrides(task=load_task(args.task).spec)  # checked before anything is written
     train = dict(preset.train)
     if args.ray_gpus_per_job is not None:
         if args.ray_address is None:
@@ -127,7 +134,7 @@ def run(args) -> int:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
-                                        "threads", "ray_address", "ray_gpus_per_job")
+                                        "threads", "ray_address", "ray_gpus_per_job", "task")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]

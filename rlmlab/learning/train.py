@@ -58,6 +58,7 @@ from rlmlab.learning.checkpoint import (
     load_optimizer_state,
     read_meta,
     rng_state,
+    run_task,
     save_checkpoint,
     set_rng_state,
 )
@@ -84,7 +85,8 @@ from rlmlab.learning.packing import (
 )
 from rlmlab.learning.views import ViewData, build_view_data
 from rlmlab.task.pool import read_pool
-from rlmlab.task.vocab import Vocab, default_vocab
+from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
 
@@ -101,9 +103,9 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expressions(path: str | Path) -> list[str]:
-    """The `expr` column of a pool or expression-set parquet."""
-    return read_pool(path).column("expr").to_pylist()
+def read_expressions(path: str | Path, task=None) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet of `task` (default: the paper's)."""
+    return read_pool(path, task=task).column("expr").to_pylist()
 
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
@@ -111,11 +113,12 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     configured view's training and validation examples (cached, see `build_view_data`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
-    vocab = vocab or default_vocab()
-    exprs = read_expressions(data.train)
+    task = load_task(data.task)
+    vocab = vocab or task.vocab
+    exprs = read_expressions(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
-        val_exprs, train_exprs = read_expressions(data.val), exprs
+        val_exprs, train_exprs = read_expressions(data.val, task), exprs
         val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
@@ -133,8 +136,9 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows), val_exprs)
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows, task=task),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows, task=task),
+                     val_exprs)
 
 
 def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
@@ -402,6 +406,9 @@ class Trainer:
         self.vocab, self.view = train_data.vocab, train_data.view
         if (val_data.vocab, val_data.view) != (self.vocab, self.view):
             raise DataError("training and validation examples differ in view or vocabulary")
+        self.task = load_task(cfg.data.task)
+        if self.vocab != self.task.vocab:
+            raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
         if self.view != cfg.data.view:
             raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
         self.device = device = resolve_device(tc.device)
@@ -427,6 +434,7 @@ class Trainer:
             if fixed:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            run_task(meta, ckpt, self.task)  # a run continues on its own task only
             if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
                 raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
             if "trainer" not in meta:
@@ -535,6 +543,7 @@ class Trainer:
             self._read_losses()
             self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
         save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+                        task=self.task,
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
                         trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
