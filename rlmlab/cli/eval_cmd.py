@@ -18,7 +18,7 @@ from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.learner import learner
 from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
 from rlmlab.measuring.stats import group_accuracy
-from rlmlab.task.vocab import Vocab
+from rlmlab.task.taskfile import add_task_option, load_task
 
 
 def register(sub) -> None:
@@ -30,7 +30,8 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column) or a text file, one "
                    "expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
-    p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="expressions decoded at once (default 256 on CUDA, 64 on CPU)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>; with "
                    "--oracle runs/oracle-<view>/eval/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
@@ -50,6 +51,7 @@ def register(sub) -> None:
                    "default only those that differ from the canonical trace)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -73,7 +75,12 @@ def _check_args(args) -> None:
 
 def run(args) -> int:
     _check_args(args)
-    exprs, extra = read_expressions(args.data, args.limit)
+    task = load_task(args.task) if args.oracle or args.task else None
+    run_ = None
+    if not args.oracle:  # the run's own task (or the one asked for, which must be the run's)
+        run_ = load_run(args.run_dir, which=args.which, task=task)
+        task = run_.task
+    exprs, extra = read_expressions(args.data, args.limit, task)
     if args.by is not None and args.by not in RESULT_FIELDS + tuple(extra[0]):
         raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(RESULT_FIELDS + tuple(extra[0]))})")
     stem = Path(args.data).stem
@@ -83,12 +90,11 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     model, header = None, {}
     if args.oracle:
-        view, vocab = args.view, Vocab.from_library()
-        predictor = oracle_predictor(view, vocab)
+        view, vocab = args.view, task.vocab
+        predictor = oracle_predictor(view, vocab, task.library)
         out = Path(args.out or Path("runs") / f"oracle-{view}" / "eval" / stem)
         header = {"predictor": "oracle"}
     else:
-        run_ = load_run(args.run_dir, which=args.which)
         view, vocab, model = run_.view, run_.vocab, run_.model
         predictor = ModelPredictor(model)
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
@@ -99,7 +105,8 @@ def run(args) -> int:
         results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
                                          batch_size=args.batch_size, model=None if args.no_per_token else model,
                                          traces=True if args.traces else "inexact",
-                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header)
+                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header,
+                                         task=task)
     print(render(summary))
     if args.by:
         print(render_groups(group_accuracy(results, args.by), args.by))

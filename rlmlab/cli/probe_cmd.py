@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.task.taskfile import add_task_option, load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
 
@@ -40,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--positions-only", action="store_true", help="skip the answer level (no decoding)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -63,24 +65,26 @@ def run(args) -> int:
         observer(args.oracle)  # one-line error for an unknown view, before any data is read
         if args.out is None:
             raise ConfigError("--oracle needs --out (there is no run folder to write into)")
-    exprs, extra, by = read_grouped(args.data, args.limit, args.by, GROUP_COLUMNS, args.per_group)
+    task = load_task(args.task) if args.oracle is not None or args.task else None
+    run_ = None
+    if args.oracle is None:  # the run's own task (or the one asked for, which must be the run's)
+        run_ = load_run(args.run_dir, which=args.which, task=task)
+        task = run_.task
+    exprs, extra, by = read_grouped(args.data, args.limit, args.by, GROUP_COLUMNS, args.per_group, task=task)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     if args.oracle is not None:
-        from rlmlab.task.vocab import default_vocab
-
-        vocab, view, step, source, which = default_vocab(), args.oracle, None, f"oracle:{args.oracle}", "exact"
-        predictor = oracle_predictor(view, vocab)
+        vocab, view, step, source, which = task.vocab, args.oracle, None, f"oracle:{args.oracle}", "exact"
+        predictor = oracle_predictor(view, vocab, task.library)
     else:
-        run_ = load_run(args.run_dir, which=args.which)
         vocab, view, step, source, which = run_.vocab, run_.view, run_.step, str(args.run_dir), args.which
         predictor = ModelPredictor(run_.model)
     limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
     with stages(args.quiet) as stage:
         rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
-                     stage=stage)
+                     stage=stage, library=task.library)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,13 @@ def register(sub) -> None:
                         "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
+    p.add_argument("--ray-gpus-per-job", type=float, default=None,
+                   help="each job's share of a GPU on the Ray cluster (default 0.25 where the cluster has GPUs; "
+                        "0: train on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", default=None, metavar="NAME|FILE",
+                   help="the task: a built-in name or a task file (docs/tasks.md); default paper. Recorded "
+                        "in experiment.json; a folder holds the experiment of one task")
     group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
                                  "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
     docs = field_docs(ExperimentPreset)
@@ -125,7 +131,16 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
+    if args.task is not None:
+        from rlmlab.task.taskfile import load_task
+
+        preset = preset.with_overrides(task=load_task(args.task).spec)  # checked before anything is written
     train = dict(preset.train)
+    if args.ray_gpus_per_job is not None:
+        if args.ray_address is None:
+            raise ConfigError("--ray-gpus-per-job goes with --ray-address")
+        if not 0 <= args.ray_gpus_per_job <= 1:
+            raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {args.ray_gpus_per_job:g}")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
@@ -143,12 +158,12 @@ def run(args) -> int:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                if k in ("threshold", "lengths", "depths", "views", "constructions", "sizes", "seeds",
-                                        "minutes", "max_steps", "threads", "ray_address")
+                                        "minutes", "max_steps", "threads", "ray_address", "ray_gpus_per_job", "task")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
-                   progress=not args.quiet, extend=args.extend)
+                   progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job)
     return 0

@@ -6,6 +6,7 @@ import json
 import sys
 
 from rlmlab.errors import RlmlabError
+from rlmlab.task.taskfile import add_task_option, load_task
 from rlmlab.task.trace import Execution, execute
 
 BLUE, RED, BOLD, RESET = "\033[34m", "\033[31m", "\033[1m", "\033[0m"
@@ -18,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("exprs", nargs="+", metavar="EXPR", help="written expression, e.g. 'add(square(2),3)', or -")
     p.add_argument("--json", action="store_true", help="one JSON object per expression, one per line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -60,11 +62,12 @@ def _inputs(exprs: list[str]):
 
 def run(args) -> int:
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    library = load_task(args.task).library
     failed = 0
     first = True
     for text in _inputs(args.exprs):
         try:
-            ex = execute(text)
+            ex = execute(text, library)
         except RlmlabError as e:
             print(f"rlmlab trace: error: {e}", file=sys.stderr)
             failed += 1

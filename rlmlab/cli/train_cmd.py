@@ -49,6 +49,8 @@ def register(sub) -> None:
                    "(train.max_minutes; machine-dependent)")
     p.add_argument("--seed", type=int, help="train.seed")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--task", metavar="NAME|FILE", help="the task of the data (data.task; default paper): "
+                   "a built-in name or a task file (docs/tasks.md)")
     for section, cls in SECTIONS.items():
         group = p.add_argument_group(f"{section} settings")
         docs = field_docs(cls)
@@ -68,7 +70,12 @@ def resolve_config(args) -> RunConfig:
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
-    flags = {"data": {"view": args.view, "train": args.data, "val": args.val},
+    task = None
+    if args.task is not None:  # recorded as a built-in name or an absolute path, checked before anything is written
+        from rlmlab.task.taskfile import load_task
+
+        task = load_task(args.task).spec
+    flags = {"data": {"view": args.view, "train": args.data, "val": args.val, "task": task},
              "model": {"preset": args.preset},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}

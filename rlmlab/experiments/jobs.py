@@ -97,7 +97,8 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
     from rlmlab.measuring.score import answer_accuracy_fn
 
     split = prepare_data(cfg.data)
-    validate_fn = answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval]) if cfg.train.answer_eval else None
+    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=cfg.data.task)
+                   if cfg.train.answer_eval else None)
     return train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn, progress=progress)
 
 
@@ -154,13 +155,14 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
             summaries[set_name] = saved
             continue
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
-        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
+        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
+                                    task=job.settings.get("data.task"))
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
             eval_dir, ModelPredictor(loaded.model), loaded.view, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
-                    "set": set_name})
+                    "set": set_name}, task=loaded.task)
     return summaries
 
 
@@ -194,10 +196,11 @@ def _evaluated(eval_dir: Path) -> dict | None:
 
 
 def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
-             extend: bool = False) -> list[dict]:
-    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`)."""
+             extend: bool = False, ray_gpus: float | None = None) -> list[dict]:
+    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`, each
+    job taking `ray_gpus` of a GPU there)."""
     if ray_address is None:
         return [run_job(j, out, progress, extend) for j in jobs]
     from rlmlab.experiments.cluster import run_on_ray
 
-    return run_on_ray(jobs, out, ray_address, extend)
+    return run_on_ray(jobs, out, ray_address, extend, ray_gpus)

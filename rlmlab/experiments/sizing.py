@@ -26,6 +26,7 @@ import numpy as np
 from rlmlab.errors import DataError
 from rlmlab.task.expr import Call, default_library, literal_value, parse, size, substitute, value_token
 from rlmlab.task.library import Library
+from rlmlab.task.rules import Lazy
 
 # --- per-expression statistics ---------------------------------------------------------------
 
@@ -61,10 +62,9 @@ def _lane_fn(library: Library):
                 bound.append(literal_value(arg))
             else:
                 bound.append(child(arg, 2))
-        if fn.name == "if_then_else":
-            body = q.args[1] if bound[0] else q.args[2]
-        elif fn.impl is not None:
-            body = value_token(fn.impl(*bound))
+        if fn.impl is not None:
+            v = fn.impl(*bound)
+            body = q.args[v.index] if type(v) is Lazy else value_token(v)  # a lazy argument: a tail call
         else:
             body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
         if isinstance(body, str):
@@ -100,9 +100,10 @@ def lane_stats(expr: Call | str, library: Library | None = None) -> LaneStats:
     return LaneStats(tokens, frames, longest, size(q))
 
 
-def pool_lane_columns(texts: list[str], progress: bool = False) -> dict[str, np.ndarray]:
+def pool_lane_columns(texts: list[str], progress: bool = False, library: Library | None = None
+                      ) -> dict[str, np.ndarray]:
     """`lane_stats` of every expression, as arrays (lane tokens, frames, longest lane, prompt)."""
-    library = default_library()
+    library = library or default_library()
     out = {k: np.zeros(len(texts), dtype=np.int64) for k in ("lane_tokens", "frames", "longest_lane", "prompt")}
     it = enumerate(texts)
     if progress:
@@ -240,13 +241,15 @@ def calibrate(rows: list[dict], reference: dict) -> None:
 
 def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
     from rlmlab.task.pool import build_pool, read_pool
+    from rlmlab.task.taskfile import load_task
 
+    task = load_task(preset.task)
     if pool is not None:
-        table = read_pool(pool)
+        table = read_pool(pool, task=task)
     elif (out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet").exists():
-        table = read_pool(out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet")
+        table = read_pool(out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet", task=task)
     else:
-        table = build_pool(preset.pool_n, preset.pool_seed, progress=progress)
+        table = build_pool(preset.pool_n, preset.pool_seed, progress=progress, task=task)
     meta = (table.schema.metadata or {}).get(b"rlmlab.task.pool")
     if meta is not None:
         import json
@@ -271,7 +274,9 @@ def size_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | 
     table = load_plan_pool(preset, Path(out), pool, progress)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
-    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress))
+    from rlmlab.task.taskfile import load_task
+
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, load_task(preset.task).library))
     ref_kind, ref_t = REFERENCE["rm"]["threshold"]
     wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
     ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}

@@ -147,6 +147,8 @@ class DataSettings:
     """Where encoded examples are cached as .npz (default: ~/.cache/rlmlab/views; "" disables)."""
     workers: int | None = None
     """Processes that execute expressions when building examples (default: every core)."""
+    task: str = "paper"
+    """The task the expressions belong to: a built-in name (paper, mod7) or a task file (docs/tasks.md)."""
 
     def __post_init__(self):
         _typecheck(self, "data")

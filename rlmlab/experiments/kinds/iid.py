@@ -194,7 +194,7 @@ class IIDSweep(ExperimentKind):
         if not (data / "split.json").exists():
             iid_split(load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
                       dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace).save(data)
-        split = Split.load(data)
+        split = Split.load(data, p.task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
         available = split.train.num_rows

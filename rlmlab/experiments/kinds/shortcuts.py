@@ -177,7 +177,13 @@ class ShortcutSuite(ExperimentKind):
 
         from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
 
+        from rlmlab.task.taskfile import load_task
+
         p = preset
+        task = load_task(p.task)
+        if not task.is_paper:
+            raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
+                              f"arithmetic; they do not run on {task.describe()}")
         names = list(constructions or CONSTRUCTIONS)
         unknown = [n for n in names if n not in CONSTRUCTIONS]
         if unknown:

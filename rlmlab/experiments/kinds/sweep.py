@@ -15,7 +15,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
 from rlmlab.experiments.jobs import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.kinds.threshold import report_threshold
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
@@ -262,10 +262,10 @@ class ThresholdSweep(ExperimentKind):
     meta_fields = {"splits": dict, "shared": dict}
 
     def identity(self, meta: dict) -> dict:
-        return {"kind": meta.get("kind"), "shared": meta.get("shared")}
+        return {"kind": meta.get("kind"), "shared": meta.get("shared"), "task": meta_task_digest(meta)}
 
     def planned_identity(self, preset, lengths=None, depths=None) -> dict:
-        return {"kind": self.name, "shared": shared(preset)}
+        return {"kind": self.name, "shared": shared(preset), "task": preset_task_digest(preset)}
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, lengths=None,
              depths=None) -> list[Job]:
@@ -299,7 +299,7 @@ class ThresholdSweep(ExperimentKind):
                     raise DataError(f"{out}: the split {name} rebuilt from the pool differs from the one its "
                                     "experiment.json records; use another --out")
                 built.save(data)
-            split = Split.load(data)
+            split = Split.load(data, p.task)
             check_split(data, split.params, p, asked)
             splits[name] = split.params
             jobs += [Job(name, v, str(data / "train.parquet"), str(data / "val.parquet"),
@@ -335,8 +335,9 @@ class ThresholdSweep(ExperimentKind):
         if meta.get("kind") not in SPLIT_KINDS:
             return None
         preset = meta.get("preset") or {}
-        return {"kind": self.name, "preset": preset, "shared": {f: preset.get(f) for f in SHARED_PRESET_FIELDS},
-                "splits": {job_name(meta["kind"], int(meta["threshold"])): meta["split"]}}
+        task = {"task": meta["task"]} if "task" in meta else {}
+        return {"kind": self.name, "preset": preset, **task,
+                "shared": {f: preset.get(f) for f in SHARED_PRESET_FIELDS}, "splits": {job_name(meta["kind"], int(meta["threshold"])): meta["split"]}}
 
     def absorb_command(self, line: str, meta: dict) -> str:
         """A stored `rlmlab run length|depth` command line of an absorbed experiment (`meta`) as
