@@ -8,8 +8,10 @@ on one line and exit with status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from rlmlab.errors import RlmlabError
 
@@ -20,15 +22,52 @@ COMMANDS = ("demo", "run", "report", "export", "view", "trace", "data", "train",
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlmlab", description="Recursive language models vs CoT on "
                                      "symbolic expression evaluation.")
+    parser.add_argument("--version", action="version", version=f"rlmlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"rlmlab.cli.{name}_cmd").register(sub)
     return parser
 
 
+def _version() -> str:
+    try:
+        return version("rlmlab")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser that `args` went through (`rlmlab data pool` -> pool's)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[name]
+
+
+def unknown_options_error(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """Exit (status 2) naming the arguments the command does not take, with the closest option
+    it does take for each mistyped one (`--model.n_layr=3` -> `--model.n_layer`)."""
+    cmd = _command_parser(parser, args)
+    options = [o for a in cmd._actions for o in a.option_strings if o.startswith("--")]
+    by_key = {"--" + o.rpartition(".")[2]: o for o in options if "." in o}  # --lr -> --train.lr
+    hints = []
+    for arg in extra:
+        flag = arg.partition("=")[0]
+        if not flag.startswith("--"):
+            continue
+        close = [by_key[flag]] if flag in by_key else difflib.get_close_matches(flag, options + list(by_key), 1, 0.6)
+        if close:
+            hints.append(f"{flag}: did you mean {by_key.get(close[0], close[0])}?")
+    cmd.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; {h}" for h in hints))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown_options_error(parser, args, extra)
     if sys.stdout is None:  # started with standard output closed (`rlmlab ... >&-`)
         if sys.stderr is not None:
             print(f"rlmlab {args.command}: error: standard output is closed", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`rlmlab train`: train a CoT or RM model on a pool of expressions.
 
-    rlmlab train --view rm --preset small --data pool.parquet --out runs/rm-small --minutes 20
+    rlmlab train --learner rm --preset small --data pool.parquet --out runs/rm-small --minutes 20
     rlmlab train --out runs/rm-small --resume --minutes 40          # continue, same settings
 
 Settings: defaults < --config FILE (JSON or TOML) < --section.key=value < the flags below.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
 from rlmlab.learning.config import (
     PRESETS,
     SECTIONS,
@@ -30,7 +29,8 @@ OVERRIDE = "override:"
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a CoT or RM model", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--view", metavar="VIEW", help="what the model reads (data.view; default rm): "
+    p.add_argument("--learner", "--view", dest="learner", metavar="LEARNER",  # --view: the old spelling
+                   help="what the model reads and how it is trained to (data.view; default rm): "
                    f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
@@ -58,12 +58,14 @@ def resolve_config(args) -> RunConfig:
     """Defaults (or the resumed run's settings) < config file < dotted overrides < flags."""
     cfg = RunConfig()
     if args.resume:
+        from rlmlab.learning.checkpoint import checkpoint_dir, read_meta  # torch: not for `--help`
+
         ckpt = checkpoint_dir(args.out, "last")
         cfg = apply_dict(cfg, read_meta(ckpt)["config"], where=str(ckpt))
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
-    flags = {"data": {"view": args.view, "train": args.data, "val": args.val},
+    flags = {"data": {"view": args.learner, "train": args.data, "val": args.val},
              "model": {"preset": args.preset},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}

@@ -14,6 +14,7 @@ steps comparable between the views; the loss is the mean over the step's target 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import tomllib
@@ -391,13 +392,14 @@ def apply_dict(cfg: RunConfig, d: dict, where: str = "config") -> RunConfig:
     sections = {}
     for name, values in d.items():
         if name not in SECTIONS:
-            raise ConfigError(f"{where}: unknown config section {name!r} (have: {', '.join(SECTIONS)})")
+            raise ConfigError(f"{where}: unknown config section {name!r} (have: {', '.join(SECTIONS)})"
+                              f"{_closest(name, SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: section {name!r} must be an object")
         known = {f.name for f in fields(SECTIONS[name])}
         for key in values:
             if key not in known:
-                raise ConfigError(f"{where}: unknown config key '{name}.{key}'")
+                raise ConfigError(f"{where}: unknown config key '{name}.{key}'{_closest(key, known, name + '.')}")
         sections[name] = replace(getattr(cfg, name), **values)
     return replace(cfg, **sections)
 
@@ -417,7 +419,7 @@ def parse_setting(key: str, text: str, where: str | None = None):
     field's type; `where` names the option in errors (default: the key)."""
     section, _, name = key.partition(".")
     if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-        raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'")
+        raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'{_closest(key, config_keys())}")
     return parse_value(text, _hints(SECTIONS[section])[name], where or key)
 
 
@@ -428,9 +430,20 @@ def apply_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
     for key, value in settings.items():
         section, _, name = key.partition(".")
         if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-            raise ConfigError(f"unknown config key '{key}'")
+            raise ConfigError(f"unknown config key '{key}'{_closest(key, config_keys())}")
         nested.setdefault(section, {})[name] = value
     return apply_dict(cfg, nested, where="settings")
+
+
+def config_keys() -> list[str]:
+    """Every `section.key` a run config has."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+
+
+def _closest(name: str, known, prefix: str = "") -> str:
+    """' (did you mean X?)' for the known name closest to a mistyped one, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
 def _split(override: str) -> tuple[str, str]:
