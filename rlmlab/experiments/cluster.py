@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 
 LOST_WORKER_RETRIES = 3
 """Times Ray starts a job again after its worker process or node died (its own errors are final)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
-from rlmlab.task.expr import ANY, BOOL, INT, Call, infer_type, parse
+from rlmlab.task.expr import ANY, BOOL, INT, Call, infer_type, parse, set_default_library
 
 Kind = Literal["primitive", "composite", "recursive"]
 
@@ -137,3 +137,4 @@ class Library:
 
 
 PAPER_LIBRARY = Library(PAPER_FUNCTIONS)
+set_default_library(PAPER_LIBRARY)
