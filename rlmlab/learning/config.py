@@ -222,6 +222,9 @@ class TrainConfig:
     """torch.compile the model (worth it on CUDA; on CPU it gains ~0-5% for a ~1 min compile)."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
+    tensorboard: bool = False
+    """Also write metrics.jsonl's records as TensorBoard scalars to the run folder's tb/ (needs
+    the tensorboard extra: pip install "rlmlab[tensorboard]")."""
 
     def __post_init__(self):
         _typecheck(self, "train")

@@ -69,6 +69,7 @@ from rlmlab.learning.packing import (
     pack_rows,
     padding_fraction,
 )
+from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.learning.views import ViewData, build_view_data
 from rlmlab.task.pool import read_pool
 from rlmlab.task.vocab import Vocab, default_vocab
@@ -300,9 +301,10 @@ def _stop_on_signals(echo):
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        """A new log, or with `resume_step` the existing one continued after that step."""
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None = None, mirror=None):
+        """A new log, or with `resume_step` the existing one continued after that step; `mirror`
+        (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
+        self.path, self.mirror = path, mirror
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
             kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
@@ -314,9 +316,13 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def close(self) -> None:
         self.f.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _step_of(line: str) -> float:
@@ -350,6 +356,8 @@ class Trainer:
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
+        if tc.tensorboard:
+            require_tensorboard()  # before anything is written
         self.vocab, self.view = train_data.vocab, train_data.view
         if (val_data.vocab, val_data.view) != (self.vocab, self.view):
             raise DataError("training and validation examples differ in view or vocabulary")
@@ -411,7 +419,9 @@ class Trainer:
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
+        resume_step = self.state.step if resume else None
+        mirror = TensorBoardLog(self.run_dir / TB_DIR, resume_step) if tc.tensorboard else None
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step, mirror=mirror)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
