@@ -9,7 +9,7 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_results
 from rlmlab.measuring.score import (
     answer_accuracy_fn,
-    evaluate,
+    decode_and_score,
     expression_results,
     per_token_counts,
     per_token_hits,
@@ -122,11 +122,11 @@ def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
 
 def test_evaluate_with_the_oracle_is_perfect_and_with_a_model_counts_tokens():
     exprs = sample_expressions(30, 33)
-    results, s = evaluate(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB, batch_size=7)
+    results, s = decode_and_score(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB, batch_size=7)
     assert s["accuracy"] == 1.0 and s["trace_exact"] == 1.0 and s["valid"] == 1.0
     assert [r["expr"] for r in results] == [execute(e).text for e in exprs]  # input order kept
     model = _model("rm")
-    results, s = evaluate(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16)
+    results, s = decode_and_score(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16)
     assert s["per_token_positions"] == sum(execute(e).trace_len - execute(e).prompt_len for e in exprs)
     assert 0.0 <= s["per_token_ci95"][0] <= s["per_token"] <= s["per_token_ci95"][1] <= 1.0
 

@@ -28,7 +28,9 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
-    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
+    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="experiment preset: data "
+                   "sizes, model preset, budgets and evaluation sizes (default small); not the model presets of "
+                   "`rlmlab train --preset`")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
     p.add_argument("--learners", "--views", dest="learners", default=",".join(PAPER_LEARNERS),  # --views: old

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import fields
 
 from rlmlab.learning.config import (
-    PRESETS,
+    MODEL_PRESETS,
     SECTIONS,
     RunConfig,
     apply_dict,
@@ -33,7 +33,9 @@ def register(sub) -> None:
                    help="what the model reads and how it is trained to (data.view; default rm): "
                    f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
-    p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
+    p.add_argument("--preset", choices=tuple(MODEL_PRESETS), help="model preset: the model's size, "
+                   "the same for every learner (model.preset; default small); not the experiment presets of "
+                   "`rlmlab run --preset`")
     p.add_argument("--data", metavar="PARQUET",
                    help="training expressions: a pool from `rlmlab data pool` (data.train)")
     p.add_argument("--val", metavar="PARQUET", help="validation expressions (data.val; default: split off --data)")

@@ -61,7 +61,7 @@ class ModelConfig:
 
 
 # Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
-PRESETS: dict[str, dict[str, dict]] = {
+MODEL_PRESETS: dict[str, dict[str, dict]] = {
     # The paper's backbone: 6 layers, 6 heads, width 384; 2,048 positions for RM, 4,096 for CoT.
     "paper": {"rm": dict(n_layer=6, n_head=6, n_embd=384, block_size=2048),
               "cot": dict(n_layer=6, n_head=6, n_embd=384, block_size=4096)},
@@ -83,12 +83,12 @@ PRESETS: dict[str, dict[str, dict]] = {
 def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
     """The preset's sizes for a view: the "rm" column for views with short contexts (active
     frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(MODEL_PRESETS)})")
     from rlmlab.learning.observe import observer
 
     obs = observer(view)
-    base = dict(PRESETS[name][obs.family])
+    base = dict(MODEL_PRESETS[name][obs.family])
     if obs.context_bound is not None:
         # A window of K tokens must fit the positional table whatever the preset.
         base["block_size"] = max(base["block_size"], obs.context_bound)
@@ -113,8 +113,8 @@ class ModelSettings:
 
     def __post_init__(self):
         _typecheck(self, "model")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(PRESETS)})")
+        if self.preset not in MODEL_PRESETS:
+            raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(MODEL_PRESETS)})")
 
     def build(self, view: str, vocab_size: int) -> ModelConfig:
         overrides = {f.name: getattr(self, f.name) for f in fields(self)

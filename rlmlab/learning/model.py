@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rlmlab.learning.attention import BlockDiagonal
-from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 
 
 class CausalSelfAttention(nn.Module):

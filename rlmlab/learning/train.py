@@ -100,10 +100,10 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     vocab = vocab or default_vocab()
-    exprs = read_expressions(data.train)
+    exprs = read_expr_column(data.train)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
-        val_exprs, train_exprs = read_expressions(data.val), exprs
+        val_exprs, train_exprs = read_expr_column(data.val), exprs
         val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
@@ -198,7 +198,7 @@ def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+def validation_metrics(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
     """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy."""
     loss_sum, correct, n_targets = 0.0, 0, 0
     wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
@@ -513,7 +513,7 @@ class Trainer:
         t0 = time.perf_counter()
         tc, st, model = self.tc, self.state, self.model
         model.eval()
-        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        metrics = validation_metrics(self.fwd, self.val_batches, len(self.val_data), self.device)
         if self.validate_fn is not None:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []

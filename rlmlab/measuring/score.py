@@ -185,9 +185,9 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
     return exprs, extra, by
 
 
-def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
-             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
-             progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
+def decode_and_score(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+                     batch_size: int = 64, model=None, extra: Sequence[dict] | None = None,
+                     traces: bool | str = False, progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
     """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
     teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""
     executions = [execute(e) for e in exprs]
@@ -217,8 +217,8 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
         extra = picked if any(picked) else extra
     limits = limits or Limits()
-    results, summary = evaluate(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
-                                traces=traces, progress=progress)
+    results, summary = decode_and_score(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
+                                        traces=traces, progress=progress)
     summary = {**(header or {}), "data": str(data), **summary,
                "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
                           "max_new_tokens": limits.max_new_tokens}}
