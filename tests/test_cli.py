@@ -137,3 +137,17 @@ def test_eval_oracle_takes_the_learner_under_both_spellings(argv, tmp_path, caps
 def test_eval_oracle_refuses_two_different_learners(tmp_path, capsys):
     assert main(["eval", "--oracle", "rm", "--view", "cot", "--data", str(tmp_path / "e.txt")]) == 2
     assert "name two learners" in capsys.readouterr().err
+
+
+def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
+    data = tmp_path / "e.txt"
+    data.write_text("add(1,2)\nsquare(double(3))\nadd(square(double(2)),1)\n")
+    for by in ("n_frames", "n_frame_examples"):
+        assert main(["eval", "--oracle", "rm", "--data", str(data), "--out", str(tmp_path / by), "--quiet",
+                     "--by", by]) == 0
+        assert "n_frame_examples" in capsys.readouterr().out
+    from rlmlab.measuring.results import read_results
+    from rlmlab.task.trace import execute
+
+    rows = read_results(tmp_path / "n_frames" / "results.jsonl")
+    assert [r["n_frame_examples"] for r in rows] == [execute(r["expr"]).n_frame_examples for r in rows] == [1, 3, 5]

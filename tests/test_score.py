@@ -98,7 +98,7 @@ def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
     gens = generate(oracle_predictor("rm", VOCAB), exprs, VOCAB, "rm")
     # Spoil two: a wrong answer and an invalid trace.
     gens[0] = Generation(gens[0].expr, gens[0].tokens[:-2] + ["X", "</return>"], gens[0].prompt_len, "X", True,
-                         None, gens[0].max_depth, gens[0].n_frames, gens[0].fed)
+                         None, gens[0].max_depth, gens[0].n_frame_examples, gens[0].fed)
     gens[1] = Generation(gens[1].expr, gens[1].tokens[:7], gens[1].prompt_len, None, False, "</call> with no "
                          "open <call>", 1, 0, 3)
     results = expression_results(gens, exs, per_token=[(1, 2)] * 40, extra=[{"id": i} for i in range(40)])

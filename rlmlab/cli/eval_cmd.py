@@ -17,6 +17,7 @@ from rlmlab.errors import ConfigError
 from rlmlab.learning.learner import learner
 
 MAX_DEPTH = 64  # the default of rlmlab.decoding.infer.Limits.max_depth, which imports torch
+RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame_examples"}  # old --by names
 
 
 def register(sub) -> None:
@@ -85,6 +86,7 @@ def run(args) -> int:
     from rlmlab.task.vocab import Vocab
 
     _check_args(args)
+    args.by = RENAMED_FIELDS.get(args.by, args.by)
     exprs, extra = read_expressions(args.data, args.limit)
     if args.by is not None and args.by not in RESULT_FIELDS + tuple(extra[0]):
         raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(RESULT_FIELDS + tuple(extra[0]))})")

@@ -66,8 +66,8 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
 # The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
 # asked for, and the data file's own columns such as a pool's id).
 RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "reason", "trace_len", "max_depth",
-                 "n_frames", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth", "pred_n_frames",
-                 "fed", "trace_exact", "diverge_at")
+                 "n_frame_examples", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth",
+                 "pred_n_frame_examples", "fed", "trace_exact", "diverge_at")
 
 
 def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
@@ -89,10 +89,10 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
         r = {
             "expr": ex.text, "root": ex.expr.fn, "value": ex.value_token, "prediction": g.answer,
             "correct": g.valid and g.answer == ex.value_token, "valid": g.valid, "reason": g.reason,
-            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frames": ex.n_frames,
+            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frame_examples": ex.n_frame_examples,
             "max_frame_width": ex.max_frame_width,
             "generated": g.n_generated, "pred_trace_len": len(produced), "pred_max_depth": g.max_depth,
-            "pred_n_frames": g.n_frames, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
+            "pred_n_frame_examples": g.n_frame_examples, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
         }
         if per_token is not None:
             r["tf_correct"], r["tf_total"] = per_token[k]
