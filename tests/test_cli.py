@@ -151,3 +151,18 @@ def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
 
     rows = read_results(tmp_path / "n_frames" / "results.jsonl")
     assert [r["n_frame_examples"] for r in rows] == [execute(r["expr"]).n_frame_examples for r in rows] == [1, 3, 5]
+
+
+def test_every_committed_run_config_still_loads_and_resumes_under_its_keys():
+    # Saved configs (results/, the released checkpoints) keep the keys they were written with;
+    # `--resume` and `rlmlab train --config` read them back.
+    from rlmlab.learning.config import RunConfig, apply_dict, load_config_file
+
+    paths = sorted([*ROOT.glob("results/**/config.json"), *ROOT.glob("rlmlab/released/**/config.json")])
+    assert len(paths) > 20
+    for path in paths:
+        saved = json.loads(path.read_text())
+        cfg = load_config_file(path)
+        assert cfg == apply_dict(RunConfig(), saved, where=str(path))
+        loaded = json.loads(json.dumps(cfg.to_dict()))  # tuples as the lists JSON writes
+        assert {s: {k: v for k, v in d.items() if k in saved[s]} for s, d in loaded.items()} == saved
