@@ -23,7 +23,7 @@ RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame
 def register(sub) -> None:
     p = sub.add_parser("eval", help="decode an expression set greedily and score it",
                        description="Greedy decoding (RM: the stack driver; CoT: the flat decoder) of an "
-                       "expression set, scored by final-answer accuracy (95%% Wilson) and teacher-forced "
+                       "expression set, scored by final-answer accuracy (95% Wilson) and teacher-forced "
                        "per-token accuracy (bootstrap over expressions).")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="training run folder (not with --oracle)")
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column) or a text file, one "

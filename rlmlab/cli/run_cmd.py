@@ -62,7 +62,7 @@ def register(sub) -> None:
     for name in settable_fields():
         group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
                            help=docs.get(name, "").replace("%", "%%"))
-    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.VIEW.SECTION.KEY=V",
+    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.LEARNER.SECTION.KEY=V",
                    help="set one learner's entry of a per-learner table of the preset (per_view, "
                         "shortcut_per_view, iid_per_view, iid_per_size.N: the IID runs from N training "
                         "expressions on), over --minutes/--max-steps; repeatable, e.g. "
