@@ -166,3 +166,22 @@ def test_every_committed_run_config_still_loads_and_resumes_under_its_keys():
         assert cfg == apply_dict(RunConfig(), saved, where=str(path))
         loaded = json.loads(json.dumps(cfg.to_dict()))  # tuples as the lists JSON writes
         assert {s: {k: v for k, v in d.items() if k in saved[s]} for s, d in loaded.items()} == saved
+
+
+def test_the_command_list_shows_each_modules_own_help_line():
+    import argparse
+
+    from rlmlab.cli import COMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {c.dest: c.help for c in sub._choices_actions} == COMMANDS
+
+
+def test_running_one_command_builds_only_its_parser_in_full(capsys):
+    from rlmlab.cli import build_parser
+
+    parser = build_parser("trace")
+    assert parser.parse_args(["trace", "--json", "add(1,2)"]).json is True
+    with pytest.raises(SystemExit):  # the other commands are listed by name only
+        parser.parse_args(["train", "--out", "x"])
+    assert "unrecognized arguments: --out x" in capsys.readouterr().err

@@ -15,17 +15,36 @@ from importlib.metadata import PackageNotFoundError, version
 
 from rlmlab.errors import RlmlabError
 
-# Subcommand modules, in the order `rlmlab --help` lists them.
-COMMANDS = ("demo", "run", "report", "export", "view", "trace", "data", "train", "eval", "probe", "frames")
+# Subcommands (module rlmlab.cli.<name>_cmd each), in the order `rlmlab --help` lists them, with
+# the line it shows (the same as the module's own; a test keeps them equal). Only the module of
+# the command being run is imported, so that `rlmlab --help` and light commands answer at once.
+COMMANDS = {
+    "demo": "RM vs CoT on the paper's length split with the released checkpoints (a few minutes)",
+    "run": "run one of the paper's experiments end to end",
+    "report": "tables (Markdown, LaTeX) and figures (PNG, PDF) of an experiment folder",
+    "export": "copy an experiment's results (no checkpoints or data files) and rebuild its report there",
+    "view": "static HTML pages of an evaluation or experiment folder",
+    "trace": "print the canonical trace and active frames of expressions",
+    "data": "build data sets",
+    "train": "train a CoT or RM model",
+    "eval": "decode an expression set greedily and score it",
+    "probe": "measure a model's non-invariance under the active-frame map",
+    "frames": "teacher-forced errors per active frame, seen vs unseen in training",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or, given `command`, of that one in full and the others
+    by name and help line only."""
     parser = argparse.ArgumentParser(prog="rlmlab", description="Recursive language models vs CoT on "
                                      "symbolic expression evaluation.")
     parser.add_argument("--version", action="version", version=f"rlmlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"rlmlab.cli.{name}_cmd").register(sub)
+    for name, line in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"rlmlab.cli.{name}_cmd").register(sub)
+        else:
+            sub.add_parser(name, help=line)
     return parser
 
 
@@ -64,7 +83,9 @@ def unknown_options_error(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first argument that is not an option (rlmlab's own are --help, --version).
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown_options_error(parser, args, extra)
