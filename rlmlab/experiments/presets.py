@@ -91,8 +91,7 @@ class ExperimentPreset:
     """Expressions decoded at once."""
 
     def __post_init__(self):
-        from rlmlab.learning.config import MODEL_PRESETS
-        from rlmlab.learning.config import RunConfig, apply_settings
+        from rlmlab.learning.config import MODEL_PRESETS, RunConfig, apply_settings
 
         where = f"experiment preset {self.name!r}"
         if self.model not in MODEL_PRESETS:
