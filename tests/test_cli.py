@@ -2,6 +2,7 @@
 options, and the old spellings of flags that are still accepted."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,8 @@ def _without_torch(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     code = ("import sys\nfrom rlmlab.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
             "except SystemExit as e:\n    rc = e.code\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(rc)")
-    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
