@@ -89,7 +89,7 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expressions(path: str | Path) -> list[str]:
+def read_expr_column(path: str | Path) -> list[str]:
     """The `expr` column of a pool or expression-set parquet."""
     return read_pool(path).column("expr").to_pylist()
 
