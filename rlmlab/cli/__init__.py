@@ -70,7 +70,7 @@ def unknown_options_error(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Exit (status 2) naming the arguments the command does not take, with the closest option
     it does take for each mistyped one (`--model.n_layr=3` -> `--model.n_layer`)."""
     cmd = _command_parser(parser, args)
-    options = [o for a in cmd._actions for o in a.option_strings if o.startswith("--")]
+    options = [o for a in cmd._actions if a.help != argparse.SUPPRESS for o in a.option_strings if o.startswith("--")]
     by_key = {"--" + o.rpartition(".")[2]: o for o in options if "." in o}  # --lr -> --train.lr
     hints = []
     for arg in extra:

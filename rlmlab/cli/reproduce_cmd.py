@@ -28,7 +28,8 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="a results folder (experiment.json, commands.jsonl, report/)")
     p.add_argument("--out", default=None, help="folder of the fresh run (default runs/reproduce/<name>)")
-    p.add_argument("--learners", "--views", dest="views", default=None,  # --views: the old spelling
+    p.add_argument("--views", dest="views", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", dest="views", default=None, metavar="LEARNERS",
                    help="only these learners, comma-separated (default: all stored)")
     p.add_argument("--sample", type=int, default=None,
                    help="evaluate only this many expressions per bin (per set for the IID and shortcut kinds)")

@@ -33,7 +33,8 @@ def register(sub) -> None:
                    "`rlmlab train --preset`")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
-    p.add_argument("--learners", "--views", dest="learners", default=",".join(PAPER_LEARNERS),  # --views: old
+    p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", default=",".join(PAPER_LEARNERS), metavar="LEARNERS",
                    help="learners to run, comma-separated (default rm,cot; any learner of "
                         "`rlmlab train --learner`, e.g. rm,cot,rm-frames)")
     p.add_argument("--constructions", default=None,

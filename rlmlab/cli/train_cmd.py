@@ -33,7 +33,8 @@ OVERRIDE = "override:"
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a CoT or RM model", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--learner", "--view", dest="learner", metavar="LEARNER",  # --view: the old spelling
+    p.add_argument("--view", dest="learner", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learner", metavar="LEARNER",
                    help="what the model reads and how it is trained to (data.view; default rm): "
                    f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
