@@ -97,8 +97,8 @@ def test_trace_grammar_values_frames_and_vocabulary(name):
         assert ex.value == evaluate(e, task.library)
         assert parse(to_text(e), task.library) == e
         s = trace_stats(e, task.library)
-        assert (s.trace_len, s.max_depth, s.max_frame_width, s.n_frames) == \
-               (ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frames)
+        assert (s.trace_len, s.max_depth, s.max_frame_width, s.n_frame_examples) == \
+               (ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frame_examples)
         assert check_prefix(ex.tokens) is None and set(ex.tokens) <= vocab
         assert cut_examples(ex.tokens, ex.prompt_len) == list(ex.frames)
         assert ex.value_token in task.library.literals
