@@ -10,7 +10,7 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.jobs import run_jobs
+from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import PRESETS, get_preset
 from rlmlab.experiments.report import report

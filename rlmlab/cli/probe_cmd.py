@@ -24,9 +24,9 @@ def register(sub) -> None:
                        "subproblem of its own greedy trace, the value returned in context against the value "
                        "returned when the subproblem is posed alone (docs/observation.md).")
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None, help="training run folder")
-    p.add_argument("--oracle", metavar="VIEW", default=None, help="probe the exact predictor of VIEW (g* read "
-                   "through the view, e.g. cot) instead of a trained model: a calibration run that must report "
-                   "zero; needs --out")
+    p.add_argument("--oracle", metavar="LEARNER", default=None, help="probe the exact predictor of LEARNER (g* "
+                   "read through what it observes, e.g. cot) instead of a trained model: a calibration run that "
+                   "must report zero; needs --out")
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column; its other columns can "
                    "group the rates) or a text file, one expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
@@ -56,9 +56,9 @@ def run(args) -> int:
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     if args.run_dir is None and args.oracle is None:
-        raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle VIEW")
+        raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle LEARNER")
     if args.run_dir is not None and args.oracle is not None:
-        raise ConfigError("give RUN_DIR or --oracle VIEW, not both")
+        raise ConfigError("give RUN_DIR or --oracle LEARNER, not both")
     if args.oracle is not None:
         from rlmlab.learning.observe import observer
 

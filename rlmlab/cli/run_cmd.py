@@ -28,12 +28,15 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
-    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
+    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="experiment preset: data "
+                   "sizes, model preset, budgets and evaluation sizes (default small); not the model presets of "
+                   "`rlmlab train --preset`")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
-    p.add_argument("--views", default=",".join(PAPER_LEARNERS),
-                   help="learners to run, comma-separated training views (default rm,cot; any view of "
-                        "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
+    p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", default=",".join(PAPER_LEARNERS), metavar="LEARNERS",
+                   help="learners to run, comma-separated (default rm,cot; any learner of "
+                        "`rlmlab train --learner`, e.g. rm,cot,rm-frames)")
     p.add_argument("--lengths", default=None,
                    help="sweep only: comma-separated length thresholds L (default, with no --depths: the paper's "
                         "33,96,197,359,595,1060,1345,1839); runs on different thresholds or learners may share --out")
@@ -82,7 +85,7 @@ def register(sub) -> None:
     for name in settable_fields():
         group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
                            help=docs.get(name, "").replace("%", "%%"))
-    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.VIEW.SECTION.KEY=V",
+    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.LEARNER.SECTION.KEY=V",
                    help="set one learner's entry of a per-learner table of the preset (per_view, "
                         "shortcut_per_view, iid_per_view, iid_per_size.N: the IID runs from N training "
                         "expressions on), over --minutes/--max-steps; repeatable, e.g. "
@@ -104,13 +107,13 @@ def _integers(flag: str, text: str | None, least: int) -> list[int] | None:
 
 
 def run(args) -> int:
-    views = tuple(v.strip() for v in args.views.split(",") if v.strip())
+    views = tuple(v.strip() for v in args.learners.split(",") if v.strip())
     if not views:
-        raise ConfigError("--views: no learner given")
+        raise ConfigError("--learners: no learner given")
     for v in views:
-        get_view(v)  # one-line ConfigError naming an unknown view
+        get_view(v)  # one-line ConfigError naming an unknown learner
         if "/" in v:
-            raise ConfigError(f"--views: {v!r} cannot name a run folder")
+            raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
     for option in ("threshold", "constructions", "sizes", "seeds", "lengths", "depths"):
         if getattr(args, option) is not None and option not in kind.options:
@@ -157,8 +160,9 @@ def run(args) -> int:
     with open(out / "commands.jsonl", "a") as f:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "lengths", "depths", "views", "constructions", "sizes", "seeds",
-                                        "minutes", "max_steps", "threads", "ray_address", "ray_gpus_per_job", "task")
+                               if k in ("threshold", "lengths", "depths", "learners", "constructions", "sizes",
+                                        "seeds", "minutes", "max_steps", "threads", "ray_address", "ray_gpus_per_job",
+                                        "task")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]

@@ -27,7 +27,7 @@ def to_json(ex: Execution) -> dict:
     return {
         "expr": ex.text, "value": ex.value_token, "tokens": list(ex.tokens), "prompt_len": ex.prompt_len,
         "trace_len": ex.trace_len, "max_depth": ex.max_depth, "max_frame_width": ex.max_frame_width,
-        "n_frames": ex.n_frames,
+        "n_frame_examples": ex.n_frame_examples,
         "frames": [{"depth": f.depth, "m": f.m, "tokens": list(f.tokens)} for f in ex.frames],
     }
 
@@ -40,7 +40,7 @@ def render(ex: Execution, color: bool) -> str:
         return " ".join(f"{r}{t}{z}{base}" if color and t in ctrl else t for t in toks)
 
     lines = [f"{bold}{ex.text}{z} = {ex.value_token}   trace {ex.trace_len} tokens, max depth "
-             f"{ex.max_depth}, {ex.n_frames} frames, widest frame {ex.max_frame_width}",
+             f"{ex.max_depth}, {ex.n_frame_examples} active-frame examples, widest {ex.max_frame_width}",
              "", f"{bold}(A) flattened trace (CoT view){z}",
              paint(ex.tokens[:ex.prompt_len]) + " " + paint(ex.tokens[ex.prompt_len:]),
              "", f"{bold}(B) active frames (RM view): context | targets{z}"]

@@ -585,7 +585,7 @@ class Generation:
     valid: bool
     reason: str | None  # why the row stopped as invalid
     max_depth: int
-    n_frames: int  # active-frame examples cut (= frames of the paper's table on a full trace)
+    n_frame_examples: int  # active-frame examples cut (= frames of the paper's table on a full trace)
     fed: int  # tokens the predictor was fed (prefills included): the decoding cost
 
     @property

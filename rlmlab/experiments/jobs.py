@@ -10,34 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlmlab.errors import DataError
-
-
-@dataclass(frozen=True)
-class Job:
-    """Train one learner on one data set, then evaluate it on named evaluation sets."""
-
-    name: str
-    """Folder of the job inside the experiment folder (e.g. "length-197", "iid-N1000-s0")."""
-    view: str
-    """The learner: "rm" or "cot"."""
-    train: str
-    """Training expressions (parquet)."""
-    val: str
-    """Validation expressions (parquet)."""
-    evals: dict
-    """{set name: parquet path}; extra columns of the file (bin, signal, ...) go into each result."""
-    settings: dict
-    """Typed run settings by dotted key (`train.lr`: 3e-3, `model.preset`: "cpu", ...), the keys of
-    `rlmlab train --section.key=value`."""
-    eval_batch: int = 64
-    """Expressions decoded at once."""
-
-    def run_dir(self, out: Path) -> Path:
-        return out / self.name / self.view
+from rlmlab.experiments.job import Job
 
 
 # Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
@@ -193,14 +169,3 @@ def _evaluated(eval_dir: Path) -> dict | None:
         print(f"{eval_dir}: damaged evaluation files; evaluating again", file=sys.stderr)
         return None
     return summary
-
-
-def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
-             extend: bool = False, ray_gpus: float | None = None) -> list[dict]:
-    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`, each
-    job taking `ray_gpus` of a GPU there)."""
-    if ray_address is None:
-        return [run_job(j, out, progress, extend) for j in jobs]
-    from rlmlab.experiments.cluster import run_on_ray
-
-    return run_on_ray(jobs, out, ray_address, extend, ray_gpus)

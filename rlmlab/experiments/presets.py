@@ -16,7 +16,7 @@ class ExperimentPreset:
     name: str
     """Preset name (smoke, small, paper)."""
     model: str
-    """Model preset of `rlmlab.learning.config.PRESETS`."""
+    """Model preset of `rlmlab.learning.config.MODEL_PRESETS`."""
     pool_n: int = 500_000
     """Expressions in the pool the splits are drawn from (paper: 500,000)."""
     pool_seed: int = 42
@@ -95,8 +95,7 @@ class ExperimentPreset:
     """The task: a built-in name or a task file (docs/tasks.md); `rlmlab run --task`."""
 
     def __post_init__(self):
-        from rlmlab.learning.config import PRESETS as MODEL_PRESETS
-        from rlmlab.learning.config import RunConfig, apply_settings
+        from rlmlab.learning.config import MODEL_PRESETS, RunConfig, apply_settings
 
         where = f"experiment preset {self.name!r}"
         if not isinstance(self.task, str) or not self.task.strip():

@@ -802,7 +802,7 @@ def check_validity(construction: Construction, train: Sequence[RootView], ood: S
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("expr", pa.string()), ("root", pa.string()), ("type", pa.string()),
     ("value", pa.string()), ("signal", pa.string()), ("trace_len", pa.int32()), ("max_depth", pa.int16()),
-    ("max_frame_width", pa.int32()), ("n_frames", pa.int32()),
+    ("max_frame_width", pa.int32()), ("n_frame_examples", pa.int32()),
 ])
 
 
@@ -855,7 +855,7 @@ class ShortcutDataset:
 def _row(i: int, ex: Execution, signal: str) -> dict:
     return {"id": i, "expr": to_text(ex.expr), "root": ex.expr.fn, "type": infer_type(ex.expr),
             "value": ex.value_token, "signal": signal, "trace_len": ex.trace_len, "max_depth": ex.max_depth,
-            "max_frame_width": ex.max_frame_width, "n_frames": ex.n_frames}
+            "max_frame_width": ex.max_frame_width, "n_frame_examples": ex.n_frame_examples}
 
 
 def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: ShortcutConfig,

@@ -83,6 +83,7 @@ from rlmlab.learning.packing import (
     pack_rows,
     padding_fraction,
 )
+from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.learning.views import ViewData, build_view_data
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import load_task
@@ -103,7 +104,7 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expressions(path: str | Path, task=None) -> list[str]:
+def read_expr_column(path: str | Path, task=None) -> list[str]:
     """The `expr` column of a pool or expression-set parquet of `task` (default: the paper's)."""
     return read_pool(path, task=task).column("expr").to_pylist()
 
@@ -115,10 +116,10 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     task = load_task(data.task)
     vocab = vocab or task.vocab
-    exprs = read_expressions(data.train, task)
+    exprs = read_expr_column(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
-        val_exprs, train_exprs = read_expressions(data.val, task), exprs
+        val_exprs, train_exprs = read_expr_column(data.val, task), exprs
         val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
@@ -235,7 +236,7 @@ def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+def validation_metrics(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
     """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy
     (`batches` on the host, or prepared on `device`; read back once, at the end)."""
     losses, hits = [], []
@@ -353,9 +354,10 @@ def _stop_on_signals(echo):
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        """A new log, or with `resume_step` the existing one continued after that step."""
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None = None, mirror=None):
+        """A new log, or with `resume_step` the existing one continued after that step; `mirror`
+        (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
+        self.path, self.mirror = path, mirror
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
             kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
@@ -367,9 +369,13 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def close(self) -> None:
         self.f.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _step_of(line: str) -> float:
@@ -403,6 +409,8 @@ class Trainer:
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
+        if tc.tensorboard:
+            require_tensorboard()  # before anything is written
         self.vocab, self.view = train_data.vocab, train_data.view
         if (val_data.vocab, val_data.view) != (self.vocab, self.view):
             raise DataError("training and validation examples differ in view or vocabulary")
@@ -474,7 +482,9 @@ class Trainer:
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
+        resume_step = self.state.step if resume else None
+        mirror = TensorBoardLog(self.run_dir / TB_DIR, resume_step) if tc.tensorboard else None
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step, mirror=mirror)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
@@ -570,7 +580,7 @@ class Trainer:
         t0 = time.perf_counter()
         tc, st, model = self.tc, self.state, self.model
         model.eval()
-        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        metrics = validation_metrics(self.fwd, self.val_batches, len(self.val_data), self.device)
         if self.validate_fn is not None:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []

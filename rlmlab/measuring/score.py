@@ -67,8 +67,8 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
 # The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
 # asked for, and the data file's own columns such as a pool's id).
 RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "reason", "trace_len", "max_depth",
-                 "n_frames", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth", "pred_n_frames",
-                 "fed", "trace_exact", "diverge_at")
+                 "n_frame_examples", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth",
+                 "pred_n_frame_examples", "fed", "trace_exact", "diverge_at")
 
 
 def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
@@ -90,10 +90,10 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
         r = {
             "expr": ex.text, "root": ex.expr.fn, "value": ex.value_token, "prediction": g.answer,
             "correct": g.valid and g.answer == ex.value_token, "valid": g.valid, "reason": g.reason,
-            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frames": ex.n_frames,
+            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frame_examples": ex.n_frame_examples,
             "max_frame_width": ex.max_frame_width,
             "generated": g.n_generated, "pred_trace_len": len(produced), "pred_max_depth": g.max_depth,
-            "pred_n_frames": g.n_frames, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
+            "pred_n_frame_examples": g.n_frame_examples, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
         }
         if per_token is not None:
             r["tf_correct"], r["tf_total"] = per_token[k]
@@ -188,9 +188,10 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
     return exprs, extra, by
 
 
-def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
-             batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
-             progress=None, n_boot: int = 2000, task=None) -> tuple[list[dict], dict]:
+def decode_and_score(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+                     batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None,
+                     traces: bool | str = False, progress=None, n_boot: int = 2000,
+                     task=None) -> tuple[list[dict], dict]:
     """Greedy-decode `exprs` (of `task`, default the paper's) with `predictor` in `view` and score
     them; with `model`, add teacher-forced per-token accuracy. Returns (per-expression results in
     input order, summary)."""
@@ -222,8 +223,8 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
         extra = picked if any(picked) else extra
     limits = limits or Limits()
-    results, summary = evaluate(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
-                                traces=traces, progress=progress, task=task)
+    results, summary = decode_and_score(predictor, view, exprs, vocab, limits, batch_size, model=model,
+                                        extra=extra, traces=traces, progress=progress, task=task)
     task = load_task(task)
     if not task.is_paper:  # a paper summary keeps the form it had before tasks were recorded
         header = {**(header or {}), "task": {**task.identity, "spec": task.spec}}

@@ -35,11 +35,19 @@ class Call(NamedTuple):
 Expr = Union[Call, str]
 
 
-def default_library() -> Library:
-    # Late import: building the paper's library parses its bodies with this module.
-    from rlmlab.task.library import PAPER_LIBRARY
+_DEFAULT_LIBRARY: list[Library] = []
 
-    return PAPER_LIBRARY
+
+def set_default_library(library: Library) -> None:
+    """Called once by `rlmlab.task.library` with the paper's library. It is handed over rather
+    than imported here because building it parses its bodies with this module; the package's
+    `__init__` imports that module first, so the default is set before anything here runs."""
+    _DEFAULT_LIBRARY[:] = [library]
+
+
+def default_library() -> Library:
+    """The library parsing, typing and evaluation use when given none: the paper's."""
+    return _DEFAULT_LIBRARY[0]
 
 
 def is_literal(e: Expr) -> bool:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
-from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse, value_token
+from rlmlab.task.expr import (ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse,
+                              set_default_library, value_token)
 from rlmlab.task.rules import KEYWORDS, Lazy, RuleError, check_rule, eval_rule, parse_rule
 
 Kind = Literal["primitive", "composite", "recursive"]
@@ -421,3 +422,4 @@ def _with_table(fn: FunctionDef, modulus: int) -> FunctionDef:
 
 
 PAPER_LIBRARY = Library(PAPER_FUNCTIONS)
+set_default_library(PAPER_LIBRARY)

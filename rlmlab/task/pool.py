@@ -29,11 +29,11 @@ from rlmlab.task.vocab import Vocab
 TASK_KEY = b"rlmlab.task"
 
 CHUNK = 4096
-COLUMNS = ("id", "expr", "root", "type", "value", "trace_len", "max_depth", "max_frame_width", "n_frames")
+COLUMNS = ("id", "expr", "root", "type", "value", "trace_len", "max_depth", "max_frame_width", "n_frame_examples")
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("expr", pa.string()), ("root", pa.string()), ("type", pa.string()),
     ("value", pa.string()), ("trace_len", pa.int32()), ("max_depth", pa.int16()),
-    ("max_frame_width", pa.int32()), ("n_frames", pa.int32()),
+    ("max_frame_width", pa.int32()), ("n_frame_examples", pa.int32()),
 ])
 
 
@@ -58,7 +58,7 @@ def _build_chunk(args: tuple[int, int, int, GeneratorConfig, Task]) -> dict[str,
         cols["trace_len"].append(s.trace_len)
         cols["max_depth"].append(s.max_depth)
         cols["max_frame_width"].append(s.max_frame_width)
-        cols["n_frames"].append(s.n_frames)
+        cols["n_frame_examples"].append(s.n_frame_examples)
     return cols
 
 

@@ -59,7 +59,7 @@ class Execution:
         return max(f.width for f in self.frames)
 
     @property
-    def n_frames(self) -> int:
+    def n_frame_examples(self) -> int:
         return len(self.frames)
 
 
@@ -138,7 +138,7 @@ class TraceStats:
     trace_len: int
     max_depth: int
     max_frame_width: int
-    n_frames: int
+    n_frame_examples: int
 
 
 def trace_stats(expr: Call, library: Library | None = None) -> TraceStats:

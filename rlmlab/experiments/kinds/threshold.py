@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import check_split, load_pool, write_meta
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
