@@ -157,9 +157,9 @@ def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, v
 # --- the plan --------------------------------------------------------------------------------
 
 def _model_tables(preset) -> dict[str, int]:
-    from rlmlab.learning.config import PRESETS
+    from rlmlab.learning.config import MODEL_PRESETS
 
-    return {v: PRESETS[preset.model][v]["block_size"] for v in ("rm", "cot")}
+    return {v: MODEL_PRESETS[preset.model][v]["block_size"] for v in ("rm", "cot")}
 
 
 def _threshold_rows(pool, ids: dict[int, int], kind: str, t: int, p) -> dict:
