@@ -8,8 +8,9 @@ Re-running trains from scratch with the stored commands (folder, learners and ev
 replaced as asked) and reports the fresh folder; with --checkpoints it only evaluates released
 checkpoints on the committed evaluation expressions, and says how many got the committed
 prediction and first divergence. Either way it prints every accuracy cell of the committed
-report beside the fresh one and flags the fresh cells outside the committed 95% interval
-(the table is also written to <out>/reproduce.md). Runs budgeted in wall-clock minutes
+report beside the fresh one and flags the cells that disagree: neither accuracy in the other's
+95% interval (so a cell of a --sample is held to its own, wider interval). The table is also
+written to <out>/reproduce.md. Runs budgeted in wall-clock minutes
 (committed before budgets were in steps) are re-run under today's step presets: a
 replication, not the same run.
 """
@@ -37,7 +38,7 @@ def register(sub) -> None:
                    help="re-evaluate the checkpoints in this folder (<learner>/best/ or <job>/<learner>/best/) "
                         "instead of re-training")
     p.add_argument("--dry-run", action="store_true", help="print the commands a re-run would run, and stop")
-    p.add_argument("--strict", action="store_true", help="exit with status 1 when a cell falls outside its interval")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when a cell disagrees")
     p.set_defaults(handler=run)
 
 

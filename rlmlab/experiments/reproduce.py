@@ -6,7 +6,7 @@ Two ways to get the fresh numbers, both into a new experiment folder:
     reevaluate(results, checkpoints, out)      # evaluate released checkpoints on its expressions
 
 then `compare(results, out)` pairs every accuracy cell of the two `report.json` files and marks
-the fresh cells that fall outside the committed cell's 95% interval. Runs budgeted in steps
+the cells where neither accuracy lies in the other's 95% interval. Runs budgeted in steps
 retrain the same schedule on any machine; a folder trained under wall-clock budgets cannot be
 re-run exactly (`time_budgeted` says so), only replicated.
 """
@@ -44,8 +44,14 @@ class CellCheck:
 
     @property
     def inside(self) -> bool:
-        lo, hi = self.committed["ci95"]
-        return lo - 1e-12 <= self.fresh["accuracy"] <= hi + 1e-12
+        """Whether the two agree: either accuracy lies in the other's 95% interval. (A fresh cell
+        of a sample has a wide interval around a committed cell of the whole set; a fresh cell
+        of the whole set is held to the committed interval.)"""
+        def within(x: dict, ci: dict) -> bool:
+            lo, hi = ci["ci95"]
+            return lo - 1e-12 <= x["accuracy"] <= hi + 1e-12
+
+        return within(self.fresh, self.committed) or within(self.committed, self.fresh)
 
 
 def report_cells(report_json: dict) -> dict[str, dict]:
@@ -97,11 +103,12 @@ def comparison_table(checks: list[CellCheck], missing: list[str]) -> str:
         return f"{100 * c['accuracy']:.1f} [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}] (n={c['n']})"
 
     lines = ["| cell | committed (%) | fresh (%) | |", "|---|---|---|---|"]
-    lines += [f"| {c.cell} | {cell(c.committed)} | {cell(c.fresh)} | {'' if c.inside else 'OUTSIDE'} |"
+    lines += [f"| {c.cell} | {cell(c.committed)} | {cell(c.fresh)} | {'' if c.inside else 'DISAGREE'} |"
               for c in checks]
     outside = sum(not c.inside for c in checks)
-    lines.append(f"\n{len(checks)} cells compared: {len(checks) - outside} inside the committed 95% interval, "
-                 f"{outside} outside" + (f"; {len(missing)} committed cells not re-made" if missing else "") + ".")
+    lines.append(f"\n{len(checks)} cells compared: {len(checks) - outside} agree (either accuracy in the other's 95% "
+                 f"interval), {outside} disagree" + (f"; {len(missing)} committed cells not re-made" if missing else "")
+                 + ".")
     return "\n".join(lines) + "\n"
 
 
