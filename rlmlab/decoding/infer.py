@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
+from rlmlab.learning.positions import alibi_bias, alibi_slopes, biased, context_limit
 from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import StackReplay, active_frame
@@ -182,7 +183,7 @@ class ModelPredictor:
     def __init__(self, model, use_cache: bool = True, pack: int = 256):
         self.model = model
         self.cfg = model.cfg
-        self.block_size = model.cfg.block_size
+        self.block_size = context_limit(model.cfg)
         self.use_cache = use_cache
         self.pack = pack
         self.device = next(model.parameters()).device
@@ -239,9 +240,24 @@ class ModelPredictor:
             groups.append(self._extend(more, flat))
         if fresh:
             groups.append(self._prefill(fresh, flat))
+        if self.cfg.positions == "alibi":
+            groups = self._alibi(groups, self._tensor(flat.pos))
         cache.plan(self._tensor(flat.slots), self._tensor(flat.at), groups)
         out = self.model(self._tensor(flat.tok)[None], self._tensor(flat.pos)[None], None, cache)[0]  # (N, V)
         return out[self._tensor(flat.last)]  # (n, V)
+
+    def _alibi(self, groups: list[Group], pos: torch.Tensor) -> list[Group]:
+        """The groups' masks with ALiBi's bias: a query's position is its token's, a key read from
+        the cache sits at its column (a slot holds its frame at positions 0..), a packed new
+        frame's key at its token's position."""
+        slopes = alibi_slopes(self.cfg.n_head, self.device)
+        out, start = [], 0
+        for g in groups:
+            pos_q = pos[start:start + g.rows * g.T].view(g.rows, g.T)
+            pos_k = pos_q if g.read is None else torch.arange(g.read, device=self.device).expand(g.rows, g.read)
+            out.append(g._replace(mask=biased(g.mask, alibi_bias(slopes, pos_q, pos_k)).to(self.dtype)))
+            start += g.rows * g.T
+        return out
 
     def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
         """One new token per row, at position keep of its frame, attending to positions [0, keep]."""

@@ -37,12 +37,19 @@ class ModelConfig:
     n_embd: int = 384
     """Residual stream width."""
     block_size: int = 2048
-    """Positional-embedding table size: the longest sequence (or frame) the model reads."""
+    """Positional-embedding table size of `positions="learned"`, which is also the longest
+    sequence (or frame) such a model reads; the other encodings have no table and no limit."""
     dropout: float = 0.0
     """Dropout on attention and residual branches (the paper uses none)."""
+    positions: str = "learned"
+    """Position encoding (rlmlab.learning.positions): "learned" (the paper's absolute table),
+    "none" (NoPE), "rope" or "alibi"."""
 
     def __post_init__(self):
+        check_encoding(self.positions)
         for f in fields(self):
+            if f.name == "positions":
+                continue
             v = getattr(self, f.name)
             want = float if f.name == "dropout" else int
             if not isinstance(v, want) or isinstance(v, bool):
@@ -57,6 +64,18 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+POSITION_ENCODINGS = ("learned", "none", "rope", "alibi")
+"""The values of `model.positions` (rlmlab.learning.positions); "learned" is the paper's and the default."""
+POSITION_LABELS = {"learned": "learned", "none": "NoPE", "rope": "RoPE", "alibi": "ALiBi"}
+"""How tables name each encoding."""
+
+
+def check_encoding(name, key: str = "model.positions") -> str:
+    if name not in POSITION_ENCODINGS:
+        raise ConfigError(f"{key} must be one of {', '.join(POSITION_ENCODINGS)}, got {name!r}")
+    return name
 
 
 # Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
@@ -106,12 +125,16 @@ class ModelSettings:
     n_embd: int | None = None
     """Override the preset's residual width."""
     block_size: int | None = None
-    """Override the preset's positional table (longest example the model reads)."""
+    """Override the preset's positional table (longest example a learned-position model reads)."""
     dropout: float | None = None
     """Override the preset's dropout (the paper uses none)."""
+    positions: str = "learned"
+    """Position encoding: "learned" (the paper's table, whose size block_size is also the context
+    limit), "none" (NoPE), "rope" or "alibi" (no table, no context limit); docs/positions.md."""
 
     def __post_init__(self):
         _typecheck(self, "model")
+        check_encoding(self.positions)
         if self.preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(PRESETS)})")
 

@@ -1,7 +1,8 @@
 """The decoder-only Transformer both learners share (paper appendix "Transformer Architecture").
 
-Pre-LayerNorm blocks, learned absolute positional embeddings, GELU MLP with expansion 4,
-attention through `scaled_dot_product_attention`. CoT and RM use this one class: what
+Pre-LayerNorm blocks, learned absolute positional embeddings (or another encoding,
+`cfg.positions`: see `rlmlab.learning.positions`), GELU MLP with expansion 4, attention
+through `scaled_dot_product_attention`. CoT and RM use this one class: what
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn_mask`).
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from rlmlab.learning.attention import BlockDiagonal
 from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from rlmlab.learning.positions import AlibiMask, Positions
 
 
 class CausalSelfAttention(nn.Module):
@@ -35,19 +37,21 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.dropout = cfg.dropout
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
         B, T, C = x.shape
         hs = C // self.n_head
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        if positions is not None:
+            q, k = positions.rotate(q, k)  # RoPE; the cache stores keys rotated
         drop = self.dropout if self.training else 0.0
         if cache is not None:
             y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
         elif attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        elif isinstance(attn_mask, BlockDiagonal):
+        elif isinstance(attn_mask, (BlockDiagonal, AlibiMask)):
             y = attn_mask.attend(q, k, v, drop)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
@@ -65,8 +69,8 @@ class Block(nn.Module):
                                  nn.Linear(4 * cfg.n_embd, cfg.n_embd))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
-        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer))
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
+        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer, positions))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -75,7 +79,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        # The paper's learned table; the other encodings act inside attention (`Positions`).
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -97,7 +102,7 @@ class Transformer(nn.Module):
     def num_params(self, include_positions: bool = True) -> int:
         """Distinct parameters (the tied embedding counted once); optionally without the positional table."""
         n = sum(p.numel() for p in self.parameters())
-        return n if include_positions else n - self.wpe.weight.numel()
+        return n if include_positions or self.wpe is None else n - self.wpe.weight.numel()
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
         """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, T) bool,
@@ -106,9 +111,15 @@ class Transformer(nn.Module):
         B, T = idx.shape
         if pos is None:
             pos = torch.arange(T, device=idx.device).expand(B, T)
-        if int(pos.max()) >= self.cfg.block_size:
-            raise ValueError(f"position {int(pos.max())} beyond the model's {self.cfg.block_size}")
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            if int(pos.max()) >= self.cfg.block_size:
+                raise ValueError(f"position {int(pos.max())} beyond the model's {self.cfg.block_size}")
+            x = x + self.wpe(pos)
+        c = self.cfg
+        positions = Positions(c.positions, pos, c.n_head, c.n_embd // c.n_head)
+        if cache is None:
+            attn_mask = positions.mask(attn_mask)  # ALiBi: the bias, built once for every layer
         for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, cache, i)
+            x = block(x, attn_mask, cache, i, positions)
         return self.lm_head(self.ln_f(x))  # (B, T, V)

@@ -51,6 +51,7 @@ from rlmlab.learning.checkpoint import (
 )
 from rlmlab.learning.config import (
     MAX_SEED,
+    POSITION_LABELS,
     RESUMABLE,
     DataSettings,
     RunConfig,
@@ -59,6 +60,7 @@ from rlmlab.learning.config import (
 )
 from rlmlab.learning.learner import learner
 from rlmlab.learning.model import Transformer
+from rlmlab.learning.positions import context_limit
 from rlmlab.learning.packing import (
     IGNORE,
     PackedBatch,
@@ -124,8 +126,11 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
                      build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows), val_exprs)
 
 
-def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
-    """Remove examples that read beyond the positional table (an example of n tokens reads n-1)."""
+def fit_to_block(data: ViewData, block_size: int | None, drop: bool, what: str) -> tuple[ViewData, int]:
+    """Remove examples that read beyond the positional table (an example of n tokens reads n-1);
+    `block_size` None (an encoding without a table) keeps every example."""
+    if block_size is None:
+        return data, 0
     needed = data.positions_needed
     too_long = needed > block_size
     n = int(too_long.sum())
@@ -365,10 +370,9 @@ class Trainer:
         model_cfg = cfg.model.build(self.view, len(self.vocab))
         self.state = TrainerState()
         dropped = {}
-        self.train_data, dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                         "training")
-        self.val_data, dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                     "validation")
+        limit = context_limit(model_cfg)
+        self.train_data, dropped["train"] = fit_to_block(train_data, limit, cfg.data.drop_too_long, "training")
+        self.val_data, dropped["val"] = fit_to_block(val_data, limit, cfg.data.drop_too_long, "validation")
         self.last_val: dict = {}  # the latest validation, carried into `last` checkpoints
         if resume:
             ckpt = checkpoint_dir(self.run_dir, "last")
@@ -427,8 +431,10 @@ class Trainer:
         cfg, tc, st = self.cfg, self.tc, self.state
         tr, va = self.train_data, self.val_data
         self.echo(f"model: {cfg.model.preset} ({self.view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
-                  f"width {model_cfg.n_embd}, {model_cfg.block_size} positions: "
-                  f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
+                  f"width {model_cfg.n_embd}, "
+                  + (f"{model_cfg.block_size} positions: " if context_limit(model_cfg) is not None else
+                     f"{POSITION_LABELS[model_cfg.positions]} positions (no table, no context limit): ")
+                  + f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
                   f"weights, tied embedding once, positional table excluded; "
                   f"{self.model.num_params() / 1e6:.2f}M with it)")
         padding = padding_fraction(self.stream.epoch_rows(0), positions)
