@@ -17,8 +17,7 @@ from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import field_docs
-from rlmlab.learning.learner import PAPER_LEARNERS
-from rlmlab.learning.views import get_view
+from rlmlab.learning.learner import PAPER_LEARNERS, learner
 
 
 PRESET_SETTING = "preset:"
@@ -33,7 +32,9 @@ def register(sub) -> None:
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
     p.add_argument("--views", default=",".join(PAPER_LEARNERS),
                    help="learners to run, comma-separated training views (default rm,cot; any view of "
-                        "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
+                        "`rlmlab train --view`, e.g. rm,cot,rm-frames), each optionally with a position "
+                        "encoding after @ (learned, none, rope, alibi; default: the paper's learned table), "
+                        "e.g. rm,cot,cot@rope,cot@none (docs/positions.md)")
     p.add_argument("--constructions", default=None,
                    help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
                         "different subsets may share --out (e.g. one per core)")
@@ -86,7 +87,7 @@ def run(args) -> int:
     if not views:
         raise ConfigError("--views: no learner given")
     for v in views:
-        get_view(v)  # one-line ConfigError naming an unknown view
+        learner(v)  # one-line ConfigError naming an unknown view or encoding
         if "/" in v:
             raise ConfigError(f"--views: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
+from rlmlab.learning.encodings import check_encoding
 
 # --- model ----------------------------------------------------------------------------------
 
@@ -64,18 +65,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-POSITION_ENCODINGS = ("learned", "none", "rope", "alibi")
-"""The values of `model.positions` (rlmlab.learning.positions); "learned" is the paper's and the default."""
-POSITION_LABELS = {"learned": "learned", "none": "NoPE", "rope": "RoPE", "alibi": "ALiBi"}
-"""How tables name each encoding."""
-
-
-def check_encoding(name, key: str = "model.positions") -> str:
-    if name not in POSITION_ENCODINGS:
-        raise ConfigError(f"{key} must be one of {', '.join(POSITION_ENCODINGS)}, got {name!r}")
-    return name
 
 
 # Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
@@ -176,9 +165,12 @@ class DataSettings:
         from rlmlab.learning.learner import learner
 
         try:
-            learner(self.view)
+            positions = learner(self.view).positions
         except ConfigError as e:
             raise ConfigError(f"data.view: {e}") from None
+        if positions is not None:
+            raise ConfigError(f"data.view: {self.view!r} names a learner with a position encoding; set "
+                              f"data.view={self.view.partition('@')[0]} and model.positions={positions}")
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
         _seed(self.val_seed, "data.val_seed")
 

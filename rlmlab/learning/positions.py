@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from rlmlab.learning.attention import BlockDiagonal
-from rlmlab.learning.config import POSITION_ENCODINGS as ENCODINGS  # noqa: F401 (the names, torch-free there)
+from rlmlab.learning.encodings import POSITION_ENCODINGS as ENCODINGS  # noqa: F401 (the names, torch-free there)
 
 ROPE_BASE = 10_000.0  # RoFormer's: the slowest pair turns once every ~60k positions at head width 16
 BIAS_ELEMENTS = 1 << 24  # the most bias entries a plain or dense ALiBi mask materializes at once

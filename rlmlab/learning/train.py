@@ -51,7 +51,6 @@ from rlmlab.learning.checkpoint import (
 )
 from rlmlab.learning.config import (
     MAX_SEED,
-    POSITION_LABELS,
     RESUMABLE,
     DataSettings,
     RunConfig,
@@ -59,6 +58,7 @@ from rlmlab.learning.config import (
     changed_keys,
 )
 from rlmlab.learning.learner import learner
+from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.positions import context_limit
 from rlmlab.learning.packing import (
