@@ -622,7 +622,9 @@ def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_pat
     from rlmlab.learning.checkpoint import load_run
 
     out = tmp_path / "length"
+    # One expression per bin: an untrained table-free CoT decodes every row to the runaway cap.
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "cot,cot@rope",
+                 "--preset.per_bin_cap=1",
                  "--learner-setting", "per_view.cot@rope.train.lr=3e-3"]) == 0
     run = out / "length-96" / "cot@rope"
     config = json.loads((run / "config.json").read_text())
