@@ -30,7 +30,8 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column) or a text file, one "
                    "expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
-    p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="expressions decoded at once (default 256 on CUDA, 64 on CPU)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>; with "
                    "--oracle runs/oracle-<view>/eval/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")

@@ -45,15 +45,21 @@ def register(sub) -> None:
                    help="iid only: comma-separated seed indices to run, 0 first (default: all the preset's; "
                         "a size with fewer seeds runs those it has), e.g. --seeds 0 for one full sweep first")
     p.add_argument("--minutes", type=float, default=None,
-                   help="override the training budget per learner (per run in the IID sweep)")
-    p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
+                   help="wall-clock limit per learner (per run in the IID sweep): stops a run, leaving it "
+                        "unfinished and resumable, and never changes its schedule; machine-dependent")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="override the step budget per learner (the end of its cosine)")
     p.add_argument("--extend", action="store_true",
                    help="continue finished runs whose budget ran out to the larger budget now asked for "
-                        "(--minutes, --max-steps), and runs stopped on a plateau when the patience now "
+                        "(--max-steps; at the final learning rate of their cosine), and runs stopped on a "
+                        "plateau when the patience now "
                         "asked for is larger or none; their evaluations, probes and frame tables move to "
                         "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
+    p.add_argument("--ray-gpus-per-job", type=float, default=None,
+                   help="each job's share of a GPU on the Ray cluster (default 0.25 where the cluster has GPUs; "
+                        "0: train on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
                                  "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
@@ -105,6 +111,11 @@ def run(args) -> int:
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
     train = dict(preset.train)
+    if args.ray_gpus_per_job is not None:
+        if args.ray_address is None:
+            raise ConfigError("--ray-gpus-per-job goes with --ray-address")
+        if not 0 <= args.ray_gpus_per_job <= 1:
+            raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {args.ray_gpus_per_job:g}")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
@@ -117,11 +128,12 @@ def run(args) -> int:
         f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                             + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
-                                        "threads", "ray_address")
+                                        "threads", "ray_address", "ray_gpus_per_job")
                                and v is not None]
                             + [f"--preset.{k}={v}" for k, v in settings.items()]
                             + [f"--learner-setting={item}" for item in args.learner_setting]
                             + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
+                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend,
+                   ray_gpus=args.ray_gpus_per_job)
     return 0

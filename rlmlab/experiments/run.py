@@ -15,7 +15,7 @@ from rlmlab.learning.learner import PAPER_LEARNERS
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,
                    ray_address: str | None = None, progress: bool = True, extend: bool = False,
-                   **options) -> list[Job]:
+                   ray_gpus: float | None = None, **options) -> list[Job]:
     """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
 
     `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
@@ -41,6 +41,6 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     with folder_lock(out, busy="another run is building data or recording its plan here"):
         refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
         jobs = experiment.plan(p, out, tuple(views), progress, **options)
-    run_jobs(jobs, out, ray_address, progress, extend)
+    run_jobs(jobs, out, ray_address, progress, extend, ray_gpus)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

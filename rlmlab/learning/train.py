@@ -6,19 +6,32 @@
 One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
 "batch" means), runs them through the model in micro-batches of one row length, and
 minimises the mean cross-entropy over the step's target tokens. AdamW decays 2-D weights
-only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio.
+only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio over a
+step horizon (`train.decay_steps`, else `train.max_steps`) fixed when the run starts: the
+schedule is a function of the step alone, so a run trains the same steps at the same rates on
+any machine, thread count or load. A wall-clock limit (`train.max_minutes`) only stops a run.
 
 Validation every `eval_every` steps: teacher-forced loss, per-token accuracy (argmax at every
 target position) and example accuracy (every target of an example right) on held-out examples
 of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
 final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
-checkpoint follows `train.select_metric`; training stops on max steps, the wall-clock
-budget, a validation plateau, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown):
-those finish the step and save `last` without validating, so a stop takes about one step.
+checkpoint follows `train.select_metric`; training stops on max steps, a validation
+plateau, the wall-clock limit, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown).
+A wall-clock limit reached before the step budget, Ctrl-C and SIGTERM leave the run unfinished
+("time_limit", "interrupted"): they finish the step and save `last` without validating, so a
+resumed run goes on exactly as if it had never stopped.
 
 Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
 `last` checkpoint, so on CPU a resumed run computes the very losses, validations and best
 checkpoint of an uninterrupted one.
+
+A training step never waits for the device (docs/gpu.md): batches and their attention masks
+are built on the host and moved once, loss and gradient norm stay on the device and are read
+at log points, and a non-finite step is skipped on the device (AdamW's `found_inf`) and
+reported at the next read, before anything is validated or saved. So on CUDA the host builds
+the next step's batches while the device still computes this one. On CUDA the micro-batches
+are rows of one fixed length attended with FlexAttention (`attention_kind`), which keeps a
+compiled model to one graph.
 """
 
 from __future__ import annotations
@@ -27,7 +40,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +79,7 @@ from rlmlab.learning.packing import (
     Row,
     RowStream,
     collate,
+    flat_micro_batches,
     micro_batches,
     pack_rows,
     padding_fraction,
@@ -164,7 +177,8 @@ def configure_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.Adam
 
 
 def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the floor."""
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the
+    floor at step `horizon`; constant after warm-up when there is no horizon."""
     if step < tc.warmup_steps:
         return tc.lr * (step + 1) / tc.warmup_steps
     if horizon is None or horizon <= tc.warmup_steps:
@@ -174,27 +188,47 @@ def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
 
 
-PACE_WINDOW = 200  # steps whose median time is the pace of a time-budgeted schedule
-
-
-def schedule_horizon(step: int, remaining_s: float, step_times: list[float], per_eval_s: float,
-                     eval_every: int) -> int:
-    """The last step of a cosine schedule that should end with a time budget: the steps that
-    fit `remaining_s` at the median time of the last PACE_WINDOW steps (robust to one-off
-    stalls) plus the validations' share, at least one more step."""
-    per_step = statistics.median(step_times[-PACE_WINDOW:]) + per_eval_s / eval_every
-    return step + max(1, int(remaining_s / per_step))
-
-
 def autocast_for(device: torch.device):
     # bf16 on CUDA (no loss scaling needed); CPU bf16 matmuls are far slower than fp32 there.
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
+def attention_kind(device: torch.device, dropout: float, positions: str = "learned") -> str:
+    """How packed batches attend: "flex" on CUDA (one FlexAttention call per layer over rows of
+    one fixed length), "blocks" on CPU, wherever attention dropout is on (FlexAttention has
+    none) and for ALiBi (whose bias the flex path does not apply). See `PackedBatch.attention`."""
+    return "flex" if device.type == "cuda" and dropout == 0 and positions != "alibi" else "blocks"
+
+
+def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -> int:
+    """Positions of every micro-batch row on the "flex" path, in whole FlexAttention tiles: a
+    whole step (`step_tokens`, plus the most its last row can overshoot it: `longest`, the
+    longest row's content) when `micro_batch_tokens` allows, so that a step is one forward
+    pass; else `micro_batch_tokens`, at least `longest`."""
+    whole = step_tokens + longest if step_tokens is not None else None
+    n = whole if whole is not None and whole <= tc.micro_batch_tokens else max(tc.micro_batch_tokens, longest)
+    return -(-n // 128) * 128
+
+
+def step_batches(data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
+                 attention: str, block_size: int | None, flat_len: int | None = None) -> list[PackedBatch]:
+    """`rows` as micro-batches on `device`, masks included, all built on the host. On the
+    "flex" path every micro-batch is one row of `flat_len` positions (default:
+    `flat_length(tc, block_size)`). `block_size`: the model's context limit (None: none)."""
+    if attention == "flex":
+        flat_len = flat_len or flat_length(tc, block_size if block_size is not None else max(r.length for r in rows))
+        groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_len)]
+    else:
+        groups = micro_batches(rows, tc.micro_batch_tokens)
+    return [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout, block_size).prepare(device, attention)
+            for mb in groups]
+
+
 def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over the batch's targets, logits)."""
+    mask = batch.mask if batch.prepared else batch.attention()
     with autocast_for(device):
-        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attention())  # (B, T, V)
+        logits = fwd(batch.idx, pos=batch.pos, attn_mask=mask)  # (B, T, V)
     logits = logits.float()
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
                            reduction="sum")
@@ -203,19 +237,26 @@ def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Ten
 
 @torch.no_grad()
 def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
-    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy."""
-    loss_sum, correct, n_targets = 0.0, 0, 0
+    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy
+    (`batches` on the host, or prepared on `device`; read back once, at the end)."""
+    losses, hits = [], []
+    n_targets = 0
     wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
     for b in batches:
-        b = b.to(device)
+        b = b if b.prepared else b.to(device)
         loss, logits = batch_loss(fwd, b, device)
         is_target = b.targets != IGNORE
         hit = (logits.argmax(-1) == b.targets) & is_target
-        loss_sum += float(loss)
-        correct += int(hit.sum())
-        n_targets += int(is_target.sum())
+        losses.append(loss)
+        hits.append(hit.sum())
+        n_targets += b.n_targets
         miss_doc = torch.where(is_target & ~hit, b.doc, n_examples)
         wrong_example[miss_doc.view(-1)] = True
+    per_batch = torch.stack(losses).tolist()
+    correct = int(torch.stack(hits).sum())
+    loss_sum = 0.0
+    for x in per_batch:  # summed on the host in batch order, as the numbers were before
+        loss_sum += x
     return {"loss": loss_sum / n_targets, "token_acc": correct / n_targets,
             "example_acc": 1.0 - int(wrong_example[:n_examples].sum()) / n_examples}
 
@@ -230,7 +271,7 @@ class TrainerState:
     elapsed_s: float = 0.0  # wall clock of all sessions, validation included
     cpu_s: float = 0.0  # CPU time of this process over all sessions: a clock other jobs on the machine barely move
     tokens: int = 0  # example positions trained on (padding excluded)
-    horizon: int | None = None  # schedule length estimated from a time budget
+    schedule_steps: int | None = None  # the cosine's horizon, fixed when the run starts
     stream: dict = field(default_factory=lambda: {"epoch": 0, "cursor": 0})
     select_metric: str | None = None
     best_score: float | None = None
@@ -245,13 +286,18 @@ class TrainerState:
     @classmethod
     def from_saved(cls, saved: dict, ckpt: Path) -> "TrainerState":
         """The state a checkpoint recorded, its types checked (CheckpointError otherwise)."""
+        # "horizon" was a schedule length estimated from a time budget (before schedules were
+        # in steps); a run that saved it resumes on its config's step horizon.
         try:
-            state = cls(**{k: v for k, v in saved.items() if k != "rng"})
+            state = cls(**{k: v for k, v in saved.items() if k not in ("rng", "horizon")})
         except TypeError as e:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
                or isinstance(getattr(state, k), bool) or not getattr(state, k) >= 0]
+        horizon = state.schedule_steps
+        if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
+            bad.append("schedule_steps")
         window = state.log_window
         if not (isinstance(window, dict) and isinstance(window.get("loss"), (int, float))
                 and isinstance(window.get("steps"), int) and not isinstance(window.get("steps"), bool)
@@ -278,6 +324,9 @@ class TrainResult:
 
 
 STOP_SIGNALS = {signal.SIGINT: "interrupt", signal.SIGTERM: "terminated"}
+
+# Stop reasons of a run that is not over: resuming it continues the very same run.
+UNFINISHED = ("interrupted", "time_limit")
 
 
 @contextmanager
@@ -388,6 +437,8 @@ class Trainer:
                 raise CheckpointError(f"{ckpt}: no trainer state to resume from")
             self.model = build_model(meta, ckpt, device)
             self.state = TrainerState.from_saved(meta["trainer"], ckpt)
+            if "schedule_steps" not in meta["trainer"]:  # saved before schedules were fixed at the start
+                self.state.schedule_steps = tc.decay_steps or tc.max_steps
             self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
         else:
             if any((self.run_dir / p).exists() for p in ("last", "best", ".last.old")):
@@ -397,21 +448,25 @@ class Trainer:
             torch.manual_seed(tc.seed)
             self.model = Transformer(model_cfg).to(device)
             self.state.dropped = dropped
+            self.state.schedule_steps = tc.decay_steps or tc.max_steps
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.optimizer = configure_optimizer(self.model, tc)
         if resume:
             load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"].get("rng"))
         self.fwd = torch.compile(self.model) if tc.compile else self.model
+        self.attention = attention_kind(device, model_cfg.dropout, model_cfg.positions)
 
         positions = self.train_data.lengths - 1
         self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
         self.stream.load_state(self.state.stream)
         self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+        longest = max(cfg.data.row_length, int(positions.max()), int(self.val_data.lengths.max()) - 1)
+        self.flat_len = flat_length(tc, longest, self.step_tokens)  # the "flex" path's one shape
+        self.flat_step = -(-(self.step_tokens + longest) // 128) * 128  # ... if a step were one pass
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
-        self.val_batches = [collate(self.val_data.ids, self.val_data.loss, self.val_data.offsets, mb,
-                                    self.vocab.pad_id, self.val_data.layout)
-                            for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+        self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
+                                        context_limit(model_cfg), self.flat_len)
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
@@ -421,7 +476,6 @@ class Trainer:
         self.elapsed_before = self.state.elapsed_s
         self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
-        self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
         self.interrupted = False
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
@@ -444,7 +498,16 @@ class Trainer:
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
+        floor = tc.lr * tc.min_lr_ratio
+        self.echo(f"schedule: {tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then "
+                  + (f"cosine to {floor:g} at step {st.schedule_steps:,}" if st.schedule_steps else
+                     "constant (no step horizon: set train.max_steps or train.decay_steps for a cosine)")
+                  + (f"; stops at step {tc.max_steps:,}" if tc.max_steps else "")
+                  + (f"; wall-clock limit {tc.max_minutes:g} min" if tc.max_minutes else ""))
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
+                  + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
+                  + (f" (a step may take several: --train.micro_batch_tokens={self.flat_step} makes it one)"
+                     if self.attention == "flex" and self.flat_len < self.flat_step else "")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
                   + (f"; resuming at step {st.step}" if resume else ""))
 
@@ -456,56 +519,51 @@ class Trainer:
     def cpu(self) -> float:
         return self.cpu_before + time.process_time() - self.cpu_start
 
-    def horizon(self) -> int | None:
-        return self.tc.decay_steps or self.tc.max_steps or self.state.horizon
-
     def should_stop(self) -> str | None:
+        """Why the run stops now, or None. "max_minutes" ends a run that has no step budget;
+        with one, the wall-clock limit is "time_limit": the run is unfinished, like "interrupted"."""
         tc, st = self.tc, self.state
         if tc.max_steps is not None and st.step >= tc.max_steps:
             return "max_steps"
-        if self.budget_s is not None and self.elapsed() >= self.budget_s:
-            return "max_minutes"
         if tc.patience is not None and st.bad_evals >= tc.patience:
             return "plateau"
+        if self.budget_s is not None and self.elapsed() >= self.budget_s:
+            return "time_limit" if tc.max_steps is not None else "max_minutes"
         return "interrupted" if self.interrupted else None
-
-    def update_horizon(self) -> None:
-        """With only a time budget, the schedule's length: set once warm-up is over and this
-        session has run 50 steps, then re-estimated at every validation, so that a pace misjudged
-        early (other jobs on the machine, one-off costs after a resume) neither ends the cosine
-        long before the budget nor leaves it unfinished. Each change is logged."""
-        tc, st = self.tc, self.state
-        if not self.budget_s or tc.decay_steps or tc.max_steps:
-            return
-        if st.step < tc.warmup_steps or len(self.step_times) < 50:
-            return
-        if st.horizon is not None and st.last_eval_step != st.step:
-            return
-        if self.n_evals:
-            per_eval = self.eval_s / self.n_evals
-        else:  # not measured yet: a forward pass costs about a third of a training step per position
-            per_eval = statistics.median(self.step_times) * self.val_data.n_tokens / (st.tokens / st.step) / 3
-        horizon = schedule_horizon(st.step, self.budget_s - self.elapsed(), self.step_times, per_eval,
-                                   tc.eval_every)
-        if horizon != st.horizon:
-            self.log.write({"kind": "schedule", "step": st.step, "horizon": horizon,
-                            "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
-            if st.horizon is None:
-                self.echo(f"schedule: {horizon} steps estimated to fit {tc.max_minutes} minutes")
-            st.horizon = horizon
 
     # --- checkpoints and validation ---
 
     def save(self, which: str, metrics: dict) -> None:
+        self.check_finite()
         last = which == "last"
         if last:
             self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
+            self._read_losses()
+            self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
         save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
                         trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
 
+    def check_finite(self) -> None:
+        """Raise if a step since the last check was not finite (see `FiniteGuard`); the state
+        then says the last good step, the one the weights still hold."""
+        try:
+            self.guard.check()
+        except TrainingDiverged:
+            self.state.step = self.guard.last_good
+            raise
+
+    def _read_losses(self) -> None:
+        """Fold the losses of the steps since the last read into the log window (one wait)."""
+        w = self.window
+        if w["pending"]:
+            for loss in torch.stack(w["pending"]).tolist():  # in step order, as floats, as ever
+                w["loss"] += loss
+            w["pending"] = []
+
     def validate(self) -> dict:
+        self.check_finite()
         t0 = time.perf_counter()
         tc, st, model = self.tc, self.state, self.model
         model.eval()
@@ -530,8 +588,6 @@ class Trainer:
             st.best_score, st.best_step = metrics[name], st.step
             self.save("best", metrics)
         seconds = time.perf_counter() - t0
-        self.eval_s += seconds
-        self.n_evals += 1
         self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved, "val_s": round(seconds, 3),
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         self.last_val = metrics
@@ -549,47 +605,48 @@ class Trainer:
                        dynamic_ncols=True)
         # Losses carry over a resume; tok/s is this session's own and counts training steps only,
         # so that a validation or a checkpoint save inside the window does not read as a slowdown.
-        window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "tokens": 0, "step_s": 0.0}
+        # Losses of steps not yet read stay on the device ("pending") until a log point or a save.
+        window = self.window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "pending": [],
+                                "tokens": 0, "step_s": 0.0}
+        self.guard = FiniteGuard(self.device, st.step)
         self.model.train()
         try:
             with _stop_on_signals(self.echo) as interrupt:
                 stop_reason = self.should_stop()  # a resumed run may have nothing left to do
                 while stop_reason is None:
                     t0 = time.perf_counter()
-                    lr = lr_at(st.step, tc, self.horizon())
+                    lr = lr_at(st.step, tc, st.schedule_steps)
                     for g in self.optimizer.param_groups:
                         g["lr"] = lr
                     loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
                                                         self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
-                                                        self.device)
+                                                        self.device, self.attention, self.guard, self.flat_len)
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
                     self.step_times.append(time.perf_counter() - t0)
                     window["step_s"] += self.step_times[-1]
-                    window["loss"] += loss
+                    window["pending"].append(loss)
                     window["steps"] += 1
                     window["tokens"] += n_tok
                     if st.step % tc.log_every == 0:
                         self._log_train(window, lr, grad_norm, bar)
-                    st.log_window = {"loss": window["loss"], "steps": window["steps"]}
                     if bar is not None:
                         bar.update(1)
                     if st.step % tc.eval_every == 0:
                         self.validate()
-                    self.update_horizon()
                     self.interrupted = interrupt["stop"]
                     stop_reason = self.should_stop()
                     if stop_reason is None and st.step % tc.checkpoint_every == 0:
                         self.save("last", self.last_val)
                 # A validation off the eval_every grid would make an interrupted run select its
                 # best checkpoint differently from an uninterrupted one.
-                if st.last_eval_step != st.step and stop_reason != "interrupted":
+                if st.last_eval_step != st.step and stop_reason not in UNFINISHED:
                     self.validate()
                 self.save("last", self.last_val)
             self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,
                             "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
                             "elapsed_s": round(st.elapsed_s, 3), "cpu_s": round(st.cpu_s, 3)})
         except TrainingDiverged as e:
-            self.log.write({"kind": "diverged", "step": st.step, "error": str(e)})
+            self.log.write({"kind": "diverged", "step": st.step, "error": str(e)})  # the last good step
             raise
         finally:
             if bar is not None:
@@ -598,7 +655,10 @@ class Trainer:
         return TrainResult(self.run_dir, st.step, stop_reason, st.select_metric, st.best_score, st.best_step,
                            self.last_val)
 
-    def _log_train(self, window: dict, lr: float, grad_norm: float, bar) -> None:
+    def _log_train(self, window: dict, lr: float, grad_norm: torch.Tensor, bar) -> None:
+        self.check_finite()
+        self._read_losses()
+        grad_norm = float(grad_norm)
         st = self.state
         tok_s = window["tokens"] / max(window["step_s"], 1e-9)
         loss = window["loss"] / window["steps"]
@@ -608,30 +668,83 @@ class Trainer:
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
-        window.update(loss=0.0, steps=0, tokens=0, step_s=0.0)
+        window.update(loss=0.0, steps=0, pending=[], tokens=0, step_s=0.0)
+
+
+class FiniteGuard:
+    """Which optimizer step first had a non-finite loss or gradient norm, kept on the device.
+
+    From that step on, AdamW skips every update (its `found_inf`, as under a gradient scaler),
+    so the weights and moments stay those of the last good step without the host waiting for
+    the check; `check` reads the record (one wait) and raises TrainingDiverged. The trainer
+    checks at every log point and before anything is validated or saved, so no checkpoint
+    holds a step after the bad one."""
+
+    def __init__(self, device: torch.device, step: int = 0):
+        self.found = torch.zeros((), device=device)  # 1.0 once a step was bad: AdamW's found_inf
+        self.bad = torch.tensor([-1.0, math.nan, math.nan], dtype=torch.float64, device=device)  # step, loss, norm
+        self.step = step  # optimizer steps recorded so far
+
+    def record(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The loss and gradient norm of step `self.step + 1`, before its update."""
+        self.step += 1
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        first = bad & (self.found == 0)
+        # new_full is a fill on the device: a tensor from a host number would be a (waiting) copy.
+        now = torch.stack([loss.new_full((), float(self.step), dtype=torch.float64), loss.double(),
+                           grad_norm.double()])
+        self.bad = torch.where(first, now, self.bad)
+        self.found = torch.maximum(self.found, bad.to(self.found.dtype))
+
+    def check(self) -> int | None:
+        """Raise TrainingDiverged if a recorded step was not finite (`last_good` then says the
+        step whose weights the model still holds)."""
+        step, loss, norm = self.bad.tolist()
+        if step < 0:
+            return None
+        self.last_good = int(step) - 1
+        raise TrainingDiverged(f"non-finite training loss or gradient at step {int(step)} (loss {loss}, "
+                               f"gradient norm {norm}); the last good checkpoint is kept: lower train.lr "
+                               "or resume from it")
 
 
 def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
-               tc: TrainConfig, device: torch.device) -> tuple[float, int, float]:
-    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
-    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout)
-               for mb in micro_batches(rows, tc.micro_batch_tokens)]
+               tc: TrainConfig, device: torch.device, attention: str = "blocks",
+               guard: FiniteGuard | None = None, flat_len: int | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm),
+    loss and norm as 0-d tensors on `device`, read by nobody here: the host does not wait.
+
+    A step whose loss or gradient is not finite leaves weights and optimizer untouched; with a
+    `guard` it is recorded there for the caller to check later, without one it raises
+    TrainingDiverged at once (a wait)."""
+    batches = step_batches(data, rows, pad_id, tc, device, attention, context_limit(model.cfg), flat_len)
+    mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
+    return mean, sum(b.n_tokens for b in batches), grad_norm
+
+
+def optimizer_step(fwd, model: Transformer, optimizer, batches: list[PackedBatch], tc: TrainConfig,
+                   device: torch.device, guard: FiniteGuard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device half of `train_step`: forward and backward over prepared `batches`, clipping
+    and the AdamW update. Reads no device value unless `guard` is None."""
     n_targets = sum(b.n_targets for b in batches)
     total = torch.zeros((), device=device)
     for b in batches:
-        loss, _ = batch_loss(fwd, b.to(device), device)
+        loss, _ = batch_loss(fwd, b, device)
         (loss / n_targets).backward()  # the step's mean over targets, however the rows are split
         total += loss.detach()
     clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-    if not (math.isfinite(float(total)) and math.isfinite(grad_norm)):
-        # Stop before the step spreads it into every weight: `last` and `best` stay as they were.
-        raise TrainingDiverged(f"non-finite training loss or gradient (loss {float(total) / n_targets}, "
-                               f"gradient norm {grad_norm}); the last good checkpoint is kept: lower train.lr "
-                               "or resume from it")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)  # a few kernels, not 2 per tensor
+    mean = total.double() / n_targets  # as the host would divide: a float64 of the float32 sum
+    checked_now = guard is None
+    if checked_now:
+        guard = FiniteGuard(device)
+    guard.record(mean, grad_norm)
+    optimizer.found_inf = guard.found  # a bad step is skipped on the device
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
+    if checked_now:
+        guard.check()
+    return mean, grad_norm
 
 
 def _with_prefix(d: dict, prefix: str) -> dict:

@@ -186,7 +186,7 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
 
 
 def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
-             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
+             batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
              progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
     """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
     teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""
@@ -203,7 +203,7 @@ def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: 
 
 
 def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, vocab: Vocab, *,
-                  model=None, limits: Limits | None = None, batch_size: int = 64, limit: int | None = None,
+                  model=None, limits: Limits | None = None, batch_size: int | None = None, limit: int | None = None,
                   columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
                   header: dict | None = None) -> tuple[list[dict], dict]:
     """Decode and score the expressions of a data file and write `results.jsonl` and
@@ -226,7 +226,7 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
     return results, summary
 
 
-def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int = 64, limits: Limits | None = None):
+def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int | None = None, limits: Limits | None = None):
     """A `validate_fn` for `rlmlab.learning.train`: greedy final-answer accuracy on `exprs` ("answer_acc",
     the metric "auto" checkpoint selection picks) and the share of valid traces ("answer_valid").
     By default a row may generate twice the set's longest canonical trace, so that an untrained
