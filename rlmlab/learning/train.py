@@ -193,11 +193,11 @@ def autocast_for(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def attention_kind(device: torch.device, dropout: float, positions: str = "learned") -> str:
+def attention_kind(device: torch.device, dropout: float) -> str:
     """How packed batches attend: "flex" on CUDA (one FlexAttention call per layer over rows of
-    one fixed length), "blocks" on CPU, wherever attention dropout is on (FlexAttention has
-    none) and for ALiBi (whose bias the flex path does not apply). See `PackedBatch.attention`."""
-    return "flex" if device.type == "cuda" and dropout == 0 and positions != "alibi" else "blocks"
+    one fixed length), "blocks" on CPU and wherever attention dropout is on (FlexAttention has
+    none). See `PackedBatch.attention`."""
+    return "flex" if device.type == "cuda" and dropout == 0 else "blocks"
 
 
 def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -> int:
@@ -455,7 +455,9 @@ class Trainer:
             load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"].get("rng"))
         self.fwd = torch.compile(self.model) if tc.compile else self.model
-        self.attention = attention_kind(device, model_cfg.dropout, model_cfg.positions)
+        self.attention = attention_kind(device, model_cfg.dropout)
+        if model_cfg.positions == "alibi":  # the flex path has no score_mod for ALiBi's bias
+            self.attention = "blocks"
 
         positions = self.train_data.lengths - 1
         self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
