@@ -296,3 +296,29 @@ def test_cross_entropy_of_an_alibi_model_is_finite_on_fully_padded_rows():
     m = _model("rm", "alibi", 10)
     loss, n, grads = _step_loss_and_grads(m, data, 128, fast=False)
     assert n > 0 and torch.isfinite(torch.tensor(loss)) and torch.isfinite(grads).all()
+
+
+@pytest.mark.parametrize("positions", ENCODINGS)
+def test_the_flex_path_of_table_free_encodings_equals_the_block_path(positions):
+    """The CUDA training path (one FlexAttention call per layer over packed rows), run in its
+    eager form on CPU: NoPE and RoPE compute what the blocks attention computes; ALiBi, whose
+    bias that path does not apply, is refused there in one line."""
+    from test_gpu_path import cpu_flex
+
+    from rlmlab.learning.attention import FlexMask
+
+    B, T = 2, 64
+    row, start, length = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 20, 0, 41]), torch.tensor([20, 44, 41, 23])
+    pos = torch.zeros(B, T, dtype=torch.long)
+    for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
+        pos[r, s:s + n] = torch.arange(n)
+    idx = torch.randint(0, len(VOCAB), (B, T), generator=torch.Generator().manual_seed(0))
+    m = _model("cot", positions, 11)
+    flex = FlexMask(B, T, row, start, length)
+    with torch.no_grad(), cpu_flex():
+        if positions == "alibi":
+            with pytest.raises(ValueError, match="ALiBi has no FlexAttention path"):
+                m(idx, pos, flex)
+            return
+        torch.testing.assert_close(m(idx, pos, flex), m(idx, pos, BlockDiagonal(B, T, row, start, length)),
+                                   atol=1e-4, rtol=1e-4)
