@@ -10,7 +10,7 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.jobs import run_jobs
+from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import PRESETS, get_preset
 from rlmlab.experiments.report import report
@@ -627,10 +627,16 @@ def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):
     assert get_kind("depth").job_names(tmp_path, {"threshold": 10}) == ["depth-10"]
     assert get_kind("shortcuts").job_names(tmp_path, {"constructions": ["position_parity"]}) == \
         ["shortcut-position_parity"]
-    # What makes two folders the same experiment: the threshold matters for the splits only.
+    # What makes two folders the same experiment: the threshold matters for the splits only, and
+    # the task (a folder from before tasks were recorded holds the paper's).
+    from rlmlab.task.taskfile import load_task, paper_task
+
+    paper = paper_task().digest
     assert get_kind("length").identity({"kind": "length", "threshold": 595, "sizes": [1]}) == \
-        {"kind": "length", "threshold": 595}
-    assert get_kind("iid").identity({"kind": "iid", "sizes": [1]}) == {"kind": "iid"}
+        {"kind": "length", "threshold": 595, "task": paper}
+    assert get_kind("iid").identity({"kind": "iid", "sizes": [1]}) == {"kind": "iid", "task": paper}
+    assert get_kind("iid").identity({"kind": "iid", "task": load_task("mod7").identity}) == \
+        {"kind": "iid", "task": load_task("mod7").digest}
 
 
 def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_path):

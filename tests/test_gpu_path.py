@@ -3,8 +3,9 @@ call per layer, one compiled graph, a kernel budget, bf16 against fp32, and Flex
 mask against the dense reference.
 
 FlexAttention refuses gradients on CPU up front (torch 2.13 has no fused CPU backward); its
-eager form, which computes every score under the same `mask_mod` and block tables the CUDA
-kernel reads, differentiates fine there, so these tests lift that one refusal (`cpu_flex`).
+eager form, which computes every score under the same `mask_mod` the CUDA kernel reads,
+differentiates fine there, so these tests lift that one refusal (`cpu_flex`). The eager form
+ignores the block tables, which are checked on their own.
 Under `FakeTensorMode` nothing is computed at all: any read of a device value by the host
 (`.item()`, `bool()`, `.tolist()`, a data-dependent shape) raises, which is the point.
 """

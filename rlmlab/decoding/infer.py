@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
 from rlmlab.learning.positions import alibi_bias, alibi_slopes, biased, context_limit
-from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text
+from rlmlab.task.expr import Call, default_library, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.trace import execute, trace_stats
@@ -440,8 +440,9 @@ class Oracle:
         # A written call has only function names, literals, parentheses and commas, and its
         # frame continues with a parameter name or `return`: with byte-sized ids the call's
         # extent is one C-level regex match rather than a Python loop over it every step.
+        library = self.library or default_library()
         call_ids = [i for i, t in enumerate(vocab.tokens)
-                    if t in ("(", ")", ",") or t in LITERALS or t in (self.library or default_library())]
+                    if t in ("(", ")", ",") or t in library.literals or t in library]
         self.call_re = re.compile(b"[" + re.escape(bytes(call_ids)) + b"]*") if len(vocab) <= 256 else None
         # q (ids) -> [(m, example tokens)] for q's own frame, in execution order
         self.table: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
@@ -601,7 +602,7 @@ class Generation:
     valid: bool
     reason: str | None  # why the row stopped as invalid
     max_depth: int
-    n_frames: int  # active-frame examples cut (= frames of the paper's table on a full trace)
+    n_frame_examples: int  # active-frame examples cut (= frames of the paper's table on a full trace)
     fed: int  # tokens the predictor was fed (prefills included): the decoding cost
 
     @property
@@ -612,11 +613,11 @@ class Generation:
 class _Row:
     __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None, library=None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
         self.cap = cap if cap is not None else (
-            RUNAWAY_FACTOR * (trace_stats(expr).trace_len - len(prompt)) + RUNAWAY_SLACK)
+            RUNAWAY_FACTOR * (trace_stats(expr, library).trace_len - len(prompt)) + RUNAWAY_SLACK)
         self.replay = StackReplay(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
@@ -626,20 +627,22 @@ class _Row:
 
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
              limits: Limits = Limits(), batch_size: int | None = None,
-             progress: Callable[[int], None] | None = None, longest_first: bool = True) -> list[Generation]:
+             progress: Callable[[int], None] | None = None, longest_first: bool = True,
+             library=None) -> list[Generation]:
     """Greedy-decode every expression in `view`, `batch_size` rows at a time (default: the
     predictor's `default_slots`, 256 for a model on CUDA, else 64); results in input order.
 
-    `exprs` are written expressions (text or parsed); `progress(k)` is called as k rows finish.
+    `exprs` are written expressions (text or parsed) of `library`'s task (default: the paper's);
+    `progress(k)` is called as k rows finish.
     With `longest_first` the expressions with the longest canonical traces enter the slots
     first: rows are independent, so this changes no result, only shortens the run's tail (a
     long trace started last would decode alone at the end).
     """
     obs = observer(view)
-    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:
-        order.sort(key=lambda i: -trace_stats(calls[i]).trace_len)
+        order.sort(key=lambda i: -trace_stats(calls[i], library).trace_len)
     block = predictor.block_size
     max_frame = limits.max_frame_tokens
     toks = vocab.tokens
@@ -686,7 +689,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens)
+                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens, library)
         live = [row for row in slots if row is not None]
         if not live:
             break

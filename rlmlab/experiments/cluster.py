@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 
 GPU_SHARE = 0.25
 """A job's share of one GPU on a cluster with GPUs, unless `--ray-gpus-per-job` says otherwise."""

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError
-from rlmlab.experiments.folder import LOCK_NAME, read_meta
+from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
-from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.report import report
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the

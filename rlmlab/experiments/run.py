@@ -7,10 +7,22 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.folder import folder_lock, refuse_another_experiment
-from rlmlab.experiments.jobs import Job, run_jobs
+from rlmlab.experiments.job import Job
+from rlmlab.experiments.jobs import run_job
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
 from rlmlab.learning.learner import PAPER_LEARNERS
+
+
+def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
+             extend: bool = False, ray_gpus: float | None = None) -> list[dict]:
+    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`, each
+    job taking `ray_gpus` of a GPU there)."""
+    if ray_address is None:
+        return [run_job(j, out, progress, extend) for j in jobs]
+    from rlmlab.experiments.cluster import run_on_ray
+
+    return run_on_ray(jobs, out, ray_address, extend, ray_gpus)
 
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from rlmlab.learning.attention import BlockDiagonal, FlexMask, flex_attend
-from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 from rlmlab.learning.positions import AlibiMask, Positions
 
 

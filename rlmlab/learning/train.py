@@ -58,6 +58,7 @@ from rlmlab.learning.checkpoint import (
     load_optimizer_state,
     read_meta,
     rng_state,
+    run_task,
     save_checkpoint,
     set_rng_state,
 )
@@ -84,9 +85,11 @@ from rlmlab.learning.packing import (
     pack_rows,
     padding_fraction,
 )
+from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.learning.views import ViewData, build_view_data
 from rlmlab.task.pool import read_pool
-from rlmlab.task.vocab import Vocab, default_vocab
+from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
 
@@ -103,9 +106,9 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expressions(path: str | Path) -> list[str]:
-    """The `expr` column of a pool or expression-set parquet."""
-    return read_pool(path).column("expr").to_pylist()
+def read_expr_column(path: str | Path, task=None) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet of `task` (default: the paper's)."""
+    return read_pool(path, task=task).column("expr").to_pylist()
 
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
@@ -113,11 +116,12 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     configured view's training and validation examples (cached, see `build_view_data`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
-    vocab = vocab or default_vocab()
-    exprs = read_expressions(data.train)
+    task = load_task(data.task)
+    vocab = vocab or task.vocab
+    exprs = read_expr_column(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
-        val_exprs, train_exprs = read_expressions(data.val), exprs
+        val_exprs, train_exprs = read_expr_column(data.val, task), exprs
         val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
@@ -135,8 +139,9 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows), val_exprs)
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows, task=task),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows, task=task),
+                     val_exprs)
 
 
 def fit_to_block(data: ViewData, block_size: int | None, drop: bool, what: str) -> tuple[ViewData, int]:
@@ -236,7 +241,7 @@ def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+def validation_metrics(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
     """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy
     (`batches` on the host, or prepared on `device`; read back once, at the end)."""
     losses, hits = [], []
@@ -354,9 +359,10 @@ def _stop_on_signals(echo):
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        """A new log, or with `resume_step` the existing one continued after that step."""
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None = None, mirror=None):
+        """A new log, or with `resume_step` the existing one continued after that step; `mirror`
+        (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
+        self.path, self.mirror = path, mirror
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
             kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
@@ -368,9 +374,13 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def close(self) -> None:
         self.f.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _step_of(line: str) -> float:
@@ -404,9 +414,14 @@ class Trainer:
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
+        if tc.tensorboard:
+            require_tensorboard()  # before anything is written
         self.vocab, self.view = train_data.vocab, train_data.view
         if (val_data.vocab, val_data.view) != (self.vocab, self.view):
             raise DataError("training and validation examples differ in view or vocabulary")
+        self.task = load_task(cfg.data.task)
+        if self.vocab != self.task.vocab:
+            raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
         if self.view != cfg.data.view:
             raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
         self.device = device = resolve_device(tc.device)
@@ -431,6 +446,7 @@ class Trainer:
             if fixed:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            run_task(meta, ckpt, self.task)  # a run continues on its own task only
             if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
                 raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
             if "trainer" not in meta:
@@ -472,7 +488,9 @@ class Trainer:
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
+        resume_step = self.state.step if resume else None
+        mirror = TensorBoardLog(self.run_dir / TB_DIR, resume_step) if tc.tensorboard else None
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step, mirror=mirror)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
@@ -543,6 +561,7 @@ class Trainer:
             self._read_losses()
             self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
         save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+                        task=self.task,
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
                         trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
@@ -569,7 +588,7 @@ class Trainer:
         t0 = time.perf_counter()
         tc, st, model = self.tc, self.state, self.model
         model.eval()
-        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        metrics = validation_metrics(self.fwd, self.val_batches, len(self.val_data), self.device)
         if self.validate_fn is not None:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import check_split, load_pool, write_meta
-from rlmlab.experiments.jobs import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.job import Job
+from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
@@ -272,10 +272,10 @@ class ThresholdSplit(ExperimentKind):
         return f"{self.name}-{threshold}"
 
     def identity(self, meta: dict) -> dict:
-        return {"kind": meta.get("kind"), "threshold": meta.get("threshold")}
+        return {"kind": meta.get("kind"), "threshold": meta.get("threshold"), "task": meta_task_digest(meta)}
 
     def planned_identity(self, preset, threshold: int | None = None) -> dict:
-        return {"kind": self.name, "threshold": self.threshold(preset, threshold)}
+        return {"kind": self.name, "threshold": self.threshold(preset, threshold), "task": preset_task_digest(preset)}
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
              threshold: int | None = None) -> list[Job]:
@@ -287,7 +287,7 @@ class ThresholdSplit(ExperimentKind):
         if not (data / "split.json").exists():
             threshold_split(load_pool(p, out, progress), self.name, threshold, n_val=p.n_val,
                             per_bin_cap=p.per_bin_cap, n_train=p.n_train).save(data)
-        split = Split.load(data)
+        split = Split.load(data, p.task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
         write_meta(out, self, p, {"threshold": threshold, "split": split.params})
