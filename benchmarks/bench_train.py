@@ -3,6 +3,7 @@
     python benchmarks/bench_train.py                         # small + paper, rm + cot, < 3 min
     python benchmarks/bench_train.py --presets small --views rm --seconds 30
     python benchmarks/bench_train.py --presets small --views plain:128,plain:512 --threads 1
+    python benchmarks/bench_train.py --presets cpu --views cot,cot@none,cot@rope,cot@alibi --threads 1
 
 Each configuration runs real optimizer steps of `rlmlab.learning.train` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
@@ -36,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.learning.learner import learner  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.positions import context_limit  # noqa: E402
 from rlmlab.learning.packing import (  # noqa: E402
     Row,
     RowStream,
@@ -97,8 +100,11 @@ def plain_data(T: int, n: int = 512) -> ViewData:
 
 def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
     torch.manual_seed(0)
-    model = Transformer(preset(name, "cot" if view.startswith("plain:") else view, len(data.vocab)))
-    data, dropped = fit_to_block(data, model.cfg.block_size, True, "benchmark")
+    encoding = {} if view.startswith("plain:") or learner(view).positions is None else \
+        {"positions": learner(view).positions}
+    model = Transformer(preset(name, "cot" if view.startswith("plain:") else learner(view).view, len(data.vocab),
+                               **encoding))
+    data, dropped = fit_to_block(data, context_limit(model.cfg), True, "benchmark")
     optimizer = configure_optimizer(model, tc)
     positions = data.lengths - 1
     stream = RowStream(positions, row_len, seed=0)
@@ -126,7 +132,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
     ap.add_argument("--views", default="rm,cot", help="any of rm (lane-packed), rm-frames, cot, and plain:T "
-                    "(random sequences of exactly T positions, one per row: the plain causal ceiling)")
+                    "(random sequences of exactly T positions, one per row: the plain causal ceiling); a view "
+                    "may name a position encoding, as in cot@rope")
     ap.add_argument("--seconds", type=float, default=12.0, help="timed seconds per configuration (after warm-up)")
     ap.add_argument("--pool", type=int, default=1000, help="expressions sampled with seed 42")
     ap.add_argument("--max-trace", type=int, default=None, help="keep expressions with traces up to this length")
@@ -152,12 +159,12 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
-                build_view_data(exprs, v, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                build_view_data(exprs, learner(v).view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
                 for v in args.views.split(",")}
         for name in args.presets.split(","):
             for view in args.views.split(","):
                 row_len = (int(view.split(":")[1]) if view.startswith("plain:")
-                           else args.row_len or DataSettings(view=view).row_length)
+                           else args.row_len or DataSettings(view=learner(view).view).row_length)
                 peak = max(peak, matmul_peak(1.0))
                 r = bench(name, view, data[view], args.seconds, tc, row_len)
                 results.append(r)

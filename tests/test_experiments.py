@@ -637,3 +637,35 @@ def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):
     assert get_kind("iid").identity({"kind": "iid", "sizes": [1]}) == {"kind": "iid", "task": paper}
     assert get_kind("iid").identity({"kind": "iid", "task": load_task("mod7").identity}) == \
         {"kind": "iid", "task": load_task("mod7").digest}
+
+
+def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_path):
+    """`--views cot@rope`: its own run folder, trained on the cot view with model.positions=rope,
+    refused as a checkpoint of another encoding, and labelled CoT (RoPE) in the split's table,
+    the training table and the viewer."""
+    from rlmlab.learning.checkpoint import load_run
+
+    out = tmp_path / "length"
+    # One expression per bin: an untrained table-free CoT decodes every row to the runaway cap.
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "cot,cot@rope",
+                 "--preset.per_bin_cap=1",
+                 "--learner-setting", "per_view.cot@rope.train.lr=3e-3"]) == 0
+    run = out / "length-96" / "cot@rope"
+    config = json.loads((run / "config.json").read_text())
+    assert (config["data"]["view"], config["model"]["positions"], config["train"]["lr"]) == ("cot", "rope", 3e-3)
+    assert json.loads((out / "length-96" / "cot" / "config.json").read_text())["model"]["positions"] == "learned"
+    assert load_run(run).model.cfg.positions == "rope" and load_run(run).model.wpe is None
+    with pytest.raises(Exception, match="trained with model.positions=rope, not learned"):
+        load_run(run, positions="learned")
+    summary = json.loads((run / "eval" / "eval" / "summary.json").read_text())
+    assert (summary["view"], summary["learner"]) == ("cot", "cot@rope")
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "table-length-96.md").read_text()
+    assert [line.split(" acc. (%)")[0] for line in table.splitlines() if "acc. (%)" in line] == \
+        ["| CoT", "| CoT (RoPE)"]
+    assert "| length-96 | CoT (RoPE) |" in (out / "report" / "table-training.md").read_text()
+    assert main(["view", str(out), "--out", str(tmp_path / "html"), "--quiet"]) == 0
+    assert "CoT (RoPE)" in (tmp_path / "html" / "index.html").read_text()
+    assert "learner <b>CoT (RoPE)</b>" in (tmp_path / "html" / "length-96" / "cot@rope" / "eval.html").read_text()
+    # An unknown encoding is a one-line error before anything runs.
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "cot@sinusoid"]) == 2

@@ -17,8 +17,7 @@ from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import field_docs
-from rlmlab.learning.learner import PAPER_LEARNERS
-from rlmlab.learning.views import get_view
+from rlmlab.learning.learner import PAPER_LEARNERS, learner
 
 
 PRESET_SETTING = "preset:"
@@ -36,7 +35,9 @@ def register(sub) -> None:
     p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--learners", default=",".join(PAPER_LEARNERS), metavar="LEARNERS",
                    help="learners to run, comma-separated (default rm,cot; any learner of "
-                        "`rlmlab train --learner`, e.g. rm,cot,rm-frames)")
+                        "`rlmlab train --learner`, e.g. rm,cot,rm-frames), each optionally with a position "
+                        "encoding after @ (learned, none, rope, alibi; default: the paper's learned table), "
+                        "e.g. rm,cot,cot@rope,cot@none (docs/positions.md)")
     p.add_argument("--lengths", default=None,
                    help="sweep only: comma-separated length thresholds L (default, with no --depths: the paper's "
                         "33,96,197,359,595,1060,1345,1839); runs on different thresholds or learners may share --out")
@@ -111,7 +112,7 @@ def run(args) -> int:
     if not views:
         raise ConfigError("--learners: no learner given")
     for v in views:
-        get_view(v)  # one-line ConfigError naming an unknown learner
+        learner(v)  # one-line ConfigError naming an unknown view or encoding
         if "/" in v:
             raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
+from rlmlab.learning.positions import alibi_bias, alibi_slopes, biased, context_limit
 from rlmlab.task.expr import Call, default_library, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import StackReplay, active_frame
@@ -195,7 +196,7 @@ class ModelPredictor:
     def __init__(self, model, use_cache: bool = True, pack: int = 256, capacity: int | None = None):
         self.model = model
         self.cfg = model.cfg
-        self.block_size = model.cfg.block_size
+        self.block_size = context_limit(model.cfg)
         self.use_cache = use_cache
         self.pack = pack
         self.device = next(model.parameters()).device
@@ -260,14 +261,30 @@ class ModelPredictor:
             groups.append(self._extend(more, flat, up))
         if fresh:
             groups.append(self._prefill(fresh, flat, up))
-        if max(flat.pos) >= self.block_size:  # the driver stops rows first; checked here, on the host
+        if self.block_size is not None and max(flat.pos) >= self.block_size:  # the driver stops rows first
             raise ValueError(f"position {max(flat.pos)} beyond the model's {self.block_size}")
         fields = [up.add(x) for x in (flat.slots, flat.at, flat.tok, flat.pos, flat.last)]
         sent = up.send(self.device)
         slots, at, tok, pos, last = (sent[f] for f in fields)
-        cache.plan(slots, at, [g(sent) for g in groups])
+        groups = [g(sent) for g in groups]
+        if self.cfg.positions == "alibi":
+            groups = self._alibi(groups, pos)
+        cache.plan(slots, at, groups)
         out = self.model(tok[None], pos[None], None, cache)[0]  # (N, V)
         return out[last]  # (n, V)
+
+    def _alibi(self, groups: list[Group], pos: torch.Tensor) -> list[Group]:
+        """The groups' masks with ALiBi's bias: a query's position is its token's, a key read from
+        the cache sits at its column (a slot holds its frame at positions 0..), a packed new
+        frame's key at its token's position."""
+        slopes = alibi_slopes(self.cfg.n_head, self.device)
+        out, start = [], 0
+        for g in groups:
+            pos_q = pos[start:start + g.rows * g.T].view(g.rows, g.T)
+            pos_k = pos_q if g.read is None else torch.arange(g.read, device=self.device).expand(g.rows, g.read)
+            out.append(g._replace(mask=biased(g.mask, alibi_bias(slopes, pos_q, pos_k)).to(self.dtype)))
+            start += g.rows * g.T
+        return out
 
     def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
         """One new token per row, at position keep of its frame, attending to positions [0, keep]."""

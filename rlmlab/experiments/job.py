@@ -14,7 +14,8 @@ class Job:
     name: str
     """Folder of the job inside the experiment folder (e.g. "length-197", "iid-N1000-s0")."""
     view: str
-    """The learner: "rm" or "cot"."""
+    """The learner: "rm", "cot" or any learner of `rlmlab train --learner`, optionally with a
+    position encoding ("cot@rope": learner cot, `model.positions=rope`); also its folder's name."""
     train: str
     """Training expressions (parquet)."""
     val: str

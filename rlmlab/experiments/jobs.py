@@ -93,6 +93,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
     from rlmlab.decoding.infer import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
+    from rlmlab.learning.learner import learner
     from rlmlab.learning.train import resolve_device
     from rlmlab.measuring.score import evaluate_file
 
@@ -105,9 +106,11 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
         stays = reopen_to_extend(run_dir, job.settings)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
+    who = learner(job.view)
+    positions = {"model.positions": who.positions} if who.positions else {}
     if not done.exists():
-        cfg = apply_settings(RunConfig(), {**job.settings, "data.view": job.view, "data.train": job.train,
-                                            "data.val": job.val})
+        cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.view": who.view,
+                                            "data.train": job.train, "data.val": job.val})
         cfg.require_stop_rule()
         result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress)
         if result.stop_reason == "interrupted":
@@ -132,13 +135,15 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
             continue
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
+                                    {**job.settings, **positions}.get("model.positions", "learned"),
                                     task=job.settings.get("data.task"))
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
             eval_dir, ModelPredictor(loaded.model), loaded.view, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
-                    "set": set_name}, task=loaded.task)
+                    "set": set_name, **({"learner": job.view} if job.view != who.view else {})},
+            task=loaded.task)
     return summaries
 
 

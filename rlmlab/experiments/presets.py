@@ -162,7 +162,7 @@ class ExperimentPreset:
         shortcut_per_view.cot.train.batch_size=4` gives them), over the table's entry for that
         learner; the value is parsed as the config field's type."""
         from rlmlab.learning.config import parse_setting
-        from rlmlab.learning.views import get_view
+        from rlmlab.learning.learner import learner
 
         tables = {name: {view: dict(settings) for view, settings in getattr(self, name).items()}
                   for name in PER_LEARNER_TABLES}
@@ -187,7 +187,7 @@ class ExperimentPreset:
             if not eq or not key:
                 raise ConfigError(f"{where}: expected TABLE.VIEW.SECTION.KEY=VALUE, e.g. "
                                   "shortcut_per_view.cot.train.batch_size=4")
-            get_view(view)  # one-line ConfigError naming an unknown view
+            learner(view)  # one-line ConfigError naming an unknown view or encoding
             entry = target.setdefault(view, dict(settings_for(target, view)))
             entry[key] = parse_setting(key, text, where)
         return replace(self, **tables, iid_per_size=sized)

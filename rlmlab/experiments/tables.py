@@ -19,6 +19,21 @@ FIT_THRESHOLD = 0.99
 LEARNER_COLORS = {"rm": "#1f5fa8", "cot": "#c0392b"}
 
 
+# A learner with its own position encoding ("cot@rope") is drawn in its view's colour, dashed.
+ENCODING_LINES = {"none": ":", "rope": "--", "alibi": "-."}
+
+
+def learner_line(view: str) -> tuple[str | None, str]:
+    """(colour, line style) of a learner on the accuracy figures: the paper's learners in their
+    colours, a learner with another encoding in its view's colour and a style of its own, any
+    other view in matplotlib's cycle (None)."""
+    try:
+        who = learner(view)
+    except ConfigError:
+        return None, "-"
+    return LEARNER_COLORS.get(who.view), ENCODING_LINES.get(who.positions, "-")
+
+
 def fitted(best_validation: float | None) -> bool:
     """Whether a learner whose best validation final-answer accuracy is this reached the plateau."""
     return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9

@@ -357,7 +357,9 @@ def _header(es: EvalSet, title: str, back: str | None) -> str:
              f"<h1>{_esc(title)}</h1>"]
     who = []
     if s.get("view"):
-        who.append(f"learner <b>{_esc(learner_name(s['view']))}</b> (view <code>{_esc(s['view'])}</code>)")
+        # An experiment's learner with its own encoding ("cot@rope") is recorded beside its view.
+        who.append(f"learner <b>{_esc(learner_name(s.get('learner') or s['view']))}</b> "
+                   f"(view <code>{_esc(s['view'])}</code>)")
     if s.get("predictor") == "oracle":
         who.append("oracle predictor")
     elif s.get("run_dir"):

@@ -274,7 +274,7 @@ def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> 
     from one forward pass over the lanes of the complete sequence: the executable form of the
     paper's theorem that CoT can simulate RM. `tokens` must be a legal trace prefix."""
     lanes = lane_pack(tokens, prompt_len)
-    if max(lanes.pos) >= model.cfg.block_size:
+    if model.cfg.positions == "learned" and max(lanes.pos) >= model.cfg.block_size:  # only a table has a limit
         raise ValueError(f"position {max(lanes.pos)} beyond the model's {model.cfg.block_size}")
     idx, pos, _ = lane_tensors(lanes, vocab)
     device = next(model.parameters()).device

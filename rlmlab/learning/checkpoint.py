@@ -231,11 +231,21 @@ def read_meta(ckpt: Path) -> dict:
     return meta
 
 
-def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu") -> Transformer:
+def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu",
+                positions: str | None = None) -> Transformer:
+    """The checkpoint's model; with `positions`, refused unless it was trained with that encoding.
+    A checkpoint written before encodings were an option has the paper's learned table."""
     try:
         cfg = ModelConfig(**meta["model_config"])
     except (TypeError, RlmlabError) as e:
         raise CheckpointError(f"{ckpt}: bad model config ({e})") from None
+    run_model = meta["config"].get("model")
+    said = run_model.get("positions", "learned") if isinstance(run_model, dict) else cfg.positions
+    if said != cfg.positions:
+        raise CheckpointError(f"{ckpt}: its model config has positions={cfg.positions!r}, its run config "
+                              f"model.positions={said!r}")
+    if positions is not None and positions != cfg.positions:
+        raise CheckpointError(f"{ckpt}: trained with model.positions={cfg.positions}, not {positions}")
     _check_shapes(cfg, ckpt)
     model = Transformer(cfg)
     try:
@@ -260,6 +270,10 @@ def _check_shapes(cfg: ModelConfig, ckpt: Path) -> None:
         raise CheckpointError(f"{ckpt}: model config has {cfg.n_layer} layers, {MODEL_FILE} {len(saved)} tensors")
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in Transformer(cfg).state_dict().items()}
+    if ("wpe.weight" in saved) != ("wpe.weight" in expected):
+        raise CheckpointError(f"{ckpt}: {MODEL_FILE} {'holds' if 'wpe.weight' in saved else 'lacks'} a positional "
+                              f"table, which its model config's positions={cfg.positions!r} "
+                              f"{'does not have' if 'wpe.weight' in saved else 'needs'}")
     for name, shape in saved.items():
         if name in expected and expected[name] != shape:
             raise CheckpointError(f"{ckpt}: {MODEL_FILE} does not match its model config "
@@ -299,8 +313,9 @@ def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu",
-             task: Task | str | None = None) -> LoadedRun:
-    """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem). The
+             positions: str | None = None, task: Task | str | None = None) -> LoadedRun:
+    """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem, and
+    when `positions` is given and the run was trained with another encoding). The
     checkpoint's vocabulary must be its task's (`run_task`): a model whose token ids mean other
     tokens would decode, and score, nonsense."""
     ckpt = checkpoint_dir(run_dir, which)
@@ -313,7 +328,7 @@ def load_run(run_dir: str | Path, which: str = "best", device: str | torch.devic
     if vocab != task.vocab:
         raise CheckpointError(f"{ckpt}: its vocabulary differs from that of {task.describe()} "
                               "(tokens reordered, added or missing)")
-    model = build_model(meta, ckpt, device).eval()
+    model = build_model(meta, ckpt, device, positions).eval()
     if model.cfg.vocab_size != len(vocab):
         raise CheckpointError(f"{ckpt}: model has {model.cfg.vocab_size} token ids, vocabulary {len(vocab)}")
     return LoadedRun(model, vocab, meta["view"], meta["config"], int(meta["step"]), meta["metrics"], task)

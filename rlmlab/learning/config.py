@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
+from rlmlab.learning.encodings import check_encoding
 
 # --- model ----------------------------------------------------------------------------------
 
@@ -38,12 +39,19 @@ class ModelConfig:
     n_embd: int = 384
     """Residual stream width."""
     block_size: int = 2048
-    """Positional-embedding table size: the longest sequence (or frame) the model reads."""
+    """Positional-embedding table size of `positions="learned"`, which is also the longest
+    sequence (or frame) such a model reads; the other encodings have no table and no limit."""
     dropout: float = 0.0
     """Dropout on attention and residual branches (the paper uses none)."""
+    positions: str = "learned"
+    """Position encoding (rlmlab.learning.positions): "learned" (the paper's absolute table),
+    "none" (NoPE), "rope" or "alibi"."""
 
     def __post_init__(self):
+        check_encoding(self.positions)
         for f in fields(self):
+            if f.name == "positions":
+                continue
             v = getattr(self, f.name)
             want = float if f.name == "dropout" else int
             if not isinstance(v, want) or isinstance(v, bool):
@@ -107,12 +115,16 @@ class ModelSettings:
     n_embd: int | None = None
     """Override the preset's residual width."""
     block_size: int | None = None
-    """Override the preset's positional table (longest example the model reads)."""
+    """Override the preset's positional table (longest example a learned-position model reads)."""
     dropout: float | None = None
     """Override the preset's dropout (the paper uses none)."""
+    positions: str = "learned"
+    """Position encoding: "learned" (the paper's table, whose size block_size is also the context
+    limit), "none" (NoPE), "rope" or "alibi" (no table, no context limit); docs/positions.md."""
 
     def __post_init__(self):
         _typecheck(self, "model")
+        check_encoding(self.positions)
         if self.preset not in MODEL_PRESETS:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(MODEL_PRESETS)})")
 
@@ -156,9 +168,12 @@ class DataSettings:
         from rlmlab.learning.learner import learner
 
         try:
-            learner(self.view)
+            positions = learner(self.view).positions
         except ConfigError as e:
             raise ConfigError(f"data.view: {e}") from None
+        if positions is not None:
+            raise ConfigError(f"data.view: {self.view!r} names a learner with a position encoding; set "
+                              f"data.view={self.view.partition('@')[0]} and model.positions={positions}")
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
         _seed(self.val_seed, "data.val_seed")
 

@@ -10,7 +10,11 @@ function. A `Learner` bundles what follows from a name such as "rm", "rm-frames"
   lane-packed, "rm-frames" keeps them one by one, any other observation trains on its plain
   examples);
 - `row_length`: the base packed-row length of its training batches;
-- `label`: its name in tables ("RM", "CoT", else the name itself).
+- `label`: its name in tables ("RM", "CoT", else the name itself);
+- `positions`: the position encoding its model uses when the name asks for one, as in
+  "cot@rope" (`rlmlab.learning.positions`); the view it trains on is `view`, "cot". Only
+  experiments name learners this way (their run folders, tables and figures): `data.view` is
+  always the plain view and `model.positions` the encoding.
 
 The command line and the configs resolve a name with `learner(name)` (an unknown name is a
 one-line ConfigError) and pass the object down; `as_learner` lets library functions take
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from rlmlab.errors import ConfigError
+from rlmlab.learning.encodings import POSITION_LABELS, check_encoding
 from rlmlab.learning.observe import Observation, observer
 
 PAPER_LEARNERS = ("rm", "cot")
@@ -38,6 +43,13 @@ class Learner:
     """What the model reads (decides the training examples and the decoding driver)."""
     packing: object
     """`Execution -> list[Example]`: its training sequences (`rlmlab.learning.views.View`)."""
+    positions: str | None = None
+    """The position encoding the name asks for ("cot@rope": "rope"); None: the run's `model.positions`."""
+
+    @property
+    def view(self) -> str:
+        """The training view it reads (`data.view`): the name without its encoding."""
+        return self.name.partition("@")[0]
 
     @property
     def driver(self) -> str:
@@ -48,8 +60,10 @@ class Learner:
     @property
     def label(self) -> str:
         """Its name in tables: the observation's label for the observation's own packing
-        ("RM", "CoT"), the name itself for any other packing ("rm-frames")."""
-        return self.observation.label if self.name == self.observation.name else self.name
+        ("RM", "CoT"), the name itself for any other packing ("rm-frames"); an encoding the name
+        asks for follows in parentheses ("CoT (RoPE)")."""
+        base = self.observation.label if self.view == self.observation.name else self.view
+        return base if self.positions is None else f"{base} ({POSITION_LABELS[self.positions]})"
 
     @property
     def row_length(self) -> int:
@@ -62,14 +76,18 @@ class Learner:
 
 @cache
 def learner(name: str) -> Learner:
-    """The learner called `name`; an unknown name or a bad parameter is a one-line ConfigError."""
+    """The learner called `name`: a view, optionally with a position encoding after "@"
+    ("cot@rope", "rm@alibi"); an unknown name or a bad parameter is a one-line ConfigError."""
     from rlmlab.learning.views import (
         get_view,  # the packings import the executor; resolve lazily
     )
 
     if not isinstance(name, str):
         raise ConfigError(f"a learner is named by its view, got {name!r}")
-    return Learner(name, observer(name), get_view(name))
+    view, at, positions = name.partition("@")
+    if at:
+        check_encoding(positions, f"learner {name!r}: the encoding after '@'")
+    return Learner(name, observer(view), get_view(view), positions if at else None)
 
 
 def as_learner(x: Learner | str) -> Learner:

@@ -1,7 +1,8 @@
 """The decoder-only Transformer both learners share (paper appendix "Transformer Architecture").
 
-Pre-LayerNorm blocks, learned absolute positional embeddings, GELU MLP with expansion 4,
-attention through `scaled_dot_product_attention`. CoT and RM use this one class: what
+Pre-LayerNorm blocks, learned absolute positional embeddings (or another encoding,
+`cfg.positions`: see `rlmlab.learning.positions`), GELU MLP with expansion 4, attention
+through `scaled_dot_product_attention`. CoT and RM use this one class: what
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn_mask`).
 
@@ -30,6 +31,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from rlmlab.learning.attention import BlockDiagonal, FlexMask, flex_attend
 from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from rlmlab.learning.positions import AlibiMask, Positions
 
 
 class CausalSelfAttention(nn.Module):
@@ -40,19 +42,21 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.dropout = cfg.dropout
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
         B, T, C = x.shape
         hs = C // self.n_head
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        if positions is not None:
+            q, k = positions.rotate(q, k)  # RoPE; the cache stores keys rotated
         drop = self.dropout if self.training else 0.0
         if cache is not None:
             y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
         elif attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        elif isinstance(attn_mask, BlockDiagonal):
+        elif isinstance(attn_mask, (BlockDiagonal, AlibiMask)):
             y = attn_mask.attend(q, k, v, drop)
         elif isinstance(attn_mask, BlockMask):
             if drop:
@@ -74,8 +78,8 @@ class Block(nn.Module):
                                  nn.Linear(4 * cfg.n_embd, cfg.n_embd))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0):
-        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer))
+    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
+        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer, positions))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -84,7 +88,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        # The paper's learned table; the other encodings act inside attention (`Positions`).
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -106,7 +111,7 @@ class Transformer(nn.Module):
     def num_params(self, include_positions: bool = True) -> int:
         """Distinct parameters (the tied embedding counted once); optionally without the positional table."""
         n = sum(p.numel() for p in self.parameters())
-        return n if include_positions else n - self.wpe.weight.numel()
+        return n if include_positions or self.wpe is None else n - self.wpe.weight.numel()
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
         """idx (B, T) token ids; pos (B, T) positions (default 0..T-1), each below block_size;
@@ -114,12 +119,20 @@ class Transformer(nn.Module):
         (default causal); cache: see the module docstring. Returns logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
-            if T > self.cfg.block_size:
+            if self.wpe is not None and T > self.cfg.block_size:
                 raise ValueError(f"{T} positions, beyond the model's {self.cfg.block_size}")
             pos = torch.arange(T, device=idx.device).expand(B, T)
+        c = self.cfg
+        positions = Positions(c.positions, pos, c.n_head, c.n_embd // c.n_head)
         if isinstance(attn_mask, FlexMask):
+            if positions.slopes is not None:  # FlexAttention would need ALiBi as a score_mod
+                raise ValueError("ALiBi has no FlexAttention path: train it with the blocks attention")
             attn_mask = attn_mask.block_mask()  # once for all layers
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        elif cache is None:
+            attn_mask = positions.mask(attn_mask)  # ALiBi: the bias, built once for every layer
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(pos)
         for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, cache, i)
+            x = block(x, attn_mask, cache, i, positions)
         return self.lm_head(self.ln_f(x))  # (B, T, V)

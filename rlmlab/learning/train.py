@@ -71,7 +71,9 @@ from rlmlab.learning.config import (
     changed_keys,
 )
 from rlmlab.learning.learner import learner
+from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.model import Transformer
+from rlmlab.learning.positions import context_limit
 from rlmlab.learning.packing import (
     IGNORE,
     PackedBatch,
@@ -142,8 +144,11 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
                      val_exprs)
 
 
-def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
-    """Remove examples that read beyond the positional table (an example of n tokens reads n-1)."""
+def fit_to_block(data: ViewData, block_size: int | None, drop: bool, what: str) -> tuple[ViewData, int]:
+    """Remove examples that read beyond the positional table (an example of n tokens reads n-1);
+    `block_size` None (an encoding without a table) keeps every example."""
+    if block_size is None:
+        return data, 0
     needed = data.positions_needed
     too_long = needed > block_size
     n = int(too_long.sum())
@@ -211,12 +216,12 @@ def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -
 
 
 def step_batches(data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
-                 attention: str, block_size: int, flat_len: int | None = None) -> list[PackedBatch]:
+                 attention: str, block_size: int | None, flat_len: int | None = None) -> list[PackedBatch]:
     """`rows` as micro-batches on `device`, masks included, all built on the host. On the
     "flex" path every micro-batch is one row of `flat_len` positions (default:
-    `flat_length(tc, block_size)`)."""
+    `flat_length(tc, block_size)`). `block_size`: the model's context limit (None: none)."""
     if attention == "flex":
-        flat_len = flat_len or flat_length(tc, block_size)
+        flat_len = flat_len or flat_length(tc, block_size if block_size is not None else max(r.length for r in rows))
         groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_len)]
     else:
         groups = micro_batches(rows, tc.micro_batch_tokens)
@@ -429,10 +434,9 @@ class Trainer:
         model_cfg = cfg.model.build(self.view, len(self.vocab))
         self.state = TrainerState()
         dropped = {}
-        self.train_data, dropped["train"] = fit_to_block(train_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                         "training")
-        self.val_data, dropped["val"] = fit_to_block(val_data, model_cfg.block_size, cfg.data.drop_too_long,
-                                                     "validation")
+        limit = context_limit(model_cfg)
+        self.train_data, dropped["train"] = fit_to_block(train_data, limit, cfg.data.drop_too_long, "training")
+        self.val_data, dropped["val"] = fit_to_block(val_data, limit, cfg.data.drop_too_long, "validation")
         self.last_val: dict = {}  # the latest validation, carried into `last` checkpoints
         if resume:
             ckpt = checkpoint_dir(self.run_dir, "last")
@@ -468,6 +472,8 @@ class Trainer:
             set_rng_state(meta["trainer"].get("rng"))
         self.fwd = torch.compile(self.model) if tc.compile else self.model
         self.attention = attention_kind(device, model_cfg.dropout)
+        if model_cfg.positions == "alibi":  # the flex path has no score_mod for ALiBi's bias
+            self.attention = "blocks"
 
         positions = self.train_data.lengths - 1
         self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
@@ -478,7 +484,7 @@ class Trainer:
         self.flat_step = -(-(self.step_tokens + longest) // 128) * 128  # ... if a step were one pass
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
         self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
-                                        model_cfg.block_size, self.flat_len)
+                                        context_limit(model_cfg), self.flat_len)
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
@@ -499,8 +505,10 @@ class Trainer:
         cfg, tc, st = self.cfg, self.tc, self.state
         tr, va = self.train_data, self.val_data
         self.echo(f"model: {cfg.model.preset} ({self.view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
-                  f"width {model_cfg.n_embd}, {model_cfg.block_size} positions: "
-                  f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
+                  f"width {model_cfg.n_embd}, "
+                  + (f"{model_cfg.block_size} positions: " if context_limit(model_cfg) is not None else
+                     f"{POSITION_LABELS[model_cfg.positions]} positions (no table, no context limit): ")
+                  + f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
                   f"weights, tied embedding once, positional table excluded; "
                   f"{self.model.num_params() / 1e6:.2f}M with it)")
         padding = padding_fraction(self.stream.epoch_rows(0), positions)
@@ -730,7 +738,7 @@ def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Ro
     A step whose loss or gradient is not finite leaves weights and optimizer untouched; with a
     `guard` it is recorded there for the caller to check later, without one it raises
     TrainingDiverged at once (a wait)."""
-    batches = step_batches(data, rows, pad_id, tc, device, attention, model.cfg.block_size, flat_len)
+    batches = step_batches(data, rows, pad_id, tc, device, attention, context_limit(model.cfg), flat_len)
     mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
     return mean, sum(b.n_tokens for b in batches), grad_norm
 

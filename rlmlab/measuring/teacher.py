@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rlmlab.decoding.infer import NO_TOKEN
+from rlmlab.learning.positions import context_limit
 
 Row = tuple[list[int], int]  # (token ids, m): predict ids[i] from ids[:i] for every i >= m
 
@@ -24,7 +25,7 @@ def teacher_forced_argmax(model, rows: Sequence[Row], max_tokens: int = 16384,
     row r. Rows are sorted by length and batched up to `max_tokens` padded positions; a target
     the model cannot read (beyond its block size, as in generation) gets NO_TOKEN.
     `progress(k)` is called as k more rows are done."""
-    block = model.cfg.block_size
+    block = context_limit(model.cfg) or max((len(ids) for ids, _ in rows), default=1)  # no limit: all readable
     device = next(model.parameters()).device
     out: list[list[int]] = [[NO_TOKEN] * (len(ids) - m) for ids, m in rows]
     order = sorted((r for r in range(len(rows)) if rows[r][1] <= block and len(rows[r][0]) > rows[r][1]),

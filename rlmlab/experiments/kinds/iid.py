@@ -13,8 +13,8 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
-    LEARNER_COLORS,
     eval_results,
+    learner_line,
     learner_name,
     learners,
     pct,
@@ -119,17 +119,18 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     for view in dict.fromkeys(p["view"] for p in points):
-        color = LEARNER_COLORS.get(view)
+        color, style = learner_line(view)
         ps = [p for p in points if p["view"] == view]
         if not ps:
             continue
         x = [p["N"] for p in ps]
-        line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o-", color=color, label=learner_name(view))
+        line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o", linestyle=style, color=color,
+                        label=learner_name(view))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         _scatter_seeds(a1, ps, "seed_accuracy", color)
         if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o-", color=color, label=learner_name(view))
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_name(view))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
             _scatter_seeds(a2, ps, "seed_per_token", color)

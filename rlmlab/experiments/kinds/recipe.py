@@ -46,7 +46,10 @@ def recipe_row(name: str, run_dir: Path) -> dict:
     steps = [r for r in recs if r.get("kind") == "train" and r.get("step")]
     summary = training_summary(run_dir)
     reached = next((r for r in val if r["answer_acc"] >= 0.99), None)
-    return {"run": name, "view": data.get("view"), "shape": _model_shape(model, data.get("view")),
+    view = data.get("view")
+    if isinstance(view, str) and model.get("positions", "learned") != "learned":
+        view = f"{view}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
+    return {"run": name, "view": view, "shape": _model_shape(model, view),
             "batch": train.get("batch_size"), "lr": train.get("lr"), "warmup": train.get("warmup_steps"),
             "positions_per_step": round(steps[-1]["tokens"] / steps[-1]["step"]) if steps else None,
             "step": summary["step"], "tokens": summary["tokens"], "minutes": summary["minutes"],

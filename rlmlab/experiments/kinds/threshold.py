@@ -11,11 +11,11 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
-    LEARNER_COLORS,
     FIT_THRESHOLD,
     eval_results,
     fitted,
     gap,
+    learner_line,
     learner_name,
     learners,
     pct,
@@ -158,7 +158,8 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
         lo = [100 * p[1]["ci95"][0] for p in pts]
         hi = [100 * p[1]["ci95"][1] for p in pts]
         label = learner_name(v) + (" (not fitted: in domain only)" if v in unfit else "")
-        line, = ax.plot(x, a, "o-", color=LEARNER_COLORS.get(v), label=label)
+        color, style = learner_line(v)
+        line, = ax.plot(x, a, "o", linestyle=style, color=color, label=label)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
     n_iid = sum(not r["ood"] for r in rows)
     ax.axvline(n_iid - 0.5, color="gray", ls="--", lw=1)
