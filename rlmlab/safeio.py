@@ -28,7 +28,7 @@ def regular_file(path: str | Path, error: type[RlmlabError] = DataError, what: s
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
+        raise error(f"{path}: no such file (cannot read {what})") from None
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
     if stat.S_ISDIR(st.st_mode):
@@ -81,11 +81,11 @@ def parse_json(text: str | bytes, where: str, error: type[RlmlabError] = DataErr
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 text (byte {e.start})") from None
     except RecursionError:
-        raise error(f"{where}: JSON nested more than {max_depth} deep") from None
+        raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)") from None
     except ValueError as e:  # an integer of more than 4,300 digits
         raise error(f"{where}: not valid JSON ({shorten(str(e).splitlines()[0])})") from None
     if depth(value) > max_depth:
-        raise error(f"{where}: JSON nested more than {max_depth} deep")
+        raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)")
     return value
 
 
@@ -109,3 +109,27 @@ def json_safe(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory: what any single allocation must stay below."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a large workstation
+        return 1 << 40
+
+
+def check_fits(n_bytes: int, what: str, error: type[RlmlabError] = DataError) -> None:
+    """Refuse, before allocating, a size that cannot fit in this machine's memory (an allocator
+    error, a MemoryError or a swap storm otherwise, long after the input was read)."""
+    have = memory_bytes()
+    if n_bytes > have:
+        raise error(f"{what} needs {_size(n_bytes)}, more than this machine's {_size(have)} of memory")
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"

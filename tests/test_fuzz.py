@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rlmlab.cli import main
 from rlmlab.errors import DataError
-from rlmlab.learning.checkpoint import save_checkpoint
+from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
 from rlmlab.learning.config import SECTIONS
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.views import ViewData, build_view_data
@@ -99,9 +99,9 @@ def _damaged(raw: bytes, damage) -> bytes:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damage=DAMAGE, consistent=st.booleans())
 def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsys, damage, consistent):
-    """`consistent` rewrites the file's SHA-256 in checkpoint.json too, as a user who replaced the
-    weights by hand would: the loader must then still refuse what does not parse, does not fit
-    the model or is not finite."""
+    """`consistent` rewrites the file's SHA-256 in checkpoint.json too, and the metadata digest,
+    as a user who replaced the weights by hand would: the loader must then still refuse what
+    does not parse, does not fit the model or is not finite."""
     run = tmp_path / "run"
     shutil.copytree(saved_run, run, dirs_exist_ok=True)
     weights = run / "best" / "model.safetensors"
@@ -111,6 +111,7 @@ def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsy
         meta_path = run / "best" / "checkpoint.json"
         meta = json.loads(meta_path.read_text())
         meta["files"]["model.safetensors"] = hashlib.sha256(bad).hexdigest()
+        meta["digest"] = meta_digest(meta)
         meta_path.write_text(json.dumps(meta))
     code = main(["eval", str(run), "--data", str(run / "exprs.txt"), "--quiet"])
     err = capsys.readouterr().err

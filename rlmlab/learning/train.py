@@ -246,7 +246,17 @@ class TrainerState:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
-               or isinstance(getattr(state, k), bool) or not getattr(state, k) >= 0]
+               or isinstance(getattr(state, k), bool) or not 0 <= getattr(state, k) < math.inf]
+        optional = {"horizon": int, "best_step": int, "last_eval_step": int, "best_score": (int, float),
+                    "select_metric": str}
+        bad += [k for k, t in optional.items() if getattr(state, k) is not None and (
+                not isinstance(getattr(state, k), t) or isinstance(getattr(state, k), bool)
+                or (t is not str and not -math.inf < getattr(state, k) < math.inf)
+                or (t is int and getattr(state, k) < 0))]
+        if not (isinstance(state.dropped, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in state.dropped.items())):
+            bad.append("dropped")
         window = state.log_window
         if not (isinstance(window, dict) and isinstance(window.get("loss"), (int, float))
                 and isinstance(window.get("steps"), int) and not isinstance(window.get("steps"), bool)

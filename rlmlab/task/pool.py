@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, VocabError
+from rlmlab.safeio import regular_file
 from rlmlab.task.expr import default_library, infer_type, parse, to_text, value_token
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import trace_stats
@@ -98,15 +99,21 @@ def write_pool(table: pa.Table, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
+def _saved_vocab(path: Path, raw: bytes) -> Vocab:
+    """The vocabulary a parquet file's metadata records (bounded JSON, UTF-8)."""
+    try:
+        return Vocab.from_json(raw)
+    except VocabError as e:
+        raise DataError(f"{path}: vocabulary metadata: {e}") from None
+
+
 def read_pool(path: str | Path, check: int = 64) -> pa.Table:
     """Read a pool (or any expression set with an `expr` column) and validate it.
 
     The first `check` rows are re-parsed so that a file from elsewhere fails early with a
     one-line error rather than deep inside training.
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
+    path = regular_file(path, DataError, "data file")
     try:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
@@ -120,7 +127,7 @@ def read_pool(path: str | Path, check: int = 64) -> pa.Table:
         first = pc.index(pc.is_null(column), True).as_py()
         raise DataError(f"{path}: row {first}: empty (null) expression")
     meta = table.schema.metadata or {}
-    if b"rlmlab.task.vocab" in meta and Vocab.from_json(meta[b"rlmlab.task.vocab"].decode()) != Vocab.from_library():
+    if b"rlmlab.task.vocab" in meta and _saved_vocab(path, meta[b"rlmlab.task.vocab"]) != Vocab.from_library():
         raise DataError(f"{path}: written with a different vocabulary than this library's")
     for i, text in enumerate(table.column("expr").slice(0, check).to_pylist()):
         try:
