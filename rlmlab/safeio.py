@@ -133,3 +133,47 @@ def _size(n: int) -> str:
             return f"{n:,} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
         n /= 1024
     return f"{n:.3g} PiB"
+
+
+# --- what a folder holds, checked before writing into it ---------------------
+
+def folder_kind(path: str | Path) -> str | None:
+    """What an existing folder holds, by the files the commands write: "experiment"
+    (`rlmlab run`, or an export of one), "training run" (`rlmlab train`), "evaluation"
+    (`rlmlab eval`), or None (absent, empty, or anything else)."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if (path / "experiment.json").exists():
+        return "experiment"
+    if any((path / name / "checkpoint.json").exists() for name in ("last", "best", ".last.old", ".best.old")) \
+            or ((path / "config.json").exists() and (path / "metrics.jsonl").exists()):
+        return "training run"
+    if (path / "summary.json").exists() and (path / "results.jsonl").exists():
+        return "evaluation"
+    return None
+
+
+def refuse_other_folder(path: str | Path, wanted: str, option: str, error: type[RlmlabError] = DataError) -> None:
+    """Refuse to write a `wanted` ("experiment", "training run", "evaluation") into a folder
+    that holds something else: its files would be overwritten, or hidden among ours."""
+    held = folder_kind(path)
+    if held is not None and held != wanted:
+        raise error(f"{option} {path}: holds {_article(held)}, not {_article(wanted)}; choose another folder")
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def refuse_symlinks(root: str | Path, option: str, error: type[RlmlabError] = DataError) -> None:
+    """Refuse a destination tree that holds symbolic links: writing through one would change
+    files outside it."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise error(f"{option} {root}: holds a symbolic link ({os.path.join(dirpath, name)}); "
+                            "an export writes only plain files")

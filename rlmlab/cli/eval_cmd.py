@@ -13,11 +13,12 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
-from rlmlab.errors import ConfigError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.learner import learner
 from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
 from rlmlab.measuring.stats import group_accuracy
+from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.vocab import Vocab
 
 
@@ -94,6 +95,7 @@ def run(args) -> int:
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
     limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
+    _refuse_another_evaluation(out, {"view": view, **header})
 
     with stages(args.quiet) as stage:
         results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
@@ -105,6 +107,22 @@ def run(args) -> int:
         print(render_groups(group_accuracy(results, args.by), args.by))
     print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
     return 0
+
+
+def _refuse_another_evaluation(out: Path, header: dict) -> None:
+    """An evaluation replaces one of the same predictor (a re-run), never another run's or the
+    oracle's evaluation, nor a folder that holds something else."""
+    refuse_other_folder(out, "evaluation", "--out", ConfigError)
+    if folder_kind(out) != "evaluation":
+        return
+    saved = read_json(out / "summary.json", DataError, "summary.json")
+    same = isinstance(saved, dict) and all(saved.get(k) == header.get(k) for k in ("predictor", "view")) and (
+        header["predictor"] == "oracle"
+        or isinstance(saved.get("run_dir"), str) and Path(saved["run_dir"]).resolve() == Path(header["run_dir"]).resolve())
+    if not same:
+        who = (f"{saved.get('predictor')} {saved.get('run_dir') or ''}".strip() if isinstance(saved, dict) else "?")
+        raise ConfigError(f"--out {out}: holds the evaluation of another predictor ({shorten(who)}); "
+                          "choose another folder")
 
 
 def render(s: dict) -> str:

@@ -19,6 +19,7 @@ from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.learning.views import get_view
+from rlmlab.safeio import refuse_other_folder
 
 
 PRESET_SETTING = "preset:"
@@ -111,16 +112,19 @@ def run(args) -> int:
     preset = (preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
               .with_learner_settings(args.learner_setting))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "commands.jsonl", "a") as f:
-        f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
-                            + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
-                                        "threads", "ray_address")
-                               and v is not None]
-                            + [f"--preset.{k}={v}" for k, v in settings.items()]
-                            + [f"--learner-setting={item}" for item in args.learner_setting]
-                            + (["--extend"] if args.extend else [])}) + "\n")
+    refuse_other_folder(out, "experiment", "--out", ConfigError)
+
+    def record() -> None:  # once the command is checked and planned: a refused one leaves no trace
+        with open(out / "commands.jsonl", "a") as f:
+            f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
+                                + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                                   if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
+                                            "threads", "ray_address")
+                                   and v is not None]
+                                + [f"--preset.{k}={v}" for k, v in settings.items()]
+                                + [f"--learner-setting={item}" for item in args.learner_setting]
+                                + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
-                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend)
+                   sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend,
+                   on_planned=record)
     return 0

@@ -75,7 +75,10 @@ def refuse_another_experiment(out: Path, identity: dict) -> None:
     that holds another one."""
     if not (out / "experiment.json").exists():
         return
-    old = read_meta(out)
+    from rlmlab.experiments.kinds import KINDS
+
+    old_meta = read_meta(out)
+    old = KINDS[old_meta["kind"]].identity(old_meta)
     for key, value in identity.items():
         if old.get(key) != value:
             raise ConfigError(f"{out} holds another experiment ({key} {old.get(key)!r}, not {value!r}); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
@@ -15,13 +16,14 @@ from rlmlab.learning.learner import PAPER_LEARNERS
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,
                    ray_address: str | None = None, progress: bool = True, extend: bool = False,
-                   **options) -> list[Job]:
+                   on_planned: Callable[[], None] | None = None, **options) -> list[Job]:
     """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
 
     `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
     (default: the preset's), `sizes` and `seeds` for the IID sweep (default: the preset's),
     `constructions` for the shortcuts (default: all six); an option left None takes its default. `extend`
-    continues finished runs to a larger budget."""
+    continues finished runs to a larger budget. `on_planned` is called once the
+    experiment is planned, before any job runs (`rlmlab run` records the command then)."""
     if kind not in RUNNABLE:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(RUNNABLE)})")
     experiment = get_kind(kind)
@@ -41,6 +43,8 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     with folder_lock(out, busy="another run is building data or recording its plan here"):
         refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
         jobs = experiment.plan(p, out, tuple(views), progress, **options)
+        if on_planned is not None:
+            on_planned()
     run_jobs(jobs, out, ray_address, progress, extend)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

@@ -26,13 +26,15 @@ class ExperimentKind(ABC):
 
     def identity(self, meta: dict) -> dict:
         """What two experiment folders must share to hold the same experiment: an export merges
-        into, and a run resumes in, a folder only when these agree."""
-        return {"kind": meta.get("kind")}
+        into, and a run resumes in, a folder only when these agree: the kind, the preset and the
+        pool its data is drawn from."""
+        p = meta.get("preset") if isinstance(meta.get("preset"), dict) else {}
+        return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")]}
 
     def planned_identity(self, preset, **options) -> dict:
         """`identity` of the experiment a `plan` with these arguments would write, known before
         any data is built."""
-        return {"kind": self.name}
+        return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed]}
 
     def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
         """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""

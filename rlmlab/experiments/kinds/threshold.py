@@ -271,10 +271,10 @@ class ThresholdSplit(ExperimentKind):
         return f"{self.name}-{threshold}"
 
     def identity(self, meta: dict) -> dict:
-        return {"kind": meta.get("kind"), "threshold": meta.get("threshold")}
+        return {**super().identity(meta), "threshold": meta.get("threshold")}
 
     def planned_identity(self, preset, threshold: int | None = None) -> dict:
-        return {"kind": self.name, "threshold": self.threshold(preset, threshold)}
+        return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
              threshold: int | None = None) -> list[Job]:
