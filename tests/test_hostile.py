@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlmlab.cli import main
-from rlmlab.errors import CheckpointError, ConfigError, DataError
+from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.train import TrainerState

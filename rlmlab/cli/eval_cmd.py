@@ -117,8 +117,8 @@ def _refuse_another_evaluation(out: Path, header: dict) -> None:
         return
     saved = read_json(out / "summary.json", DataError, "summary.json")
     same = isinstance(saved, dict) and all(saved.get(k) == header.get(k) for k in ("predictor", "view")) and (
-        header["predictor"] == "oracle"
-        or isinstance(saved.get("run_dir"), str) and Path(saved["run_dir"]).resolve() == Path(header["run_dir"]).resolve())
+        header["predictor"] == "oracle" or isinstance(saved.get("run_dir"), str)
+        and Path(saved["run_dir"]).resolve() == Path(header["run_dir"]).resolve())
     if not same:
         who = (f"{saved.get('predictor')} {saved.get('run_dir') or ''}".strip() if isinstance(saved, dict) else "?")
         raise ConfigError(f"--out {out}: holds the evaluation of another predictor ({shorten(who)}); "

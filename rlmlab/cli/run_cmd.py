@@ -118,8 +118,8 @@ def run(args) -> int:
         with open(out / "commands.jsonl", "a") as f:
             f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                                 + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                                   if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes", "max_steps",
-                                            "threads", "ray_address")
+                                   if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes",
+                                            "max_steps", "threads", "ray_address")
                                    and v is not None]
                                 + [f"--preset.{k}={v}" for k, v in settings.items()]
                                 + [f"--learner-setting={item}" for item in args.learner_setting]

@@ -315,7 +315,7 @@ class MetricsLog:
         self.path = path
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
-            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
+            kept = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= resume_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             tmp.replace(path)
@@ -330,11 +330,12 @@ class MetricsLog:
 
 
 def _step_of(line: str) -> float:
-    """The step of a metrics line; a line cut short by a kill counts as after every step."""
+    """The step of a metrics line; a line cut short by a kill (or not a record) counts as after every step."""
     try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError, RecursionError):
         return math.inf
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) and step == step else math.inf
 
 
 def _better(score: float, best: float | None, metric: str, margin: float = 0.0) -> bool:
