@@ -12,7 +12,7 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.jobs import run_jobs
 from rlmlab.experiments.kinds import get_kind
-from rlmlab.experiments.presets import get_preset
+from rlmlab.experiments.presets import PRESETS, get_preset
 from rlmlab.experiments.report import report
 
 
@@ -253,29 +253,32 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), 100, "rm",
                              seed=0)
     assert ((settings["train.patience"], settings["train.max_minutes"])) == (12, 150.0)
-    # Per-learner IID settings apply last; --minutes replaces every learner's budget.
+    # Per-learner IID settings apply last; --max-steps replaces every learner's budget.
     preset = get_preset("paper-cpu")
     cot, rm = _iid_settings(preset, 300, "cot", seed=0), _iid_settings(preset, 300, "rm", seed=0)
-    assert (cot["train.max_minutes"], rm["train.max_minutes"]) == (45.0, 30.0)
+    assert (cot["train.max_steps"], rm["train.max_steps"]) == (9_000, 3_500)
     assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
     # Both learners train their whole budget, as in the paper's timeout protocol.
     assert (rm["train.patience"], cot["train.patience"]) == (None, None) and cot["train.weight_decay"] == 0.0
     # Settings per size apply from their size on, the larger threshold over the smaller.
-    budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_minutes"] for v in ("rm", "cot"))
+    budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_steps"] for v in ("rm", "cot"))
               for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
-    assert budget == {3_000: (30.0, 45.0), 9_999: (30.0, 45.0), 10_000: (60.0, 120.0), 29_999: (60.0, 120.0),
-                      30_000: (60.0, 150.0), 100_000: (60.0, 150.0)}
+    assert budget == {3_000: (3_500, 9_000), 9_999: (3_500, 9_000), 10_000: (7_000, 24_000),
+                      29_999: (7_000, 24_000), 30_000: (7_000, 30_000), 100_000: (7_000, 30_000)}
     assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_view's
     for n in (300, 30_000):
-        assert _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)["train.max_minutes"] == 7.0
+        assert _iid_settings(preset.with_budget(max_steps=7), n, "cot", seed=0)["train.max_steps"] == 7
+        # a wall-clock limit is added beside the step budget, never instead of it
+        limited = _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)
+        assert (limited["train.max_minutes"], limited["train.max_steps"]) == (7.0, {300: 9_000, 30_000: 30_000}[n])
     # A view without settings of its own takes those of the learner whose driver it decodes with.
-    assert _iid_settings(preset, 300, "rm-frames", seed=0)["train.max_minutes"] == 30.0
-    assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_minutes"] == 60.0
+    assert _iid_settings(preset, 300, "rm-frames", seed=0)["train.max_steps"] == 3_500
+    assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_steps"] == 7_000
     # --learner-setting edits a size's entry, or adds a size.
-    changed = preset.with_learner_settings(["iid_per_size.30000.cot.train.max_minutes=300",
+    changed = preset.with_learner_settings(["iid_per_size.30000.cot.train.max_steps=40000",
                                             "iid_per_size.1000.rm.train.patience=4"])
-    assert _iid_settings(changed, 30_000, "cot", seed=0)["train.max_minutes"] == 300.0
-    assert _iid_settings(changed, 10_000, "cot", seed=0)["train.max_minutes"] == 120.0
+    assert _iid_settings(changed, 30_000, "cot", seed=0)["train.max_steps"] == 40_000
+    assert _iid_settings(changed, 10_000, "cot", seed=0)["train.max_steps"] == 24_000
     assert [_iid_settings(changed, n, "rm", seed=0)["train.patience"] for n in (300, 1_000)] == [None, 4]
 
 
@@ -287,7 +290,7 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     shortcut = {v: preset.job_settings(v, per_view=preset.shortcut_per_view) for v in ("rm", "cot")}
     # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets
     assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 8)
-    assert (shortcut["rm"]["train.max_minutes"], shortcut["cot"]["train.max_minutes"]) == (60.0, 120.0)
+    assert (shortcut["rm"]["train.max_steps"], shortcut["cot"]["train.max_steps"]) == (5_000, 14_000)
     # CoT's plateau comes with the cosine's decay, so only RM stops early
     assert (shortcut["rm"]["train.patience"], shortcut["cot"]["train.patience"]) == (6, None)
 
@@ -591,12 +594,27 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
         assert max(r[column] for r in split.train.to_pylist()) <= threshold
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_budgets_every_run_in_steps(name):
+    """A schedule is a function of the step alone: every learner of every experiment of every
+    preset has a step budget (its cosine's horizon) and no wall-clock budget."""
+    from rlmlab.experiments.kinds.iid import _iid_settings
+
+    preset = get_preset(name)
+    for view in ("rm", "cot", "rm-frames"):
+        runs = [preset.job_settings(view), preset.job_settings(view, per_view=preset.shortcut_per_view)]
+        runs += [_iid_settings(preset, n, view, seed=0) for n in preset.iid_sizes]
+        for settings in runs:
+            assert settings.get("train.max_steps", 0) >= 1 and "train.max_minutes" not in settings
+
+
 def test_run_budget_flags_override_every_learners_own_budget():
     preset = get_preset("paper-cpu")
-    assert {v: s["train.max_minutes"] for v, s in preset.per_view.items()} == {"rm": 90.0, "cot": 240.0}
-    both = preset.with_budget(minutes=5.0)
-    assert both.minutes == both.iid_minutes == 5.0
-    assert all("train.max_minutes" not in s for s in both.per_view.values())
+    assert {v: s["train.max_steps"] for v, s in preset.per_view.items()} == {"rm": 6_000, "cot": 30_000}
+    both = preset.with_budget(max_steps=5)
+    assert both.max_steps == both.iid_max_steps == 5
+    assert all("train.max_steps" not in s for s in both.per_view.values())
+    assert all(both.job_settings(v)["train.max_steps"] == 5 for v in ("rm", "cot"))
     assert both.per_view["cot"]["train.batch_size"] == preset.per_view["cot"]["train.batch_size"]
     assert preset.with_budget() == preset
 

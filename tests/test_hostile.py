@@ -261,14 +261,14 @@ def test_an_empty_files_entry_is_refused_and_legacy_checkpoints_still_load(tmp_p
     ({"step": 3, "best_score": float("inf")}, "best_score"),
     ({"step": 3, "elapsed_s": float("inf")}, "elapsed_s"),
     ({"step": 3, "cpu_s": float("nan")}, "cpu_s"),
-    ({"step": 3, "horizon": -5}, "horizon"),
+    ({"step": 3, "schedule_steps": -5}, "schedule_steps"),
     ({"step": 3, "best_step": "7"}, "best_step"),
     ({"step": 3, "select_metric": 5}, "select_metric"),
 ])
 def test_trainer_state_must_be_finite_and_typed(tmp_path, saved, bad):
     with pytest.raises(CheckpointError, match=bad):
         TrainerState.from_saved(saved, tmp_path)
-    ok = TrainerState.from_saved({"step": 3, "best_score": 0.5, "dropped": {"train": 2}, "horizon": 10}, tmp_path)
+    ok = TrainerState.from_saved({"step": 3, "best_score": 0.5, "dropped": {"train": 2}, "schedule_steps": 10}, tmp_path)
     assert ok.best_score == 0.5 and math.isfinite(ok.elapsed_s)
 
 

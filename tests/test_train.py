@@ -12,7 +12,7 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
-from rlmlab.learning.train import lr_at, schedule_horizon, train
+from rlmlab.learning.train import lr_at, train
 from rlmlab.learning.views import build_view_data
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
@@ -48,30 +48,66 @@ def test_lr_schedule():
     assert lr_at(500, t, 110) == pytest.approx(0.1) and lr_at(500, t, None) == 1.0
 
 
-def test_schedule_horizon_follows_the_typical_step_not_stalls():
-    # 300 s left at 1 s per step plus a 10 s validation every 100 steps: 297 steps more.
-    assert schedule_horizon(1000, 300.0, [1.0] * 100, 10.0, 100) == 1000 + int(300 / 1.1)
-    # A one-off stall (an epoch being packed, a paused process) does not shorten the schedule...
-    assert schedule_horizon(1000, 300.0, [1.0] * 99 + [120.0], 10.0, 100) == 1000 + int(300 / 1.1)
-    # ...but a sustained change of pace within the window does, and the budget's end is step + 1.
-    assert schedule_horizon(1000, 300.0, [1.0] * 50 + [2.0] * 150, 0.0, 100) == 1150
-    assert schedule_horizon(1000, 0.0, [1.0] * 60, 0.0, 100) == 1001
-
-
-def test_time_budgeted_runs_log_their_schedule(data, tmp_path, monkeypatch):
-    # A clock that advances 20 ms per reading: the run's pace, and so its schedule, no longer
-    # depends on how busy the machine is (under load, 9 real seconds may hold under 50 steps).
-    ticks = itertools.count()
-    monkeypatch.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
+def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, tmp_path, monkeypatch):
+    # A clock that advances 20 ms per reading: the limit falls mid-run whatever the machine's load.
     tr, va = data["rm"]
-    r = train(config(max_steps=None, max_minutes=0.15, warmup_steps=5, eval_every=20, patience=None), tr, va,
-              tmp_path / "t", progress=False, echo=lambda s: None)
-    records = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
-    schedule = [x for x in records if x["kind"] == "schedule"]
-    assert r.stop_reason == "max_minutes" and schedule and schedule[0]["step"] >= 50
-    # set once, then re-estimated only at validations
-    assert all(x["step"] % 20 == 0 for x in schedule[1:])
-    assert all(x["horizon"] > x["step"] for x in schedule)
+    quiet = dict(progress=False, echo=lambda s: None)
+    full = train(config(dropout=0.1), tr, va, tmp_path / "a", **quiet)
+    ticks = itertools.count()
+    with monkeypatch.context() as m:
+        m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
+        stopped = train(config(dropout=0.1, max_minutes=0.005), tr, va, tmp_path / "b", **quiet)
+    assert stopped.stop_reason == "time_limit" and 0 < stopped.step < 16
+    a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
+    assert [(r["step"], r["lr"]) for r in b] == [(r["step"], r["lr"]) for r in a[:stopped.step]]
+    assert all(r["step"] % 8 == 0 for r in records(tmp_path / "b", "val"))  # no validation off the grid
+    assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == stopped.step
+    # Lifting the limit continues the very same run.
+    resumed = train(config(dropout=0.1), tr, va, tmp_path / "b", resume=True, **quiet)
+    assert (resumed.step, resumed.stop_reason, resumed.best_step) == (16, "max_steps", full.best_step)
+    b = records(tmp_path / "b", "train")
+    assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
+    wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
+    assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
+    # Without a step budget, the time limit is the run's end and the rate stays at its peak.
+    with monkeypatch.context() as m:
+        m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
+        timed = train(config(max_steps=None, max_minutes=0.01, warmup_steps=2), tr, va, tmp_path / "t", **quiet)
+    assert timed.stop_reason == "max_minutes"
+    assert {r["lr"] for r in records(tmp_path / "t", "train") if r["step"] > 2} == {TrainConfig.lr}
+
+
+def test_a_larger_step_budget_keeps_the_schedule_fixed_at_the_start(data, tmp_path):
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    train(config(max_steps=8), tr, va, tmp_path / "a", **quiet)
+    train(config(max_steps=12), tr, va, tmp_path / "a", resume=True, **quiet)
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "a", "train")}
+    floor = TrainConfig.lr * TrainConfig.min_lr_ratio
+    # (a record's rate is that of the step it ends: step 9 runs at the floor the cosine reached)
+    assert lrs[8] > floor and all(lrs[s] == pytest.approx(floor) for s in range(9, 13))
+    meta = json.loads((tmp_path / "a" / "last" / "checkpoint.json").read_text())
+    assert meta["trainer"]["schedule_steps"] == 8
+
+
+def test_another_thread_count_trains_the_same_steps_at_the_same_rates(data, tmp_path):
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    for threads in (1, 2):
+        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet)
+    one, two = records(tmp_path / "1", "train"), records(tmp_path / "2", "train")
+    assert [(r["step"], r["lr"], r["tokens"]) for r in one] == [(r["step"], r["lr"], r["tokens"]) for r in two]
+    assert [r["step"] for r in one] == list(range(1, 11))
+
+
+def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
+    tr, va = data["cot"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    for name in ("a", "b"):
+        train(config("cot", dropout=0.1, max_steps=6, eval_every=3), tr, va, tmp_path / name, **quiet)
+    for which in ("last", "best"):
+        wa, wb = load_run(tmp_path / "a", which).model, load_run(tmp_path / "b", which).model
+        assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
 
 
 def test_a_tiny_model_learns(data, tmp_path):

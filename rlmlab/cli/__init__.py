@@ -14,7 +14,7 @@ import sys
 from rlmlab.errors import RlmlabError
 
 # Subcommand modules, in the order `rlmlab --help` lists them.
-COMMANDS = ("demo", "run", "report", "export", "view", "trace", "data", "train", "eval", "probe", "frames")
+COMMANDS = ("demo", "run", "report", "export", "reproduce", "view", "trace", "data", "train", "eval", "probe", "frames")
 
 
 # An error line echoes at most this much (a 10 MB expression must not make a 10 MB line).

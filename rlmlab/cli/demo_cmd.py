@@ -4,7 +4,7 @@ It rebuilds the seed-42 pool and the paper-cpu preset's length split (the paper'
 and bins), evaluates the checkpoints released with the project (trained by `rlmlab run length
 --preset paper-cpu`, both at 99.7% validation accuracy) on a few expressions per bin, and
 prints the per-bin table and plot. `--retrain` trains both learners from scratch instead (the
-preset's full budget: RM up to 1.5 hours, CoT up to 4, on one core each).
+preset's step budgets: RM 6,000 steps, about an hour of one core, CoT 30,000, about three).
 """
 
 from __future__ import annotations

@@ -45,11 +45,14 @@ def register(sub) -> None:
                    help="iid only: comma-separated seed indices to run, 0 first (default: all the preset's; "
                         "a size with fewer seeds runs those it has), e.g. --seeds 0 for one full sweep first")
     p.add_argument("--minutes", type=float, default=None,
-                   help="override the training budget per learner (per run in the IID sweep)")
-    p.add_argument("--max-steps", type=int, default=None, help="override the step budget per learner")
+                   help="wall-clock limit per learner (per run in the IID sweep): stops a run, leaving it "
+                        "unfinished and resumable, and never changes its schedule; machine-dependent")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="override the step budget per learner (the end of its cosine)")
     p.add_argument("--extend", action="store_true",
                    help="continue finished runs whose budget ran out to the larger budget now asked for "
-                        "(--minutes, --max-steps), and runs stopped on a plateau when the patience now "
+                        "(--max-steps; at the final learning rate of their cosine), and runs stopped on a "
+                        "plateau when the patience now "
                         "asked for is larger or none; their evaluations, probes and frame tables move to "
                         "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")

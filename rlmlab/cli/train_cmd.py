@@ -1,7 +1,11 @@
 """`rlmlab train`: train a CoT or RM model on a pool of expressions.
 
-    rlmlab train --view rm --preset small --data pool.parquet --out runs/rm-small --minutes 20
-    rlmlab train --out runs/rm-small --resume --minutes 40          # continue, same settings
+    rlmlab train --view rm --preset small --data pool.parquet --out runs/rm-small --max-steps 3000
+    rlmlab train --out runs/rm-small --resume --max-steps 3000      # continue after a stop, same settings
+
+The learning rate warms up, then follows a cosine to its floor at the step budget (or at
+--train.decay_steps): a function of the step alone, so a run is the same on any machine.
+--minutes is a wall-clock limit that only stops the run (resumable; machine-dependent).
 
 Settings: defaults < --config FILE (JSON or TOML) < --section.key=value < the flags below.
 Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ...).
@@ -42,8 +46,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="run folder (checkpoints, metrics.jsonl)")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file with sections model, data, train")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--max-steps", type=int, help="stop after this many steps (train.max_steps)")
-    p.add_argument("--minutes", type=float, help="wall-clock budget (train.max_minutes)")
+    p.add_argument("--max-steps", type=int, help="step budget, the cosine's end (train.max_steps)")
+    p.add_argument("--minutes", type=float, help="wall-clock limit: stops the run, never changes its schedule "
+                   "(train.max_minutes; machine-dependent)")
     p.add_argument("--seed", type=int, help="train.seed")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for section, cls in SECTIONS.items():

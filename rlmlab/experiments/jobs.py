@@ -55,10 +55,10 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
     `superseded-step<N>/` in the run folder, so that the run resumes from `last` and is evaluated
     afresh. Returns why it stays finished, or None when it was reopened.
 
-    After a larger budget the learning rate follows the cosine to the new horizon, so the run
-    restarts warm from where the old schedule ended; it is not the run a larger budget would
-    have made from the start. After a plateau stop the budget and its schedule are unchanged,
-    so the run goes on as the new patience would have let it."""
+    A run's learning-rate schedule is fixed when it starts, so after a larger step budget the
+    run goes on at the rate its cosine ended with; it is not the run a larger budget would have
+    made from the start. After a plateau stop the budget and its schedule are unchanged, so the
+    run goes on as the new patience would have let it."""
     from rlmlab.learning.config import TrainConfig
 
     try:
@@ -153,6 +153,11 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
             # Ctrl-C saved `last`; the run is unfinished, so neither mark it done (a re-run would
             # skip it) nor evaluate a half-trained model. The re-run resumes from `last`.
             raise KeyboardInterrupt
+        if result.stop_reason == "time_limit":
+            print(f"{run_dir}: stopped by its wall-clock limit at step {result.step} of "
+                  f"{cfg.train.max_steps}; not evaluated. Run again with a larger --minutes (or none) "
+                  "to continue the same run", file=sys.stderr)
+            return {}
         done.write_text(json.dumps({"step": result.step, "stop_reason": result.stop_reason,
                                     "select_metric": result.select_metric, "best_score": result.best_score,
                                     "best_step": result.best_step}, indent=2) + "\n")

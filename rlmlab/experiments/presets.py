@@ -36,9 +36,10 @@ class ExperimentPreset:
     """Validation expressions decoded greedily at each validation (final-answer accuracy selects
     the best checkpoint)."""
     minutes: float | None = None
-    """Wall-clock training budget per learner."""
+    """Wall-clock limit per learner: stops a run, leaving it resumable, and never changes its
+    schedule (machine-dependent; presets budget in steps)."""
     max_steps: int | None = None
-    """Step budget per learner."""
+    """Step budget per learner: the end of its cosine schedule."""
     patience: int | None = 10
     """Stop after this many validations without improvement (the paper trains to a plateau)."""
     eval_every: int = 500
@@ -56,8 +57,9 @@ class ExperimentPreset:
     iid_n_test: int = 5_000
     """IID test expressions (paper: 5,000)."""
     iid_minutes: float | None = None
-    """Training budget per IID run (default: `minutes`). The sweep trains two learners per size
-    and seed, so a CPU preset gives each run less time than a threshold-split learner."""
+    """Wall-clock limit per IID run (default: `minutes`)."""
+    iid_max_steps: int | None = None
+    """Step budget per IID run (default: `max_steps`)."""
     iid_patience: int | None = None
     """Validations without improvement that stop an IID run (default: `patience`). At small N a
     run memorizes its training set early and its validation accuracy then stays flat, so a
@@ -70,7 +72,7 @@ class ExperimentPreset:
     `iid_patience` (e.g. each learner's budget per run)."""
     iid_per_size: dict = field(default_factory=dict)
     """Settings per learner for the IID runs from a training-set size on, over `iid_per_view`:
-    {10_000: {"cot": {"train.max_minutes": 120.0}}} gives CoT 120 minutes at every N >= 10,000
+    {10_000: {"cot": {"train.max_steps": 24_000}}} gives CoT 24,000 steps at every N >= 10,000
     (every size threshold at or below N applies, the larger over the smaller). A larger training
     set takes more steps to fit, while a small one is memorized early."""
     iid_distinct_train: bool = True
@@ -103,7 +105,7 @@ class ExperimentPreset:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
-        for name in ("n_train", "max_steps", "patience", "iid_patience", "iid_max_trace"):
+        for name in ("n_train", "max_steps", "iid_max_steps", "patience", "iid_patience", "iid_max_trace"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{where}: {name} must be a positive integer or None, got {value!r}")
@@ -202,7 +204,8 @@ class ExperimentPreset:
         def without(table: dict) -> dict:
             return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
 
-        return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps),
+        return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps,
+                                           iid_max_steps=max_steps),
                        **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES},
                        iid_per_size={n: without(table) for n, table in self.iid_per_size.items()})
 
@@ -260,69 +263,68 @@ PRESETS: dict[str, ExperimentPreset] = {
         name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
         max_steps=3, patience=None, eval_every=2, train={"warmup_steps": 1, "batch_size": 4},
         iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8),
-    # The task on a 2-core CPU at thresholds a third of the paper's (L = 197, K = 5), a 3-layer
-    # width-128 model and a 2.5-hour budget per learner; its committed results are under
-    # results/*-small. Sizing: docs/cpu-sizing.md.
+    # The task on a 2-core CPU at thresholds a third of the paper's (L = 197, K = 5) with a
+    # 3-layer width-128 model; its committed results are under results/*-small. Step budgets
+    # match what its committed (time-budgeted) runs trained; docs/presets.md.
     "small": ExperimentPreset(
-        name="small", model="small", length=197, depth=5, minutes=150.0, patience=12, eval_every=300,
+        name="small", model="small", length=197, depth=5, patience=12, eval_every=300,
         answer_eval=300, train={"warmup_steps": 300},
-        per_view={"rm": {"train.batch_size": 256}, "cot": {"train.batch_size": 128}},
+        per_view={"rm": {"train.batch_size": 256, "train.max_steps": 9_000},
+                  "cot": {"train.batch_size": 128, "train.max_steps": 3_000}},
         # Shortcut traces are several times longer than the split's: 32 of them already make a
         # step of ~15k positions (the paper's CoT batch is 32 too).
-        shortcut_per_view={"cot": {"train.batch_size": 32}},
+        shortcut_per_view={"rm": {"train.max_steps": 3_000}, "cot": {"train.batch_size": 32, "train.max_steps": 4_500}},
         # The IID sweep draws from the length split's training distribution (traces of at most
-        # L tokens) rather than the whole generator's, so that an hour per run measures samples
+        # L tokens) rather than the whole generator's, so that a run's budget measures samples
         # rather than budget; a run that memorizes its set stops after five flat validations.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, iid_max_trace=197,
-        iid_minutes=60.0, iid_patience=5, shortcut_n_train=10_000,
+        iid_patience=5, iid_per_view={"rm": {"train.max_steps": 4_500}, "cot": {"train.max_steps": 2_600}},
+        shortcut_n_train=10_000,
         # Shortcut traces of up to 600 tokens instead of 2,048: a third of the training cost per example.
         shortcut_max_trace=600),
     # The paper's splits on this CPU: its thresholds L = 595 and K = 10, its bins and 310
-    # evaluation expressions per bin, with the CPU-sized model and the training recipe chosen by
-    # the equal-time comparison in docs/recipe.md (results/recipe-595).
+    # evaluation expressions per bin, with the CPU-sized model and the training recipe of
+    # docs/recipe.md. Every budget is in steps (docs/presets.md: how each was sized), so a run
+    # trains the same steps at the same learning rates on any machine.
     "paper-cpu": ExperimentPreset(
         name="paper-cpu", model="cpu", length=595, depth=10, patience=12, answer_eval=300,
         per_view={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
-                         "train.eval_every": 300, "train.max_minutes": 90.0},
+                         "train.eval_every": 300, "train.max_steps": 6_000},
                   "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
-                          "train.eval_every": 1000, "train.max_minutes": 240.0}},
+                          "train.eval_every": 1000, "train.max_steps": 30_000}},
         # Shortcut traces capped at 600 tokens, as `small`'s (the paper's CoT context is 4,096;
-        # --preset.shortcut_max_trace=4096 lifts the cap). 10,000 training expressions give CoT
-        # ~4.6M tokens and RM ~180k frames per epoch. CoT's traces average ~460 tokens, twice
-        # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. RM stops after six
-        # validations without improvement. CoT has no such stop: while its learning rate is high
-        # its validation accuracy swings by tens of points between validations, and its plateau
-        # comes with the cosine's decay (docs/recipe.md), so it trains its whole budget.
+        # --preset.shortcut_max_trace=4096 lifts the cap). CoT's traces average ~460 tokens, twice
+        # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. CoT has no early
+        # stop: while its learning rate is high its validation accuracy swings by tens of points
+        # between validations, and its plateau comes with the cosine's decay.
         shortcut_max_trace=600,
-        shortcut_per_view={"rm": {"train.max_minutes": 60.0, "train.eval_every": 300, "train.patience": 6},
-                           "cot": {"train.batch_size": 8, "train.max_minutes": 120.0, "train.eval_every": 500,
+        shortcut_per_view={"rm": {"train.max_steps": 5_000, "train.eval_every": 300, "train.patience": 6},
+                           "cot": {"train.batch_size": 8, "train.max_steps": 14_000, "train.eval_every": 500,
                                    "train.patience": None}},
         # The paper's IID protocol (three seeds up to N = 10,000, one above, 5,000 test
         # expressions) on the length split's training distribution (traces of at most 595
-        # tokens, ~240 on average) rather than the whole generator's (~540, up to ~6,900): a
-        # third of the tokens per expression, so that the sweep fits a few sessions of two cores.
-        # Both learners train their whole budget, as the paper's timeout protocol does: an early
-        # stop after five stalled validations cut short an RM run at 97% where other seeds came
-        # through the same kind of stall to 99% (results/iid-paper-cpu). CoT's budget
-        # grows with N: on this distribution its length-split run was at 73% validation after 46
-        # minutes and first reached 99% after 166 CPU minutes, so 45 minutes would leave CoT short
-        # of its plateau at the sizes where the paper has it catch up with RM.
+        # tokens) rather than the whole generator's: a third of the tokens per expression.
+        # Every run trains its whole budget, as the paper's timeout protocol does; a larger
+        # training set takes more steps to fit.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
         iid_max_trace=595,
-        iid_per_view={"rm": {"train.max_minutes": 30.0, "train.eval_every": 300, "train.patience": None},
-                      "cot": {"train.max_minutes": 45.0, "train.eval_every": 500, "train.patience": None}},
-        # RM's validation was still rising at the end of 30 minutes at N = 10,000 (97.7%, seed 0),
-        # so it gets the hour it has at N = 30,000: the paper compares both learners near their
-        # plateau at the large end. CoT at N = 10,000 first reached 99% after 116 of its 120
-        # minutes; at N = 30,000 it gets 150, the most that trains, tests and exports within one
-        # three-hour working session (a run's checkpoints do not outlive the machine).
-        iid_per_size={10_000: {"rm": {"train.max_minutes": 60.0}, "cot": {"train.max_minutes": 120.0}},
-                      30_000: {"rm": {"train.max_minutes": 60.0}, "cot": {"train.max_minutes": 150.0}}}),
-    # The paper's recipe for a GPU: 6L/6H/384, L = 595, K = 10, all sample sizes; CoT with
-    # batch 32 (4,096-token context), RM batch 64; trained to a plateau.
+        iid_per_view={"rm": {"train.max_steps": 3_500, "train.eval_every": 300, "train.patience": None},
+                      "cot": {"train.max_steps": 9_000, "train.eval_every": 500, "train.patience": None}},
+        iid_per_size={10_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 24_000}},
+                      30_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 30_000}}}),
+    # The paper's recipe for a GPU (appendix "Models and optimization"): 6L/6H/384, AdamW at
+    # 1e-3 with 2,000 warm-up steps and a cosine, RM batch 64 with a 2,048-token context, CoT
+    # batch 32 with 4,096; no weight decay in the IID sweep. The paper trains to a plateau and
+    # states no step counts: these budgets are ours (docs/presets.md), and every run keeps its
+    # best validation checkpoint.
     "paper": ExperimentPreset(
-        name="paper", model="paper", length=595, depth=10, patience=20, eval_every=1000, answer_eval=1000,
-        train={"warmup_steps": 2000}, per_view={"cot": {"train.batch_size": 32}}),
+        name="paper", model="paper", length=595, depth=10, patience=None, eval_every=1000, answer_eval=1000,
+        train={"warmup_steps": 2000},
+        per_view={"rm": {"train.max_steps": 20_000}, "cot": {"train.batch_size": 32, "train.max_steps": 30_000}},
+        shortcut_per_view={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 20_000}},
+        iid_per_view={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 10_000}},
+        iid_per_size={10_000: {"rm": {"train.max_steps": 20_000}, "cot": {"train.max_steps": 20_000}},
+                      100_000: {"rm": {"train.max_steps": 40_000}, "cot": {"train.max_steps": 40_000}}}),
 }
 
 

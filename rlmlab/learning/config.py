@@ -197,12 +197,15 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     """Cosine decay ends at lr x min_lr_ratio."""
     decay_steps: int | None = None
-    """Length of the warm-up + cosine schedule. Default: max_steps; with only a time budget, it is
-    estimated from the measured step time once, after `warmup_steps` or 50 steps, and stored."""
+    """Step at which the cosine reaches its floor. Default: max_steps. Fixed when the run starts;
+    with neither, the learning rate stays at `lr` after warm-up (no schedule is ever derived
+    from elapsed time)."""
     max_steps: int | None = None
-    """Stop after this many optimizer steps."""
+    """Step budget: the run ends after this many optimizer steps."""
     max_minutes: float | None = None
-    """Stop after this much wall-clock time (validation included; summed across resumes)."""
+    """Wall-clock limit (validation included; summed across resumes). It only stops a run and
+    never changes its schedule; with a step budget the run is left unfinished and resumable.
+    Machine-dependent: two machines stop at different steps."""
     patience: int | None = None
     """Stop when the selection metric has not improved for this many validations (None: never)."""
     min_delta: float = 0.0

@@ -6,15 +6,20 @@
 One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
 "batch" means), runs them through the model in micro-batches of one row length, and
 minimises the mean cross-entropy over the step's target tokens. AdamW decays 2-D weights
-only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio.
+only; the learning rate warms up linearly then follows a cosine to lr x min_lr_ratio over a
+step horizon (`train.decay_steps`, else `train.max_steps`) fixed when the run starts: the
+schedule is a function of the step alone, so a run trains the same steps at the same rates on
+any machine, thread count or load. A wall-clock limit (`train.max_minutes`) only stops a run.
 
 Validation every `eval_every` steps: teacher-forced loss, per-token accuracy (argmax at every
 target position) and example accuracy (every target of an example right) on held-out examples
 of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
 final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
-checkpoint follows `train.select_metric`; training stops on max steps, the wall-clock
-budget, a validation plateau, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown):
-those finish the step and save `last` without validating, so a stop takes about one step.
+checkpoint follows `train.select_metric`; training stops on max steps, a validation
+plateau, the wall-clock limit, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown).
+A wall-clock limit reached before the step budget, Ctrl-C and SIGTERM leave the run unfinished
+("time_limit", "interrupted"): they finish the step and save `last` without validating, so a
+resumed run goes on exactly as if it had never stopped.
 
 Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
 `last` checkpoint, so on CPU a resumed run computes the very losses, validations and best
@@ -27,7 +32,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -159,7 +163,8 @@ def configure_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.Adam
 
 
 def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the floor."""
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then cosine to the
+    floor at step `horizon`; constant after warm-up when there is no horizon."""
     if step < tc.warmup_steps:
         return tc.lr * (step + 1) / tc.warmup_steps
     if horizon is None or horizon <= tc.warmup_steps:
@@ -167,18 +172,6 @@ def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
     progress = min(1.0, (step - tc.warmup_steps) / (horizon - tc.warmup_steps))
     floor = tc.lr * tc.min_lr_ratio
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
-
-
-PACE_WINDOW = 200  # steps whose median time is the pace of a time-budgeted schedule
-
-
-def schedule_horizon(step: int, remaining_s: float, step_times: list[float], per_eval_s: float,
-                     eval_every: int) -> int:
-    """The last step of a cosine schedule that should end with a time budget: the steps that
-    fit `remaining_s` at the median time of the last PACE_WINDOW steps (robust to one-off
-    stalls) plus the validations' share, at least one more step."""
-    per_step = statistics.median(step_times[-PACE_WINDOW:]) + per_eval_s / eval_every
-    return step + max(1, int(remaining_s / per_step))
 
 
 def autocast_for(device: torch.device):
@@ -225,7 +218,7 @@ class TrainerState:
     elapsed_s: float = 0.0  # wall clock of all sessions, validation included
     cpu_s: float = 0.0  # CPU time of this process over all sessions: a clock other jobs on the machine barely move
     tokens: int = 0  # example positions trained on (padding excluded)
-    horizon: int | None = None  # schedule length estimated from a time budget
+    schedule_steps: int | None = None  # the cosine's horizon, fixed when the run starts
     stream: dict = field(default_factory=lambda: {"epoch": 0, "cursor": 0})
     select_metric: str | None = None
     best_score: float | None = None
@@ -240,15 +233,19 @@ class TrainerState:
     @classmethod
     def from_saved(cls, saved: dict, ckpt: Path) -> "TrainerState":
         """The state a checkpoint recorded, its types checked (CheckpointError otherwise)."""
+        # "horizon" was a schedule length estimated from a time budget (before schedules were
+        # in steps); a run that saved it resumes on its config's step horizon.
         try:
-            state = cls(**{k: v for k, v in saved.items() if k != "rng"})
+            state = cls(**{k: v for k, v in saved.items() if k not in ("rng", "horizon")})
         except TypeError as e:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
                or isinstance(getattr(state, k), bool) or not 0 <= getattr(state, k) < math.inf]
-        optional = {"horizon": int, "best_step": int, "last_eval_step": int, "best_score": (int, float),
-                    "select_metric": str}
+        horizon = state.schedule_steps
+        if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
+            bad.append("schedule_steps")
+        optional = {"best_step": int, "last_eval_step": int, "best_score": (int, float), "select_metric": str}
         bad += [k for k, t in optional.items() if getattr(state, k) is not None and (
                 not isinstance(getattr(state, k), t) or isinstance(getattr(state, k), bool)
                 or (t is not str and not -math.inf < getattr(state, k) < math.inf)
@@ -283,6 +280,9 @@ class TrainResult:
 
 
 STOP_SIGNALS = {signal.SIGINT: "interrupt", signal.SIGTERM: "terminated"}
+
+# Stop reasons of a run that is not over: resuming it continues the very same run.
+UNFINISHED = ("interrupted", "time_limit")
 
 
 @contextmanager
@@ -395,6 +395,8 @@ class Trainer:
                 raise CheckpointError(f"{ckpt}: no trainer state to resume from")
             self.model = build_model(meta, ckpt, device)
             self.state = TrainerState.from_saved(meta["trainer"], ckpt)
+            if "schedule_steps" not in meta["trainer"]:  # saved before schedules were fixed at the start
+                self.state.schedule_steps = tc.decay_steps or tc.max_steps
             self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
         else:
             if any((self.run_dir / p).exists() for p in ("last", "best", ".last.old")):
@@ -404,6 +406,7 @@ class Trainer:
             torch.manual_seed(tc.seed)
             self.model = Transformer(model_cfg).to(device)
             self.state.dropped = dropped
+            self.state.schedule_steps = tc.decay_steps or tc.max_steps
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.optimizer = configure_optimizer(self.model, tc)
         if resume:
@@ -428,7 +431,6 @@ class Trainer:
         self.elapsed_before = self.state.elapsed_s
         self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
-        self.eval_s, self.n_evals = 0.0, 0  # this session's validation time and count
         self.interrupted = False
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
@@ -449,6 +451,12 @@ class Trainer:
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
+        floor = tc.lr * tc.min_lr_ratio
+        self.echo(f"schedule: {tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then "
+                  + (f"cosine to {floor:g} at step {st.schedule_steps:,}" if st.schedule_steps else
+                     "constant (no step horizon: set train.max_steps or train.decay_steps for a cosine)")
+                  + (f"; stops at step {tc.max_steps:,}" if tc.max_steps else "")
+                  + (f"; wall-clock limit {tc.max_minutes:g} min" if tc.max_minutes else ""))
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
                   + (f"; resuming at step {st.step}" if resume else ""))
@@ -461,43 +469,17 @@ class Trainer:
     def cpu(self) -> float:
         return self.cpu_before + time.process_time() - self.cpu_start
 
-    def horizon(self) -> int | None:
-        return self.tc.decay_steps or self.tc.max_steps or self.state.horizon
-
     def should_stop(self) -> str | None:
+        """Why the run stops now, or None. "max_minutes" ends a run that has no step budget;
+        with one, the wall-clock limit is "time_limit": the run is unfinished, like "interrupted"."""
         tc, st = self.tc, self.state
         if tc.max_steps is not None and st.step >= tc.max_steps:
             return "max_steps"
-        if self.budget_s is not None and self.elapsed() >= self.budget_s:
-            return "max_minutes"
         if tc.patience is not None and st.bad_evals >= tc.patience:
             return "plateau"
+        if self.budget_s is not None and self.elapsed() >= self.budget_s:
+            return "time_limit" if tc.max_steps is not None else "max_minutes"
         return "interrupted" if self.interrupted else None
-
-    def update_horizon(self) -> None:
-        """With only a time budget, the schedule's length: set once warm-up is over and this
-        session has run 50 steps, then re-estimated at every validation, so that a pace misjudged
-        early (other jobs on the machine, one-off costs after a resume) neither ends the cosine
-        long before the budget nor leaves it unfinished. Each change is logged."""
-        tc, st = self.tc, self.state
-        if not self.budget_s or tc.decay_steps or tc.max_steps:
-            return
-        if st.step < tc.warmup_steps or len(self.step_times) < 50:
-            return
-        if st.horizon is not None and st.last_eval_step != st.step:
-            return
-        if self.n_evals:
-            per_eval = self.eval_s / self.n_evals
-        else:  # not measured yet: a forward pass costs about a third of a training step per position
-            per_eval = statistics.median(self.step_times) * self.val_data.n_tokens / (st.tokens / st.step) / 3
-        horizon = schedule_horizon(st.step, self.budget_s - self.elapsed(), self.step_times, per_eval,
-                                   tc.eval_every)
-        if horizon != st.horizon:
-            self.log.write({"kind": "schedule", "step": st.step, "horizon": horizon,
-                            "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
-            if st.horizon is None:
-                self.echo(f"schedule: {horizon} steps estimated to fit {tc.max_minutes} minutes")
-            st.horizon = horizon
 
     # --- checkpoints and validation ---
 
@@ -535,8 +517,6 @@ class Trainer:
             st.best_score, st.best_step = metrics[name], st.step
             self.save("best", metrics)
         seconds = time.perf_counter() - t0
-        self.eval_s += seconds
-        self.n_evals += 1
         self.log.write({"kind": "val", "step": st.step, **metrics, "best": improved, "val_s": round(seconds, 3),
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         self.last_val = metrics
@@ -561,7 +541,7 @@ class Trainer:
                 stop_reason = self.should_stop()  # a resumed run may have nothing left to do
                 while stop_reason is None:
                     t0 = time.perf_counter()
-                    lr = lr_at(st.step, tc, self.horizon())
+                    lr = lr_at(st.step, tc, st.schedule_steps)
                     for g in self.optimizer.param_groups:
                         g["lr"] = lr
                     loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
@@ -580,14 +560,13 @@ class Trainer:
                         bar.update(1)
                     if st.step % tc.eval_every == 0:
                         self.validate()
-                    self.update_horizon()
                     self.interrupted = interrupt["stop"]
                     stop_reason = self.should_stop()
                     if stop_reason is None and st.step % tc.checkpoint_every == 0:
                         self.save("last", self.last_val)
                 # A validation off the eval_every grid would make an interrupted run select its
                 # best checkpoint differently from an uninterrupted one.
-                if st.last_eval_step != st.step and stop_reason != "interrupted":
+                if st.last_eval_step != st.step and stop_reason not in UNFINISHED:
                     self.validate()
                 self.save("last", self.last_val)
             self.log.write({"kind": "end", "step": st.step, "reason": stop_reason, "select_metric": st.select_metric,

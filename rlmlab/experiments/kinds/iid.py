@@ -29,6 +29,8 @@ def _iid_settings(p: ExperimentPreset, n: int, view: str, seed: int) -> dict:
     s = p.job_settings(view, seed=1337 + seed)
     if p.iid_minutes is not None:
         s["train.max_minutes"] = p.iid_minutes
+    if p.iid_max_steps is not None:
+        s["train.max_steps"] = p.iid_max_steps
     if p.iid_patience is not None:
         s["train.patience"] = p.iid_patience
     s.update(p.iid_settings(n, view))

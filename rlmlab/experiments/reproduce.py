@@ -1,0 +1,305 @@
+"""Check a committed results folder against a fresh run of it.
+
+Two ways to get the fresh numbers, both into a new experiment folder:
+
+    rerun(results, out)                        # re-run the commands stored in commands.jsonl
+    reevaluate(results, checkpoints, out)      # evaluate released checkpoints on its expressions
+
+then `compare(results, out)` pairs every accuracy cell of the two `report.json` files and marks
+the fresh cells that fall outside the committed cell's 95% interval. Runs budgeted in steps
+retrain the same schedule on any machine; a folder trained under wall-clock budgets cannot be
+re-run exactly (`time_budgeted` says so), only replicated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlmlab.errors import DataError
+from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.jobs import RESULT_COLUMNS, Job, run_job
+from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.report import report
+from rlmlab.measuring.results import read_results
+
+CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
+# Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
+ID_KEYS = ("job", "construction", "N", "view", "bin", "group")
+# The preset field that sets how many expressions each kind evaluates (per bin, per set).
+SAMPLE_FIELD = {"length": "per_bin_cap", "depth": "per_bin_cap", "iid": "iid_n_test",
+                "shortcuts": "shortcut_n_eval"}
+
+
+@dataclass(frozen=True)
+class CellCheck:
+    """One accuracy cell of a report, committed and fresh."""
+
+    cell: str
+    committed: dict
+    fresh: dict
+
+    @property
+    def inside(self) -> bool:
+        lo, hi = self.committed["ci95"]
+        return lo - 1e-12 <= self.fresh["accuracy"] <= hi + 1e-12
+
+
+def report_cells(report_json: dict) -> dict[str, dict]:
+    """Every accuracy cell ({n, accuracy, ci95}) of a report.json by a readable path, e.g.
+    `rows[bin=1-1.25].cot`; the training table is left out."""
+    cells: dict[str, dict] = {}
+
+    def walk(x, path: str) -> None:
+        if isinstance(x, dict):
+            if CELL_KEYS <= x.keys() and isinstance(x.get("ci95"), list) and len(x["ci95"]) == 2:
+                cells[path] = x
+                return
+            for key, value in x.items():
+                if key != "training":
+                    walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(x, list):
+            for i, item in enumerate(x):
+                ident = ",".join(f"{k}={item[k]}" for k in ID_KEYS
+                                 if isinstance(item, dict) and isinstance(item.get(k), (str, int, float)))
+                walk(item, f"{path}[{ident or i}]")
+
+    walk(report_json, "")
+    return cells
+
+
+def _report_json(folder: Path) -> dict:
+    path = folder / "report" / "report.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{folder}: no report/report.json (run `rlmlab report {folder}` first)") from None
+    except (ValueError, RecursionError):
+        raise DataError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: not a report")
+    return data
+
+
+def compare(committed: Path, fresh: Path) -> tuple[list[CellCheck], list[str]]:
+    """The cells both reports hold, and the committed cells the fresh report lacks."""
+    old, new = report_cells(_report_json(Path(committed))), report_cells(_report_json(Path(fresh)))
+    checks = [CellCheck(cell, old[cell], new[cell]) for cell in old if cell in new]
+    return checks, [cell for cell in old if cell not in new]
+
+
+def comparison_table(checks: list[CellCheck], missing: list[str]) -> str:
+    """Markdown: each cell's committed and fresh accuracy with their intervals and n."""
+    def cell(c: dict) -> str:
+        return f"{100 * c['accuracy']:.1f} [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}] (n={c['n']})"
+
+    lines = ["| cell | committed (%) | fresh (%) | |", "|---|---|---|---|"]
+    lines += [f"| {c.cell} | {cell(c.committed)} | {cell(c.fresh)} | {'' if c.inside else 'OUTSIDE'} |"
+              for c in checks]
+    outside = sum(not c.inside for c in checks)
+    lines.append(f"\n{len(checks)} cells compared: {len(checks) - outside} inside the committed 95% interval, "
+                 f"{outside} outside" + (f"; {len(missing)} committed cells not re-made" if missing else "") + ".")
+    return "\n".join(lines) + "\n"
+
+
+def time_budgeted(folder: Path) -> list[str]:
+    """The runs of a results folder that trained under a wall-clock budget (their schedule
+    depended on the machine's pace), by folder."""
+    found = []
+    for path in sorted(Path(folder).rglob("config.json")):
+        if "superseded" in path.parts:
+            continue
+        try:
+            train = json.loads(path.read_text()).get("train", {})
+        except (ValueError, RecursionError, AttributeError):
+            continue
+        if isinstance(train, dict) and train.get("max_minutes") is not None and train.get("max_steps") is None:
+            found.append(str(path.parent.relative_to(folder)))
+    return found
+
+
+# --- re-running stored commands ---
+
+def stored_commands(folder: Path) -> list[list[str]]:
+    """The distinct `rlmlab run` command lines of a folder's commands.jsonl, in first-run order
+    (a resumed run stores its command again)."""
+    path = Path(folder) / "commands.jsonl"
+    commands: list[list[str]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{folder}: no commands.jsonl (not an experiment folder from `rlmlab run`)") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not text") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            argv = json.loads(line)["argv"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise DataError(f"{path}: line {i} is not a stored command") from None
+        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:2] == ["rlmlab", "run"]
+                and len(argv) > 2):
+            raise DataError(f"{path}: line {i} is not an `rlmlab run` command")
+        if argv not in commands:
+            commands.append(argv)
+    if not commands:
+        raise DataError(f"{path}: no stored command")
+    return commands
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+    kept, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == name:
+            skip = True
+            continue
+        if not a.startswith(name + "="):
+            kept.append(a)
+    return kept + [f"{name}={value}"]
+
+
+def rerun_command(argv: list[str], out: Path, views: list[str] | None = None, sample: int | None = None
+                  ) -> list[str] | None:
+    """A stored command with its folder replaced by `out`, its learners restricted to `views`
+    and its evaluation sets cut to `sample` expressions (per bin, per set); None when none of
+    its learners is asked for."""
+    kind = argv[2]
+    new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
+    if views is not None:
+        have = (_flag(argv, "--views") or "rm,cot").split(",")
+        keep = [v for v in have if v in views]
+        if not keep:
+            return None
+        new = _set_flag(new, "--views", ",".join(keep))
+    if sample is not None:
+        field = SAMPLE_FIELD.get(kind)
+        if field is None:
+            raise DataError(f"--sample: no evaluation size to set for {kind} experiments")
+        new = _set_flag(new, f"--preset.{field}", str(sample))
+    return new + ["--quiet"]
+
+
+def rerun(results: Path, out: Path, views: list[str] | None = None, sample: int | None = None,
+          dry_run: bool = False, echo=print) -> list[list[str]]:
+    """Re-run the stored commands of `results` into `out` (see `rerun_command`), then report
+    `out`. Returns the command lines run."""
+    from rlmlab.cli import main
+
+    results, out = Path(results), Path(out)
+    _check_out(results, out)
+    commands = [c for c in (rerun_command(a, out, views, sample) for a in stored_commands(results)) if c]
+    if not commands:
+        raise DataError(f"--views {','.join(views or [])}: no stored command of {results} trains those learners")
+    for argv in commands:
+        echo("$ " + " ".join(argv))
+        if not dry_run and main(argv[1:]) != 0:
+            raise DataError(f"the stored command failed: {' '.join(argv)}")
+    if not dry_run:
+        report(out)
+    return commands
+
+
+def _check_out(results: Path, out: Path) -> None:
+    read_meta(results)
+    r, o = results.resolve(), out.resolve()
+    if o == r or r in o.parents or o in r.parents:
+        raise DataError(f"{out}: the fresh run needs a folder of its own, outside {results}")
+    if (out / "experiment.json").exists() and read_meta(out).get("kind") != read_meta(results).get("kind"):
+        raise DataError(f"{out} holds another kind of experiment; give the check its own --out")
+
+
+# --- re-evaluating released checkpoints ---
+
+def _released_runs(checkpoints: Path, results: Path, jobs: list[str]) -> dict[tuple[str, str], Path]:
+    """{(job, learner): run folder with best/} for the checkpoints found under `checkpoints`,
+    laid out as <job>/<learner>/best or, for a one-job experiment, <learner>/best."""
+    found = {}
+    for job in jobs:
+        for base in (checkpoints / job, checkpoints) if len(jobs) == 1 else (checkpoints / job,):
+            for run in sorted(p.parent.parent for p in base.glob("*/best/checkpoint.json")):
+                if (results / job / run.name / "eval").is_dir():
+                    found.setdefault((job, run.name), run)
+    if not found:
+        raise DataError(f"{checkpoints}: no checkpoint (<learner>/best/checkpoint.json) of a learner evaluated in "
+                        f"{results}")
+    return found
+
+
+def _sampled(rows: list[dict], sample: int | None) -> list[dict]:
+    """The first `sample` rows of each bin (of each set when rows have no bin)."""
+    if sample is None:
+        return rows
+    taken: dict[object, int] = {}
+    kept = []
+    for r in rows:
+        key = r.get("bin")
+        if taken.get(key, 0) < sample:
+            taken[key] = taken.get(key, 0) + 1
+            kept.append(r)
+    return kept
+
+
+def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None = None, echo=print) -> dict:
+    """Evaluate the checkpoints under `checkpoints` on the expressions `results` evaluated its
+    learners on (the first `sample` of each bin), in a new experiment folder `out` that holds
+    the committed training logs, then report it. Returns, per learner and set, how many
+    expressions got the committed prediction and the committed first divergence."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    results, checkpoints, out = Path(results), Path(checkpoints), Path(out)
+    _check_out(results, out)
+    meta = read_meta(results)
+    kind = get_kind(meta["kind"])
+    runs = _released_runs(checkpoints, results, kind.job_names(results, meta))
+    taken = [str(out / job / view) for job, view in runs if (out / job / view).exists()]
+    if taken:
+        raise DataError(f"{taken[0]} exists already: re-evaluate into a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(results / "experiment.json", out / "experiment.json")
+    agreement = {}
+    for (job, view), src in runs.items():
+        run_dir = out / job / view
+        (run_dir / "best").mkdir(parents=True, exist_ok=True)
+        for name in ("checkpoint.json", "model.safetensors"):
+            shutil.copyfile(src / "best" / name, run_dir / "best" / name)
+        for name in ("metrics.jsonl", "config.json"):  # the committed training log: whether it fitted
+            if (results / job / view / name).exists():
+                shutil.copyfile(results / job / view / name, run_dir / name)
+        step = json.loads((src / "best" / "checkpoint.json").read_text()).get("step")
+        (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
+                                                       "released": str(src)}) + "\n")
+        evals, committed = {}, {}
+        for set_dir in sorted(p for p in (results / job / view / "eval").iterdir() if p.is_dir()):
+            rows = _sampled(read_results(set_dir), sample)
+            columns = ["expr"] + [c for c in RESULT_COLUMNS if rows and all(c in r for r in rows)]
+            path = out / "data" / f"{job}-{view}-{set_dir.name}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({c: [r[c] for r in rows] for c in columns}), path)
+            evals[set_dir.name], committed[set_dir.name] = str(path), rows
+        echo(f"{job} {view}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
+        run_job(Job(job, view, "", "", evals, {}, meta.get("preset", {}).get("eval_batch", 64)), out, progress=False)
+        for set_name, rows in committed.items():
+            fresh = read_results(run_dir / "eval" / set_name)
+            same = [(a.get("prediction"), a.get("diverge_at")) == (b.get("prediction"), b.get("diverge_at"))
+                    for a, b in zip(rows, fresh)]
+            agreement[f"{job}/{view}/{set_name}"] = {"n": len(rows), "same_prediction_and_divergence": sum(same),
+                                                     "committed_correct": sum(r["correct"] for r in rows),
+                                                     "fresh_correct": sum(r["correct"] for r in fresh)}
+    report(out)
+    return agreement

@@ -1,0 +1,102 @@
+"""`rlmlab reproduce`: a committed results folder against a fresh run of its stored commands,
+or against its released checkpoints re-evaluated. The fixture tests/fixtures/smoke-length is
+`rlmlab run length --preset smoke --out runs/smoke-length --threads 1` exported with `rlmlab
+export runs/smoke-length tests/fixtures/smoke-length`."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlmlab.cli import main
+from rlmlab.experiments.reproduce import compare, rerun_command, stored_commands
+from rlmlab.measuring.results import read_results
+
+FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"
+RUNS = ("length-96/rm", "length-96/cot")
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """The fixture's stored commands re-run from scratch."""
+    out = tmp_path_factory.mktemp("reproduce") / "fresh"
+    assert main(["reproduce", str(FIXTURE), "--out", str(out), "--strict"]) == 0
+    return out
+
+
+def decoded(folder: Path, run: str) -> list[tuple]:
+    return [(r["expr"], r["prediction"], r["diverge_at"], r["generated"], r["correct"])
+            for r in read_results(folder / run / "eval" / "eval")]
+
+
+def test_a_rerun_of_the_stored_commands_decodes_every_expression_as_committed(fresh):
+    # A step-budgeted run from scratch trains the same weights: the untrained smoke model's
+    # (arbitrary) traces come out token for token the same.
+    for run in RUNS:
+        assert decoded(fresh, run) == decoded(FIXTURE, run) and len(decoded(fresh, run)) == 40
+    checked = json.loads((fresh / "reproduce.json").read_text())
+    assert len(checked["cells"]) == 40 and all(c["inside"] for c in checked["cells"]) and not checked["missing"]
+    argv = json.loads((fresh / "commands.jsonl").read_text().splitlines()[0])["argv"]
+    assert argv[argv.index("--out") + 1] == str(fresh) and "--threads=1" in argv
+
+
+def test_cells_outside_the_committed_interval_are_flagged(fresh, tmp_path, capsys):
+    tampered = tmp_path / "tampered"
+    shutil.copytree(FIXTURE, tampered)
+    path = tampered / "report" / "report.json"
+    report = json.loads(path.read_text())
+    report["rows"][1]["cot"].update(accuracy=0.75, ci95=[0.3, 0.95])  # as if 3 of 4 had been right
+    path.write_text(json.dumps(report))
+    checks, missing = compare(tampered, fresh)
+    assert [c.cell for c in checks if not c.inside] == ["rows[bin=0.25-0.5].cot"] and not missing
+    # --strict turns a flagged cell into exit status 1, after the table
+    assert main(["reproduce", str(tampered), "--out", str(tmp_path / "again"), "--checkpoints",
+                 str(fresh / "length-96"), "--strict"]) == 1
+    assert "OUTSIDE" in capsys.readouterr().out
+
+
+def test_released_checkpoints_reevaluated_on_a_sample_give_the_committed_predictions(fresh, tmp_path, capsys):
+    out = tmp_path / "reeval"
+    assert main(["reproduce", str(FIXTURE), "--checkpoints", str(fresh / "length-96"), "--out", str(out),
+                 "--sample", "2", "--strict"]) == 0
+    printed = capsys.readouterr().out
+    assert "length-96/rm/eval: 20 of 20 expressions with the committed prediction" in printed
+    assert "length-96/cot/eval: 20 of 20 expressions" in printed
+    for run in RUNS:  # the first two expressions of each bin
+        committed = decoded(FIXTURE, run)
+        assert decoded(out, run) == [committed[i] for i in range(40) if i % 4 < 2]
+
+
+def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
+    argv = ["rlmlab", "run", "length", "--preset", "paper-cpu", "--out", "runs/length-595", "--views=rm,cot",
+            "--threads=1", "--learner-setting=per_view.cot.train.max_steps=24000"]
+    new = rerun_command(argv, Path("runs/check"), views=["cot"], sample=20)
+    assert new == ["rlmlab", "run", "length", "--preset", "paper-cpu", "--threads=1",
+                   "--learner-setting=per_view.cot.train.max_steps=24000", "--out=runs/check", "--views=cot",
+                   "--preset.per_bin_cap=20", "--quiet"]
+    assert rerun_command(argv, Path("x"), views=["rm-frames"]) is None
+    assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
+
+
+@pytest.mark.parametrize("damage, message", [
+    ({"commands.jsonl": None}, "no commands.jsonl"),
+    ({"commands.jsonl": "{not json\n"}, "line 1 is not a stored command"),
+    ({"commands.jsonl": '{"argv": ["rm", "-rf", "/"]}\n'}, "line 1 is not an `rlmlab run` command"),
+    ({"experiment.json": None}, "no experiment.json"),
+])
+def test_a_damaged_results_folder_gets_one_line(tmp_path, capsys, damage, message):
+    folder = tmp_path / "results"
+    shutil.copytree(FIXTURE, folder)
+    for name, text in damage.items():
+        (folder / name).unlink() if text is None else (folder / name).write_text(text)
+    assert main(["reproduce", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_fresh_run_needs_a_folder_of_its_own(capsys):
+    assert main(["reproduce", str(FIXTURE), "--out", str(FIXTURE / "again")]) == 2
+    assert "needs a folder of its own" in capsys.readouterr().err
+    assert not (FIXTURE / "again").exists()
