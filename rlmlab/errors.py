@@ -35,6 +35,10 @@ class LibraryError(RlmlabError):
     """A function library whose definitions are inconsistent."""
 
 
+class TaskError(RlmlabError):
+    """A task file (or built-in task name) that is missing, malformed or not well posed."""
+
+
 class VocabError(RlmlabError):
     """A token that is not in the vocabulary, or a vocabulary file that does not match."""
 

@@ -1,8 +1,11 @@
 """`rlmlab demo` on the released checkpoints: the runs are taken as finished and only evaluated."""
 
 import json
+from pathlib import Path
 
 from rlmlab.cli import main
+
+COMMITTED = Path(__file__).resolve().parent.parent / "results" / "length-595-paper-cpu" / "length-595"
 
 
 def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, capsys):
@@ -13,7 +16,20 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
         run = out / "length-595" / view
         assert json.loads((run / "done.json").read_text())["stop_reason"] == "released"
         assert not (run / "last").exists()  # nothing was trained
-        assert len((run / "eval" / "eval" / "results.jsonl").read_text().splitlines()) == 10  # one per bin
+        results = [json.loads(line) for line in (run / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
+        assert len(results) == 10  # one per bin
+        # The released checkpoints are the committed run's: on the first expression of each bin
+        # they give the committed prediction and first divergence (the README's demo table is
+        # the committed results cut to 40 per bin, tests/test_results_readme.py).
+        committed = [json.loads(line) for line in
+                     (COMMITTED / view / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
+        first = {}
+        for r in committed:
+            first.setdefault(r["bin"], r)
+        for r in results:
+            expected = first[r["bin"]]
+            assert (r["expr"], r["prediction"], r["diverge_at"]) == (
+                expected["expr"], expected["prediction"], expected["diverge_at"]), (view, r["bin"])
     # Both released learners fitted their training distribution (99.7% validation accuracy), so
     # every bin of both rows holds a number.
     rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table.splitlines() if "acc. (%)" in line}

@@ -69,7 +69,7 @@ def test_eval_a_saved_run(tmp_path, capsys):
     (["--oracle", "--view", "rm", "--data", "{empty}"], "no expressions"),
     (["--oracle", "--view", "rm", "--data", "{noexpr}"], "no 'expr' column"),
     (["--oracle", "--view", "rm", "--data", "{binary}"], "not a text file"),
-    (["--oracle", "--data", "{good}"], "--oracle needs --view"),
+    (["--oracle", "--data", "{good}"], "--oracle needs a learner"),
     (["--data", "{good}"], "give RUN_DIR"),
     (["{run}", "--oracle", "--view", "rm", "--data", "{good}"], "not both"),
     (["{run}", "--view", "rm", "--data", "{good}"], "--view goes with --oracle"),

@@ -10,7 +10,7 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.jobs import run_jobs
+from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import PRESETS, get_preset
 from rlmlab.experiments.report import report
@@ -628,10 +628,15 @@ def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):
     assert get_kind("depth").job_names(tmp_path, {"threshold": 10}) == ["depth-10"]
     assert get_kind("shortcuts").job_names(tmp_path, {"constructions": ["position_parity"]}) == \
         ["shortcut-position_parity"]
-    # What makes two folders the same experiment: kind, preset and pool; the threshold matters
-    # for the splits only.
+    # What makes two folders the same experiment: kind, preset, pool and task (a folder from
+    # before tasks were recorded holds the paper's); the threshold matters for the splits only.
+    from rlmlab.task.taskfile import load_task, paper_task
+
+    paper = paper_task().digest
     preset = {"name": "small", "pool_n": 500_000, "pool_seed": 42, "minutes": 5.0}
-    same = {"preset": "small", "pool": [500_000, 42]}
+    same = {"preset": "small", "pool": [500_000, 42], "task": paper}
     assert get_kind("length").identity({"kind": "length", "threshold": 595, "sizes": [1], "preset": preset}) == \
         {"kind": "length", "threshold": 595, **same}
     assert get_kind("iid").identity({"kind": "iid", "sizes": [1], "preset": preset}) == {"kind": "iid", **same}
+    assert get_kind("iid").identity({"kind": "iid", "preset": preset, "task": load_task("mod7").identity}) == \
+        {"kind": "iid", **same, "task": load_task("mod7").digest}

@@ -78,7 +78,7 @@ def test_errors_land_on_exactly_the_frames_a_model_gets_wrong(random_exprs):
     train = exprs[:20]
     seen = training_calls(train)
     records = frame_records(model, VOCAB, "rm", executions, seen, [{"half": i < 20} for i in range(len(exprs))])
-    assert len(records) == sum(ex.n_frames for ex in executions)
+    assert len(records) == sum(ex.n_frame_examples for ex in executions)
     assert any(r["fn"] == "square" for r in records) and any(r["fn"] != "square" for r in records)
     for r in records:
         assert (r["errors"] > 0) == (r["fn"] == "square")
@@ -103,7 +103,7 @@ def test_a_cot_model_is_scored_on_the_same_frames():
     counts = per_token_counts(model, VOCAB, "cot", executions)
     for i, (right, total) in enumerate(counts):
         mine = [r for r in records if r["expr_index"] == i]
-        assert [r["example"] for r in mine] == list(range(executions[i].n_frames))
+        assert [r["example"] for r in mine] == list(range(executions[i].n_frame_examples))
         ex = executions[i]
         for r, f in zip(mine, ex.frames):  # `start`: where the example's targets lie in the trace
             assert ex.tokens[r["start"]:r["start"] + r["targets"]] == f.targets

@@ -57,7 +57,7 @@ def _assert_canonical(gens, exprs):
         assert g.valid and g.reason is None, (ex.text, g.reason)
         assert tuple(g.tokens) == ex.tokens and g.prompt_len == ex.prompt_len
         assert g.answer == ex.value_token
-        assert (g.n_frames, g.max_depth) == (ex.n_frames, ex.max_depth)
+        assert (g.n_frame_examples, g.max_depth) == (ex.n_frame_examples, ex.max_depth)
 
 
 # --- the oracle through both drivers ----------------------------------------------------------
@@ -118,7 +118,7 @@ def test_rm_driver_cached_logits_equal_recomputed_across_calls_and_returns():
     cached = _forced_logs(model, "rm", exprs, True, 8)  # 24 rows through 8 slots: slots are reused
     _assert_same_logits(cached, _forced_logs(model, "rm", exprs, False, 8))
     frames = [execute(e) for e in exprs]
-    assert sum(ex.n_frames for ex in frames) > 300 and max(ex.max_depth for ex in frames) >= 10
+    assert sum(ex.n_frame_examples for ex in frames) > 300 and max(ex.max_depth for ex in frames) >= 10
 
 
 def test_cot_decoder_cached_logits_equal_recomputed():

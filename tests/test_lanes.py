@@ -26,7 +26,7 @@ def _traces(n, seed):
 def test_lane_targets_are_the_frame_examples_targets():
     for ex in _traces(300, 11):
         lanes = lane_pack(ex.tokens, ex.prompt_len)
-        assert len(lanes.example_targets) == ex.n_frames
+        assert len(lanes.example_targets) == ex.n_frame_examples
         for f, lane_idx in zip(ex.frames, lanes.example_targets):
             assert tuple(lanes.tokens[i] for i in lane_idx) == f.targets
             assert tuple(lanes.labels[i - 1] for i in lane_idx) == f.targets

@@ -27,8 +27,8 @@ def test_pool_rows_match_the_executor():
     for row in pool[:200]:
         ex = execute(row["expr"])
         assert row["value"] == ex.value_token and row["root"] == ex.expr.fn
-        assert (row["trace_len"], row["max_depth"], row["max_frame_width"], row["n_frames"]) == \
-               (ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frames)
+        assert (row["trace_len"], row["max_depth"], row["max_frame_width"], row["n_frame_examples"]) == \
+               (ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frame_examples)
         assert row["type"] == ("bool" if ex.value_token in ("True", "False") else "int")
 
 
@@ -72,7 +72,7 @@ def test_cli_trace_json(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["value"] for r in rows] == ["1", "True"]
     r = rows[0]
-    assert r["trace_len"] == len(r["tokens"]) == 100 and r["max_depth"] == 4 and r["n_frames"] == 11
+    assert r["trace_len"] == len(r["tokens"]) == 100 and r["max_depth"] == 4 and r["n_frame_examples"] == 11
     assert [(f["depth"], f["m"]) for f in r["frames"]][:3] == [(1, 14), (2, 6), (3, 12)]
 
 

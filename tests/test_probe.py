@@ -170,7 +170,7 @@ def test_probe_cli(tmp_path, capsys):
                          ([str(run), "--data", str(data), "--limit", "0"], "--limit"), \
                          ([str(run), "--data", str(tmp_path / "plain.txt"), "--per-group", "2"], "--per-group"), \
                          ([str(run), "--oracle", "cot", "--data", str(data)], "not both"), \
-                         (["--data", str(data)], "--oracle VIEW"), \
+                         (["--data", str(data)], "--oracle LEARNER"), \
                          (["--oracle", "cot", "--data", str(data)], "--out"), \
                          (["--oracle", "window", "--data", str(data), "--out", str(out)], "window:256"):
         assert main(["probe", *argv]) == 2

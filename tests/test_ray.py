@@ -190,7 +190,7 @@ def test_a_node_without_the_shared_folder_names_it(tmp_path):
     """What a task reports on a node that does not mount --out (run here, outside Ray)."""
     from rlmlab.errors import DataError
     from rlmlab.experiments.cluster import _run_on_node
-    from rlmlab.experiments.jobs import Job
+    from rlmlab.experiments.job import Job
 
     job = Job("length-96", "rm", "runs/x/data/train.parquet", "runs/x/data/val.parquet",
               {"eval": "runs/x/data/eval.parquet"}, {"train.threads": 1})

@@ -73,9 +73,13 @@ def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
             "--threads=1", "--learner-setting=per_view.cot.train.max_steps=24000"]
     new = rerun_command(argv, Path("runs/check"), views=["cot"], sample=20)
     assert new == ["rlmlab", "run", "length", "--preset", "paper-cpu", "--threads=1",
-                   "--learner-setting=per_view.cot.train.max_steps=24000", "--out=runs/check", "--views=cot",
+                   "--learner-setting=per_view.cot.train.max_steps=24000", "--out=runs/check", "--learners=cot",
                    "--preset.per_bin_cap=20", "--quiet"]
     assert rerun_command(argv, Path("x"), views=["rm-frames"]) is None
+    # A command stored with today's spelling, `--learners`.
+    argv = ["rlmlab", "run", "length", "--preset", "small", "--out", "runs/x", "--learners=rm,rm-frames"]
+    assert rerun_command(argv, Path("y"), views=["rm-frames"]) == [
+        "rlmlab", "run", "length", "--preset", "small", "--out=y", "--learners=rm-frames", "--quiet"]
     assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
 
 

@@ -43,40 +43,123 @@ def generated(folder: str, name: str) -> list[list[list[str]]]:
     return markdown_tables((RESULTS / folder / "report" / name).read_text())
 
 
-MAIN = markdown_tables((ROOT / "README.md").read_text())
+def unfenced(text: str) -> str:
+    """`text` without its fenced code blocks: a table printed by a command (the demo's, in the
+    README) is output to compare by eye, not a quoted report table."""
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
 
 
-@pytest.mark.parametrize("folder, table, readme_header, readme_rows", [
-    ("length-197-small", "table-length-197.md", "Length bin (×L)", {
-        "RM, L=197, small (%)": "RM acc. (%)",
-        "CoT, L=197, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 96.0)",
-        "CoT non-invariant points, probe (%)": "CoT non-invariant positions (%)"}),
-    ("length-595-paper-cpu", "table-length-595.md", "Length bin (×L), L = 595", {
-        "RM, L=595, paper-cpu (%)": "RM acc. (%)",
-        "CoT, L=595, paper-cpu (%)": "CoT acc. (%)"}),
-    ("depth-10-paper-cpu", "table-depth-10.md", "Depth bin (×K), K = 10", {
-        "RM, K=10, paper-cpu (%)": "RM acc. (%)",
-        "CoT, K=10, paper-cpu (%)": "CoT acc. (%)"}),
-    ("depth-5-small", "table-depth-5.md", "Depth bin (×K)", {
-        "RM, K=5, small (%)": "RM acc. (%)",
-        "CoT, K=5, small, not fitted (%)": "CoT acc. (%), not fitted (best validation 80.3)"}),
-])
-def test_main_readme_bin_tables_match_reports(folder, table, readme_header, readme_rows):
-    quoted = table_with_header(MAIN, readme_header)
-    report = generated(folder, table)[0]
-    for readme_label, report_label in readme_rows.items():
-        assert row(quoted, readme_label) == row(report, report_label), readme_label
+# The documents that quote report tables: the README gives the headline tables, the results
+# index the rest. A table may move between them; each check below looks in both.
+QUOTING = {name: markdown_tables(unfenced((ROOT / name).read_text()))
+           for name in ("README.md", "results/README.md")}
+
+
+def quotes(first_cell: str) -> list[tuple[str, list[list[str]]]]:
+    return [(doc, t) for doc, tables in QUOTING.items() for t in tables if t[0][0] == first_cell]
+
+
+# Per-bin tables: each quoted row, by its label, is a row of a generated table (the paper's
+# rows included: the report prints them beside its own).
+BIN_ROWS = {
+    "RM, L=197, small (%)": ("length-197-small", "table-length-197.md", "RM acc. (%)"),
+    "CoT, L=197, small, not fitted (%)": ("length-197-small", "table-length-197.md",
+                                          "CoT acc. (%), not fitted (best validation 96.0)"),
+    "CoT non-invariant points, probe (%)": ("length-197-small", "table-length-197.md",
+                                            "CoT non-invariant positions (%)"),
+    "RM, L=595, paper-cpu (%)": ("length-595-paper-cpu", "table-length-595.md", "RM acc. (%)"),
+    "CoT, L=595, paper-cpu (%)": ("length-595-paper-cpu", "table-length-595.md", "CoT acc. (%)"),
+    "RM, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper RM (%)"),
+    "CoT, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper CoT (%)"),
+    "RM, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "RM acc. (%)"),
+    "CoT, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "CoT acc. (%)"),
+    "RM, paper, K=10 (%)": ("depth-10-paper-cpu", "table-depth-10.md", "paper RM (%)"),
+    "CoT, paper, K=10 (%)": ("depth-10-paper-cpu", "table-depth-10.md", "paper CoT (%)"),
+    "RM, K=5, small (%)": ("depth-5-small", "table-depth-5.md", "RM acc. (%)"),
+    "CoT, K=5, small, not fitted (%)": ("depth-5-small", "table-depth-5.md",
+                                        "CoT acc. (%), not fitted (best validation 80.3)"),
+}
+BIN_HEADERS = ("Length bin (×L)", "Length bin (×L), L = 595", "Depth bin (×K)", "Depth bin (×K), K = 10")
+SHORTCUT_HEADERS = {"Construction, small": "shortcuts-small", "Construction, paper-cpu": "shortcuts-paper-cpu"}
+IID_FOLDERS = ("iid-small", "iid-paper-cpu")
+IID_SUMMARY = ("training expressions N", "iid-paper-cpu")  # the README's compact IID table
+# Tables that quote no report: the results index and the README's preset table.
+OTHER_HEADERS = ("folder", "preset")
+
+
+def test_every_quoted_table_is_checked():
+    """A table moved, renamed or added in the README or the results index must be checked here."""
+    known = set(BIN_HEADERS) | set(SHORTCUT_HEADERS) | {"N", IID_SUMMARY[0]} | set(OTHER_HEADERS)
+    for doc, tables in QUOTING.items():
+        for table in tables:
+            assert table[0][0] in known, f"{doc}: table headed {table[0][0]!r} is checked by no test"
+
+
+def test_readme_quotes_the_headline_tables():
+    """The README opens with Table 2 at the paper's thresholds, Table 3 and the IID sweep."""
+    firsts = [t[0][0] for t in QUOTING["README.md"]]
+    for header in ("Length bin (×L), L = 595", "Depth bin (×K), K = 10", "Construction, paper-cpu",
+                   IID_SUMMARY[0]):
+        assert header in firsts, header
+    length = next(t for t in QUOTING["README.md"] if t[0][0] == "Length bin (×L), L = 595")
+    assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu (%)", "CoT, L=595, paper-cpu (%)"]
+
+
+@pytest.mark.parametrize("header", BIN_HEADERS)
+def test_quoted_bin_tables_match_reports(header):
+    found = quotes(header)
+    assert found, f"no document quotes the table headed {header!r}"
+    for doc, quoted in found:
+        for label, *cells in quoted[1:]:
+            assert label in BIN_ROWS, f"{doc}: row {label!r} of {header!r} is not a known report row"
+            folder, name, report_label = BIN_ROWS[label]
+            report = generated(folder, name)[0]
+            assert cells == row(report, report_label), (doc, label)
+            assert ([typography(c) for c in quoted[0][1:]]
+                    == [typography(c) for c in report[0][1:]]), (doc, header, folder)
+
+
+def test_every_bin_row_is_quoted_somewhere():
+    quoted = {r[0] for h in BIN_HEADERS for _, t in quotes(h) for r in t[1:]}
+    assert sorted(set(BIN_ROWS) - quoted) == []
+
+
+def assert_projection(quoted, full, where):
+    """`quoted` keeps some columns of `full` (in order, the first among them) and some of its
+    rows, each cell as `full` has it."""
+    columns = [full[0].index(c) if c in full[0] else None for c in quoted[0]]
+    assert None not in columns and columns[0] == 0 and columns == sorted(columns), (where, quoted[0])
+    projected = [[r[i] for i in columns] for r in full[1:]]
+    for r in quoted[1:]:
+        assert r in projected, (where, r)
+    assert len({r[0] for r in quoted[1:]}) == len(quoted) - 1, where
+
+
+@pytest.mark.parametrize("header, folder", sorted(SHORTCUT_HEADERS.items()))
+def test_quoted_shortcut_tables_are_the_generated_ones(header, folder):
+    """Every quote of `table-shortcuts-paper.md` keeps its columns and rows as generated, and one
+    document quotes it whole."""
+    side_by_side = generated(folder, "table-shortcuts-paper.md")[0]
+    found = quotes(header)
+    assert any(t == side_by_side for _, t in found), f"no document quotes {folder}'s Table 3 whole"
+    for doc, quoted in found:
+        assert_projection(quoted, side_by_side, doc)
 
 
 @pytest.mark.parametrize("folder, complete", [("shortcuts-small", True), ("shortcuts-paper-cpu", False)])
-def test_main_readme_shortcut_tables_are_the_generated_ones(folder, complete):
-    """The README quotes `table-shortcuts-paper.md` verbatim, and that table carries the report's
-    own numbers: every construction the report has a row for (all six once the experiment is
-    complete), each cell the one `table-shortcuts.md` gives, with its not-fitted mark."""
+def test_side_by_side_shortcut_table_carries_the_report(folder, complete):
+    """`table-shortcuts-paper.md` carries the report's own numbers: every construction the report
+    has a row for (all six once the experiment is complete), each cell the one
+    `table-shortcuts.md` gives, with its not-fitted mark."""
     from rlmlab.experiments.kinds.shortcuts import PAPER_NAMES
 
     side_by_side = generated(folder, "table-shortcuts-paper.md")[0]
-    assert table_with_header(MAIN, side_by_side[0][0]) == side_by_side
     report = generated(folder, "table-shortcuts.md")[0]
     columns = report[0]
 
@@ -100,14 +183,28 @@ def test_main_readme_shortcut_tables_are_the_generated_ones(folder, complete):
         assert fit == cell(construction, "Not fitted (IID < 99%)"), name
 
 
-IID_FOLDERS = ("iid-small", "iid-paper-cpu")
-
-
-def test_main_readme_quotes_each_iid_table_verbatim():
-    quoted = [t for t in MAIN if t[0][0] == "N"]
+def test_each_iid_table_is_quoted_verbatim():
+    quoted = [t for _, t in quotes("N")]
     assert len(quoted) == len(IID_FOLDERS)
     for folder in IID_FOLDERS:
         assert table_with_header(generated(folder, "table-iid.md"), "N") in quoted, folder
+
+
+def test_readme_iid_summary_is_the_generated_table():
+    """The README's IID table puts the sizes across: each cell is the final-answer accuracy the
+    generated table gives that size and learner."""
+    header, folder = IID_SUMMARY
+    iid = table_with_header(generated(folder, "table-iid.md"), "N")
+    accuracy = {(r[0], r[1]): r[iid[0].index("final answer (%)")] for r in iid[1:]}
+    found = quotes(header)
+    assert len(found) == 1
+    summary = found[0][1]
+    sizes = summary[0][1:]
+    assert sorted(sizes, key=int) == sorted({n for n, _ in accuracy}, key=int)
+    assert [r[0] for r in summary[1:]] == ["RM final answer (%)", "CoT final answer (%)"]
+    for label, *cells in summary[1:]:
+        learner = label.split()[0]
+        assert cells == [accuracy[(n, learner)] for n in sizes], label
 
 
 def typography(cell: str) -> str:
@@ -140,3 +237,70 @@ def test_results_readme_tables_equal_the_generated_ones(folder):
                 assert [typography(c) for c in cells] == [typography(c) for c in matches[0]], (folder, label)
                 checked_rows += 1
     assert checked_rows, f"{folder}/README.md quotes none of its generated tables"
+
+
+def demo_output() -> list[str]:
+    """The lines of the README's fenced block that shows `rlmlab demo`'s output."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```text\n$ rlmlab demo\n")
+    return text[start:text.index("\n```", start + 1)].splitlines()[2:]
+
+
+def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
+    """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu
+    (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
+    the README shows is the committed per-expression results cut to N per bin."""
+    import json
+
+    shown = markdown_tables("\n".join(demo_output()))[0]
+    report = generated("length-595-paper-cpu", "table-length-595.md")[0]
+    assert shown[0] == report[0]
+    bins = [c.removesuffix(" (IID)") for c in report[0][1:]]
+    n = {int(c) for c in row(shown, "n")}
+    assert len(n) == 1
+    per_bin = n.pop()
+    acc = {}
+    for view, name in (("rm", "RM"), ("cot", "CoT")):
+        path = RESULTS / "length-595-paper-cpu" / "length-595" / view / "eval" / "eval" / "results.jsonl"
+        results = [json.loads(line) for line in path.read_text().splitlines()]
+        acc[name] = [100 * sum(r["correct"] for r in [r for r in results if r["bin"] == b][:per_bin]) / per_bin
+                     for b in bins]
+        assert row(shown, f"{name} acc. (%)") == [f"{a:.1f}" for a in acc[name]], name
+    assert row(shown, "Gap (pt)") == [f"{a - b:+.1f}" for a, b in zip(acc["RM"], acc["CoT"])]
+    for label in ("paper RM (%)", "paper CoT (%)"):
+        assert row(shown, label) == row(report, label)
+
+
+def test_readme_preset_table_gives_the_presets_step_budgets():
+    """The README's preset table gives each learner's step budget as the preset sets it."""
+    from rlmlab.experiments.presets import get_preset, settings_for
+
+    def steps(cell):
+        return [int(c.replace(",", "")) for c in cell.split(" / ")]
+
+    found = [t for doc, t in quotes("preset") if doc == "README.md"]
+    assert len(found) == 1
+    table, name, checked = found[0], None, 0
+    columns = table[0]
+    for r in table[1:]:
+        name = r[0].strip("`") or name
+        preset = get_preset(name)
+        experiment = r[columns.index("experiment")]
+        for view, column in (("rm", "RM steps"), ("cot", "CoT steps")):
+            given = steps(r[columns.index(column)])
+            if name == "smoke":
+                expected = [preset.max_steps]
+            elif experiment.startswith("length"):
+                expected = [settings_for(preset.per_view, view)["train.max_steps"]]
+            elif experiment.startswith("shortcuts"):
+                expected = [settings_for(preset.shortcut_per_view, view)["train.max_steps"]]
+            elif experiment.startswith("iid, N = "):
+                sizes = steps(experiment.removeprefix("iid, N = "))
+                expected = [settings_for(preset.iid_per_size[n], view)["train.max_steps"] for n in sizes]
+                given = given * len(sizes) if len(given) == 1 else given
+            else:
+                assert experiment.startswith("iid"), experiment
+                expected = [settings_for(preset.iid_per_view, view)["train.max_steps"]]
+            assert given == expected, (name, experiment, view)
+            checked += 1
+    assert checked >= 14

@@ -9,7 +9,7 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_results
 from rlmlab.measuring.score import (
     answer_accuracy_fn,
-    evaluate,
+    decode_and_score,
     expression_results,
     per_token_counts,
     per_token_hits,
@@ -98,7 +98,7 @@ def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
     gens = generate(oracle_predictor("rm", VOCAB), exprs, VOCAB, "rm")
     # Spoil two: a wrong answer and an invalid trace.
     gens[0] = Generation(gens[0].expr, gens[0].tokens[:-2] + ["X", "</return>"], gens[0].prompt_len, "X", True,
-                         None, gens[0].max_depth, gens[0].n_frames, gens[0].fed)
+                         None, gens[0].max_depth, gens[0].n_frame_examples, gens[0].fed)
     gens[1] = Generation(gens[1].expr, gens[1].tokens[:7], gens[1].prompt_len, None, False, "</call> with no "
                          "open <call>", 1, 0, 3)
     results = expression_results(gens, exs, per_token=[(1, 2)] * 40, extra=[{"id": i} for i in range(40)])
@@ -122,11 +122,11 @@ def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
 
 def test_evaluate_with_the_oracle_is_perfect_and_with_a_model_counts_tokens():
     exprs = sample_expressions(30, 33)
-    results, s = evaluate(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB, batch_size=7)
+    results, s = decode_and_score(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB, batch_size=7)
     assert s["accuracy"] == 1.0 and s["trace_exact"] == 1.0 and s["valid"] == 1.0
     assert [r["expr"] for r in results] == [execute(e).text for e in exprs]  # input order kept
     model = _model("rm")
-    results, s = evaluate(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16)
+    results, s = decode_and_score(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16)
     assert s["per_token_positions"] == sum(execute(e).trace_len - execute(e).prompt_len for e in exprs)
     assert 0.0 <= s["per_token_ci95"][0] <= s["per_token"] <= s["per_token_ci95"][1] <= 1.0
 

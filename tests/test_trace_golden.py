@@ -28,7 +28,7 @@ WORKED_FRAMES = [  # (depth, m, context | targets) as printed in the spec
 def test_worked_example_trace():
     ex = execute("add(sum_of_squares(2,3),double(4))")
     assert list(ex.tokens) == WORKED
-    assert ex.trace_len == 100 and ex.value == 1 and ex.max_depth == 4 and ex.n_frames == 11
+    assert ex.trace_len == 100 and ex.value == 1 and ex.max_depth == 4 and ex.n_frame_examples == 11
     assert ex.prompt_len == 14
 
 
@@ -42,7 +42,7 @@ def test_worked_example_frames():
 def test_worked_example_stats_fast_path():
     ex = execute("add(sum_of_squares(2,3),double(4))")
     s = trace_stats(ex.expr)
-    assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frames) == (1, 100, 4, 28, 11)
+    assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frame_examples) == (1, 100, 4, 28, 11)
 
 
 def test_figure1_example():

@@ -28,8 +28,8 @@ def test_parse_print_roundtrip(random_exprs):
 def test_fast_stats_equal_executed_stats(random_exprs):
     for e in random_exprs:
         ex, s = execute(e), trace_stats(e)
-        assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frames) == \
-               (ex.value, ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frames)
+        assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frame_examples) == \
+               (ex.value, ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frame_examples)
 
 
 def test_replay_cuts_the_executors_frames(random_exprs):

@@ -250,7 +250,7 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
     asked = []
 
-    def fake_answer_accuracy_fn(exprs):  # greedy decoding of an untrained model is slow; the plumbing is tested
+    def fake_answer_accuracy_fn(exprs, **kwargs):  # greedy decoding of an untrained model is slow; the plumbing is tested
         asked.append(list(exprs))
         return lambda model, vocab, view: {"answer_acc": 0.25, "answer_valid": 0.5}
 

@@ -44,7 +44,7 @@ def test_views_on_random_expressions(random_exprs):
         [cot] = cot_view(ex)
         assert cot.loss_positions == list(range(ex.prompt_len, ex.trace_len))
         rm = rm_frames_view(ex)
-        assert len(rm) == ex.n_frames
+        assert len(rm) == ex.n_frame_examples
         for example, frame in zip(rm, ex.frames):
             assert example.tokens == frame.tokens
             assert example.loss_positions == list(range(frame.m, frame.width))

@@ -6,6 +6,7 @@ import time
 
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import GeneratorConfig
+from rlmlab.task.taskfile import add_task_option, load_task
 
 
 def register(sub) -> None:
@@ -17,16 +18,22 @@ def register(sub) -> None:
     pool.add_argument("--out", required=True, help="output parquet file")
     pool.add_argument("--workers", type=int, default=None, help="processes (default: every core); "
                       "the file is the same for any number")
-    pool.add_argument("--p-lit", type=float, default=0.4, help="probability of a literal argument")
-    pool.add_argument("--max-level", type=int, default=3, help="nesting level at which calls take only literals")
+    pool.add_argument("--p-lit", type=float, default=None, help="probability of a literal argument "
+                      "(default: the task's; paper: 0.4)")
+    pool.add_argument("--max-level", type=int, default=None, help="nesting level at which calls take only "
+                      "literals (default: the task's; paper: 3)")
+    add_task_option(pool)
     pool.add_argument("--quiet", action="store_true", help="no progress bar")
     pool.set_defaults(handler=run_pool)
 
 
 def run_pool(args) -> int:
     t0 = time.perf_counter()
-    table = build_pool(args.n, args.seed, args.workers, GeneratorConfig(args.p_lit, args.max_level),
-                       progress=not args.quiet)
+    task = load_task(args.task)
+    g = task.generator
+    config = GeneratorConfig(g.p_lit if args.p_lit is None else args.p_lit,
+                             g.max_level if args.max_level is None else args.max_level)
+    table = build_pool(args.n, args.seed, args.workers, config, progress=not args.quiet, task=task)
     write_pool(table, args.out)
     print(f"wrote {table.num_rows} expressions to {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0

@@ -2,47 +2,51 @@
 
 Writes `results.jsonl` (one line per expression: truth, prediction, validity, reason, trace
 statistics, per-token counts, the produced trace where it is not exact) and `summary.json`;
-prints a short table. `--oracle --view rm|cot` runs the true rule instead of a model, to check
+prints a short table. `--oracle rm|cot` runs the true rule instead of a model, to check
 the drivers and the scoring on any expression set.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from rlmlab.cli.progress import stages
-from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.learner import learner
-from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
-from rlmlab.measuring.stats import group_accuracy
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
-from rlmlab.task.vocab import Vocab
+from rlmlab.task.taskfile import add_task_option, load_task
+
+MAX_DEPTH = 64  # the default of rlmlab.decoding.infer.Limits.max_depth, which imports torch
+RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame_examples"}  # old --by names
 
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="decode an expression set greedily and score it",
                        description="Greedy decoding (RM: the stack driver; CoT: the flat decoder) of an "
-                       "expression set, scored by final-answer accuracy (95%% Wilson) and teacher-forced "
+                       "expression set, scored by final-answer accuracy (95% Wilson) and teacher-forced "
                        "per-token accuracy (bootstrap over expressions).")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="training run folder (not with --oracle)")
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column) or a text file, one "
                    "expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
-    p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="expressions decoded at once (default 256 on CUDA, 64 on CPU)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>; with "
-                   "--oracle runs/oracle-<view>/eval/<data name>)")
+                   "--oracle runs/oracle-<learner>/eval/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
-    p.add_argument("--oracle", action="store_true", help="run the oracle predictor g* instead of a model")
-    p.add_argument("--view", default=None, metavar="VIEW", help="with --oracle: rm (stack driver), "
+    p.add_argument("--oracle", nargs="?", const=True, default=None, metavar="LEARNER",
+                   help="run the oracle predictor g* of LEARNER instead of a model: rm (stack driver), "
                    "cot (g* composed with the active-frame map, through the CoT decoder), reduce or window:K "
                    "(g* o Pi_rec of what that observation shows)")
+    # The old spelling `--oracle --view LEARNER`, still accepted.
+    p.add_argument("--view", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-per-token", action="store_true", help="skip teacher-forced per-token accuracy")
     p.add_argument("--by", default=None, metavar="KEY", help="also print accuracy per value of a result "
                    "field, e.g. max_depth or root")
-    p.add_argument("--max-depth", type=int, default=Limits.max_depth, help="stack depth limit")
+    p.add_argument("--max-depth", type=int, default=MAX_DEPTH, help="stack depth limit "
+                   f"(default {MAX_DEPTH})")
     p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens limit (default: 8 times "
                    "what the expression's canonical trace generates, plus 64)")
     p.add_argument("--max-frame-tokens", type=int, default=None, help="active-frame width limit "
@@ -51,21 +55,26 @@ def register(sub) -> None:
                    "default only those that differ from the canonical trace)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
 def _check_args(args) -> None:
-    if args.oracle:
+    if args.oracle is not None:
         if args.run_dir is not None:
             raise ConfigError("give RUN_DIR or --oracle, not both")
-        if args.view is None:
-            raise ConfigError("--oracle needs --view rm or --view cot")
-        learner(args.view)  # an unknown view or a bad parameter is a one-line error
+        named = args.oracle if isinstance(args.oracle, str) else None
+        if named is not None and args.view is not None and named != args.view:
+            raise ConfigError(f"--oracle {named} and --view {args.view} name two learners")
+        args.oracle = named or args.view
+        if args.oracle is None:
+            raise ConfigError("--oracle needs a learner: --oracle rm or --oracle cot")
+        learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
-            raise ConfigError("give RUN_DIR (a training run folder), or --oracle --view rm|cot")
+            raise ConfigError("give RUN_DIR (a training run folder), or --oracle rm|cot")
         if args.view is not None:
-            raise ConfigError("--view goes with --oracle; a run's view is the one it was trained in")
+            raise ConfigError("--view goes with --oracle; a run's learner is the one it was trained as")
     for name in ("limit", "batch_size", "max_depth", "max_new_tokens", "max_frame_tokens", "threads"):
         v = getattr(args, name)
         if v is not None and v < 1:
@@ -73,8 +82,20 @@ def _check_args(args) -> None:
 
 
 def run(args) -> int:
+    # Imported here so that `rlmlab --help` and the commands that need no model skip torch.
+    from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+    from rlmlab.learning.checkpoint import load_run
+    from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
+    from rlmlab.measuring.stats import group_accuracy
+
     _check_args(args)
-    exprs, extra = read_expressions(args.data, args.limit)
+    args.by = RENAMED_FIELDS.get(args.by, args.by)
+    task = load_task(args.task) if args.oracle or args.task else None
+    run_ = None
+    if not args.oracle:  # the run's own task (or the one asked for, which must be the run's)
+        run_ = load_run(args.run_dir, which=args.which, task=task)
+        task = run_.task
+    exprs, extra = read_expressions(args.data, args.limit, task)
     if args.by is not None and args.by not in RESULT_FIELDS + tuple(extra[0]):
         raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(RESULT_FIELDS + tuple(extra[0]))})")
     stem = Path(args.data).stem
@@ -84,12 +105,11 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     model, header = None, {}
     if args.oracle:
-        view, vocab = args.view, Vocab.from_library()
-        predictor = oracle_predictor(view, vocab)
+        view, vocab = args.oracle, task.vocab
+        predictor = oracle_predictor(view, vocab, task.library)
         out = Path(args.out or Path("runs") / f"oracle-{view}" / "eval" / stem)
         header = {"predictor": "oracle"}
     else:
-        run_ = load_run(args.run_dir, which=args.which)
         view, vocab, model = run_.view, run_.vocab, run_.model
         predictor = ModelPredictor(model)
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
@@ -101,7 +121,8 @@ def run(args) -> int:
         results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
                                          batch_size=args.batch_size, model=None if args.no_per_token else model,
                                          traces=True if args.traces else "inexact",
-                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header)
+                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header,
+                                         task=task)
     print(render(summary))
     if args.by:
         print(render_groups(group_accuracy(results, args.by), args.by))

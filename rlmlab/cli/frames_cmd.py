@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.task.taskfile import add_task_option
 
 GROUP_COLUMNS = ("ood", "split", "construction")  # the default grouping, when the data has one
 
@@ -38,6 +39,7 @@ def register(sub) -> None:
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -61,18 +63,20 @@ def run(args) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     # --per-group takes the first N of each bin when the data has bins (a length or depth split is
     # stored bin by bin, so the first N of each OOD flag would all come from the nearest bins).
-    exprs, extra, _ = read_grouped(args.data, args.limit, None, ("bin", *GROUP_COLUMNS), args.per_group)
+    run_ = load_run(args.run_dir, which=args.which, task=args.task)
+    library = run_.task.library
+    exprs, extra, _ = read_grouped(args.data, args.limit, None, ("bin", *GROUP_COLUMNS), args.per_group,
+                                   task=run_.task)
     by = args.by or next((c for c in GROUP_COLUMNS if c in extra[0]), None)
     if by is not None and by not in extra[0]:
         raise ConfigError(f"--by {by}: no such column in {args.data} (have: {', '.join(extra[0]) or 'none'})")
-    seen = training_calls(read_expressions(args.train)[0]) if args.train else None
+    seen = training_calls(read_expressions(args.train, task=run_.task)[0], library) if args.train else None
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    run_ = load_run(args.run_dir, which=args.which)
     with stages(args.quiet) as stage:
-        records = frame_records(run_.model, run_.vocab, run_.view, [execute(e) for e in exprs], seen, extra,
+        records = frame_records(run_.model, run_.vocab, run_.view, [execute(e, library) for e in exprs], seen, extra,
                                 progress=stage and stage("frames: teacher-forced examples", None, "row"))
     rows = summarize_frames(records, by)
     table = render_frames(rows, args.top)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.task.taskfile import add_task_option, load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
 
@@ -23,9 +24,9 @@ def register(sub) -> None:
                        "subproblem of its own greedy trace, the value returned in context against the value "
                        "returned when the subproblem is posed alone (docs/observation.md).")
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None, help="training run folder")
-    p.add_argument("--oracle", metavar="VIEW", default=None, help="probe the exact predictor of VIEW (g* read "
-                   "through the view, e.g. cot) instead of a trained model: a calibration run that must report "
-                   "zero; needs --out")
+    p.add_argument("--oracle", metavar="LEARNER", default=None, help="probe the exact predictor of LEARNER (g* "
+                   "read through what it observes, e.g. cot) instead of a trained model: a calibration run that "
+                   "must report zero; needs --out")
     p.add_argument("--data", required=True, help="pool parquet (an `expr` column; its other columns can "
                    "group the rates) or a text file, one expression per line")
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
@@ -40,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--positions-only", action="store_true", help="skip the answer level (no decoding)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -54,33 +56,35 @@ def run(args) -> int:
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     if args.run_dir is None and args.oracle is None:
-        raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle VIEW")
+        raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle LEARNER")
     if args.run_dir is not None and args.oracle is not None:
-        raise ConfigError("give RUN_DIR or --oracle VIEW, not both")
+        raise ConfigError("give RUN_DIR or --oracle LEARNER, not both")
     if args.oracle is not None:
         from rlmlab.learning.observe import observer
 
         observer(args.oracle)  # one-line error for an unknown view, before any data is read
         if args.out is None:
             raise ConfigError("--oracle needs --out (there is no run folder to write into)")
-    exprs, extra, by = read_grouped(args.data, args.limit, args.by, GROUP_COLUMNS, args.per_group)
+    task = load_task(args.task) if args.oracle is not None or args.task else None
+    run_ = None
+    if args.oracle is None:  # the run's own task (or the one asked for, which must be the run's)
+        run_ = load_run(args.run_dir, which=args.which, task=task)
+        task = run_.task
+    exprs, extra, by = read_grouped(args.data, args.limit, args.by, GROUP_COLUMNS, args.per_group, task=task)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     if args.oracle is not None:
-        from rlmlab.task.vocab import default_vocab
-
-        vocab, view, step, source, which = default_vocab(), args.oracle, None, f"oracle:{args.oracle}", "exact"
-        predictor = oracle_predictor(view, vocab)
+        vocab, view, step, source, which = task.vocab, args.oracle, None, f"oracle:{args.oracle}", "exact"
+        predictor = oracle_predictor(view, vocab, task.library)
     else:
-        run_ = load_run(args.run_dir, which=args.which)
         vocab, view, step, source, which = run_.vocab, run_.view, run_.step, str(args.run_dir), args.which
         predictor = ModelPredictor(run_.model)
     limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
     with stages(args.quiet) as stage:
         rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
-                     stage=stage)
+                     stage=stage, library=task.library)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """`rlmlab reproduce RESULTS`: check a committed results folder against a fresh run.
 
     rlmlab reproduce results/length-595-paper-cpu --out runs/check             # re-run its stored commands
-    rlmlab reproduce results/length-595-paper-cpu --views rm --sample 20       # one learner, 20 expressions a bin
+    rlmlab reproduce results/length-595-paper-cpu --learners rm --sample 20    # one learner, 20 expressions a bin
     rlmlab reproduce results/length-595-paper-cpu --checkpoints rlmlab/released/paper-cpu-length-595 --sample 40
 
 Re-running trains from scratch with the stored commands (folder, learners and evaluation size
@@ -28,7 +28,9 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="a results folder (experiment.json, commands.jsonl, report/)")
     p.add_argument("--out", default=None, help="folder of the fresh run (default runs/reproduce/<name>)")
-    p.add_argument("--views", default=None, help="only these learners, comma-separated (default: all stored)")
+    p.add_argument("--views", dest="views", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", dest="views", default=None, metavar="LEARNERS",
+                   help="only these learners, comma-separated (default: all stored)")
     p.add_argument("--sample", type=int, default=None,
                    help="evaluate only this many expressions per bin (per set for the IID and shortcut kinds)")
     p.add_argument("--checkpoints", default=None,

@@ -29,12 +29,15 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
-    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="sizes and budgets (default small)")
+    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="experiment preset: data "
+                   "sizes, model preset, budgets and evaluation sizes (default small); not the model presets of "
+                   "`rlmlab train --preset`")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
-    p.add_argument("--views", default=",".join(PAPER_LEARNERS),
-                   help="learners to run, comma-separated training views (default rm,cot; any view of "
-                        "`rlmlab train --view`, e.g. rm,cot,rm-frames)")
+    p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", default=",".join(PAPER_LEARNERS), metavar="LEARNERS",
+                   help="learners to run, comma-separated (default rm,cot; any learner of "
+                        "`rlmlab train --learner`, e.g. rm,cot,rm-frames)")
     p.add_argument("--constructions", default=None,
                    help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
                         "different subsets may share --out (e.g. one per core)")
@@ -57,14 +60,20 @@ def register(sub) -> None:
                         "<run>/superseded-step<N>/ and the evaluations are redone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per learner")
     p.add_argument("--ray-address", default=None, help="spread the jobs over this Ray cluster (default: local)")
+    p.add_argument("--ray-gpus-per-job", type=float, default=None,
+                   help="each job's share of a GPU on the Ray cluster (default 0.25 where the cluster has GPUs; "
+                        "0: train on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", default=None, metavar="NAME|FILE",
+                   help="the task: a built-in name or a task file (docs/tasks.md); default paper. Recorded "
+                        "in experiment.json; a folder holds the experiment of one task")
     group = p.add_argument_group("preset settings", "any scalar field of the preset, over its value: "
                                  "--preset.NAME=VALUE (e.g. --preset.shortcut_max_trace=4096)")
     docs = field_docs(ExperimentPreset)
     for name in settable_fields():
         group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
                            help=docs.get(name, "").replace("%", "%%"))
-    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.VIEW.SECTION.KEY=V",
+    p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.LEARNER.SECTION.KEY=V",
                    help="set one learner's entry of a per-learner table of the preset (per_view, "
                         "shortcut_per_view, iid_per_view, iid_per_size.N: the IID runs from N training "
                         "expressions on), over --minutes/--max-steps; repeatable, e.g. "
@@ -86,13 +95,13 @@ def _integers(flag: str, text: str | None, least: int) -> list[int] | None:
 
 
 def run(args) -> int:
-    views = tuple(v.strip() for v in args.views.split(",") if v.strip())
+    views = tuple(v.strip() for v in args.learners.split(",") if v.strip())
     if not views:
-        raise ConfigError("--views: no learner given")
+        raise ConfigError("--learners: no learner given")
     for v in views:
-        get_view(v)  # one-line ConfigError naming an unknown view
+        get_view(v)  # one-line ConfigError naming an unknown learner
         if "/" in v:
-            raise ConfigError(f"--views: {v!r} cannot name a run folder")
+            raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
     for option in ("threshold", "constructions", "sizes", "seeds"):
         if getattr(args, option) is not None and option not in kind.options:
@@ -107,7 +116,16 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
+    if args.task is not None:
+        from rlmlab.task.taskfile import load_task
+
+        preset = preset.with_overrides(task=load_task(args.task).spec)  # checked before anything is written
     train = dict(preset.train)
+    if args.ray_gpus_per_job is not None:
+        if args.ray_address is None:
+            raise ConfigError("--ray-gpus-per-job goes with --ray-address")
+        if not 0 <= args.ray_gpus_per_job <= 1:
+            raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {args.ray_gpus_per_job:g}")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
@@ -121,13 +139,13 @@ def run(args) -> int:
         with open(out / "commands.jsonl", "a") as f:
             f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                                 + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                                   if k in ("threshold", "views", "constructions", "sizes", "seeds", "minutes",
-                                            "max_steps", "threads", "ray_address")
+                                   if k in ("threshold", "learners", "constructions", "sizes", "seeds", "minutes",
+                                            "max_steps", "threads", "ray_address", "ray_gpus_per_job", "task")
                                    and v is not None]
                                 + [f"--preset.{k}={v}" for k, v in settings.items()]
                                 + [f"--learner-setting={item}" for item in args.learner_setting]
                                 + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    sizes=sizes, seeds=seeds, ray_address=args.ray_address, progress=not args.quiet, extend=args.extend,
-                   on_planned=record)
+                   ray_gpus=args.ray_gpus_per_job, on_planned=record)
     return 0

@@ -6,6 +6,7 @@ import json
 import sys
 
 from rlmlab.errors import RlmlabError
+from rlmlab.task.taskfile import add_task_option, load_task
 from rlmlab.task.trace import Execution, execute
 
 BLUE, RED, BOLD, RESET = "\033[34m", "\033[31m", "\033[1m", "\033[0m"
@@ -18,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("exprs", nargs="+", metavar="EXPR", help="written expression, e.g. 'add(square(2),3)', or -")
     p.add_argument("--json", action="store_true", help="one JSON object per expression, one per line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    add_task_option(p)
     p.set_defaults(handler=run)
 
 
@@ -25,7 +27,7 @@ def to_json(ex: Execution) -> dict:
     return {
         "expr": ex.text, "value": ex.value_token, "tokens": list(ex.tokens), "prompt_len": ex.prompt_len,
         "trace_len": ex.trace_len, "max_depth": ex.max_depth, "max_frame_width": ex.max_frame_width,
-        "n_frames": ex.n_frames,
+        "n_frame_examples": ex.n_frame_examples,
         "frames": [{"depth": f.depth, "m": f.m, "tokens": list(f.tokens)} for f in ex.frames],
     }
 
@@ -38,7 +40,7 @@ def render(ex: Execution, color: bool) -> str:
         return " ".join(f"{r}{t}{z}{base}" if color and t in ctrl else t for t in toks)
 
     lines = [f"{bold}{ex.text}{z} = {ex.value_token}   trace {ex.trace_len} tokens, max depth "
-             f"{ex.max_depth}, {ex.n_frames} frames, widest frame {ex.max_frame_width}",
+             f"{ex.max_depth}, {ex.n_frame_examples} active-frame examples, widest {ex.max_frame_width}",
              "", f"{bold}(A) flattened trace (CoT view){z}",
              paint(ex.tokens[:ex.prompt_len]) + " " + paint(ex.tokens[ex.prompt_len:]),
              "", f"{bold}(B) active frames (RM view): context | targets{z}"]
@@ -72,6 +74,7 @@ def _inputs(exprs: list[str]):
 
 def run(args) -> int:
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    library = load_task(args.task).library
     failed = 0
     first = True
     inputs = _inputs(args.exprs)
@@ -80,7 +83,7 @@ def run(args) -> int:
             text = next(inputs, None)
             if text is None:
                 break
-            ex = execute(text)
+            ex = execute(text, library)
         except BinaryInput as e:
             print(f"rlmlab trace: error: {e}", file=sys.stderr)
             return 2

@@ -1,6 +1,6 @@
 """`rlmlab train`: train a CoT or RM model on a pool of expressions.
 
-    rlmlab train --view rm --preset small --data pool.parquet --out runs/rm-small --max-steps 3000
+    rlmlab train --learner rm --preset small --data pool.parquet --out runs/rm-small --max-steps 3000
     rlmlab train --out runs/rm-small --resume --max-steps 3000      # continue after a stop, same settings
 
 The learning rate warms up, then follows a cosine to its floor at the step budget (or at
@@ -16,9 +16,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
 from rlmlab.learning.config import (
-    PRESETS,
+    MODEL_PRESETS,
     SECTIONS,
     RunConfig,
     apply_dict,
@@ -36,10 +35,14 @@ OVERRIDE = "override:"
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a CoT or RM model", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--view", metavar="VIEW", help="what the model reads (data.view; default rm): "
+    p.add_argument("--view", dest="learner", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learner", metavar="LEARNER",
+                   help="what the model reads and how it is trained to (data.view; default rm): "
                    f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
-    p.add_argument("--preset", choices=tuple(PRESETS), help="model size (model.preset; default small)")
+    p.add_argument("--preset", choices=tuple(MODEL_PRESETS), help="model preset: the model's size, "
+                   "the same for every learner (model.preset; default small); not the experiment presets of "
+                   "`rlmlab run --preset`")
     p.add_argument("--data", metavar="PARQUET",
                    help="training expressions: a pool from `rlmlab data pool` (data.train)")
     p.add_argument("--val", metavar="PARQUET", help="validation expressions (data.val; default: split off --data)")
@@ -51,6 +54,8 @@ def register(sub) -> None:
                    "(train.max_minutes; machine-dependent)")
     p.add_argument("--seed", type=int, help="train.seed")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--task", metavar="NAME|FILE", help="the task of the data (data.task; default paper): "
+                   "a built-in name or a task file (docs/tasks.md)")
     for section, cls in SECTIONS.items():
         group = p.add_argument_group(f"{section} settings")
         docs = field_docs(cls)
@@ -65,12 +70,19 @@ def resolve_config(args) -> RunConfig:
     """Defaults (or the resumed run's settings) < config file < dotted overrides < flags."""
     cfg = RunConfig()
     if args.resume:
+        from rlmlab.learning.checkpoint import checkpoint_dir, read_meta  # torch: not for `--help`
+
         ckpt = checkpoint_dir(args.out, "last")
         cfg = apply_dict(cfg, read_meta(ckpt)["config"], where=str(ckpt))
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
-    flags = {"data": {"view": args.view, "train": args.data, "val": args.val},
+    task = None
+    if args.task is not None:  # recorded as a built-in name or an absolute path, checked before anything is written
+        from rlmlab.task.taskfile import load_task
+
+        task = load_task(args.task).spec
+    flags = {"data": {"view": args.learner, "train": args.data, "val": args.val, "task": task},
              "model": {"preset": args.preset},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}

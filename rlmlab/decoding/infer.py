@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -42,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from rlmlab.learning.observe import NEW, POP, PUSH, Tracker, observer
-from rlmlab.task.expr import LITERALS, Call, default_library, parse, to_text
+from rlmlab.task.expr import Call, default_library, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.trace import execute, trace_stats
@@ -99,8 +100,9 @@ class KVCache:
     """
 
     def __init__(self, n_layer: int, n_slots: int, n_head: int, head_dim: int, capacity: int = 128,
-                 dtype=torch.float32, device=None):
+                 dtype=torch.float32, device=None, grow: bool = True):
         self.kv = torch.zeros(2, n_layer, n_slots, n_head, capacity + 1, head_dim, dtype=dtype, device=device)
+        self.grow = grow  # False: allocated once at its full size, `reserve` beyond it is an error
         self.parked: list[list[torch.Tensor]] = [[] for _ in range(n_slots)]
         self._plan: tuple = ()
 
@@ -116,6 +118,8 @@ class KVCache:
         """Make positions [0, n) usable (grow by doubling; the scratch column moves to the end)."""
         if n <= self.capacity:
             return
+        if not self.grow:
+            raise ValueError(f"{n} positions beyond the cache's {self.capacity}")
         cap = max(n, 2 * self.capacity)
         grown = self.kv.new_zeros(*self.kv.shape[:4], cap + 1, self.kv.shape[5])
         grown[:, :, :, :, :self.capacity] = self.kv[:, :, :, :, :self.capacity]
@@ -175,18 +179,31 @@ class ModelPredictor:
     the cache every step recomputes every row from position 0: the reference the cached path
     is checked against, and the benchmark's baseline.
     `logits` keeps the last step's next-token logits, one row per feed. Inference only: the
-    cached path applies no dropout. Cache memory is 8 x n_layer x n_slots x n_embd bytes per
-    position of the longest row decoded (CoT: the longest trace; RM: the widest frame).
+    cached path applies no dropout.
+
+    On CUDA the model runs under bf16 autocast, as in training, and the cache is allocated once
+    at reset, in bf16, for the model's whole block (2 x 2 x n_layer x n_slots x n_embd bytes per
+    position: 4.8 GB for the paper's RM model at 256 slots, 9.7 GB for its CoT model, whose
+    block is 4,096; pass `capacity` to bound it); on CPU it is fp32 and grows by
+    doubling with the longest row decoded (CoT: the longest trace; RM: the widest frame). Each
+    step sends its token layout to the device in one copy (from pinned memory) and reads the
+    next tokens back in one.
     """
 
-    def __init__(self, model, use_cache: bool = True, pack: int = 256):
+    default_slots = 64  # rows decoded at once when `generate` is given no batch_size
+
+    def __init__(self, model, use_cache: bool = True, pack: int = 256, capacity: int | None = None):
         self.model = model
         self.cfg = model.cfg
         self.block_size = model.cfg.block_size
         self.use_cache = use_cache
         self.pack = pack
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        cuda = self.device.type == "cuda"
+        self.dtype = torch.bfloat16 if cuda else next(model.parameters()).dtype
+        self.capacity = capacity if capacity is not None else (self.block_size if cuda else None)
+        if cuda:
+            self.default_slots = 256
         self.cache: KVCache | None = None
         self.fed: list[int] = []
         self.logits: torch.Tensor | None = None
@@ -194,13 +211,16 @@ class ModelPredictor:
     def reset(self, n_slots: int) -> None:
         c = self.cfg
         if self.use_cache:
+            fixed = self.capacity is not None
             self.cache = KVCache(c.n_layer, n_slots, c.n_head, c.n_embd // c.n_head,
-                                 dtype=self.dtype, device=self.device)
+                                 capacity=self.capacity if fixed else 128, dtype=self.dtype, device=self.device,
+                                 grow=not fixed)
         self.fed = [0] * n_slots
 
     @torch.no_grad()
     def __call__(self, feeds: Sequence[Feed]) -> list[int]:
-        logits = self._cached(feeds) if self.use_cache else self._recompute(feeds)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext():
+            logits = self._cached(feeds) if self.use_cache else self._recompute(feeds)
         self.logits = logits
         return logits.argmax(-1).tolist()
 
@@ -232,18 +252,24 @@ class ModelPredictor:
                 (fresh if f.keep == 0 else more).append((i, f))
             fed[f.slot] = len(f.seq)
         flat = _Flat(cache.scratch, len(feeds))
+        up = _Upload()
         groups = []
         if one:
-            groups.append(self._decode(one, flat))
+            groups.append(self._decode(one, flat, up))
         if more:
-            groups.append(self._extend(more, flat))
+            groups.append(self._extend(more, flat, up))
         if fresh:
-            groups.append(self._prefill(fresh, flat))
-        cache.plan(self._tensor(flat.slots), self._tensor(flat.at), groups)
-        out = self.model(self._tensor(flat.tok)[None], self._tensor(flat.pos)[None], None, cache)[0]  # (N, V)
-        return out[self._tensor(flat.last)]  # (n, V)
+            groups.append(self._prefill(fresh, flat, up))
+        if max(flat.pos) >= self.block_size:  # the driver stops rows first; checked here, on the host
+            raise ValueError(f"position {max(flat.pos)} beyond the model's {self.block_size}")
+        fields = [up.add(x) for x in (flat.slots, flat.at, flat.tok, flat.pos, flat.last)]
+        sent = up.send(self.device)
+        slots, at, tok, pos, last = (sent[f] for f in fields)
+        cache.plan(slots, at, [g(sent) for g in groups])
+        out = self.model(tok[None], pos[None], None, cache)[0]  # (N, V)
+        return out[last]  # (n, V)
 
-    def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+    def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
         """One new token per row, at position keep of its frame, attending to positions [0, keep]."""
         slots = [f.slot for _, f in feeds]
         span = max(slots) + 1
@@ -267,11 +293,15 @@ class ModelPredictor:
             for i, f in feeds:
                 flat.add(f.seq[-1], f.keep, f.slot, f.keep, i)
             keep = [f.keep for _, f in feeds]
-            read_slots = self._tensor(slots)
-        mask = torch.arange(hi, device=self.device) <= self._tensor(keep)[:, None]  # (rows, hi)
-        return Group(len(keep), 1, hi, read_slots, mask[:, None, None, :])
+            read_slots = up.add(slots)
+        keep_at = up.add(keep)
 
-    def _extend(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        def group(sent) -> Group:
+            mask = torch.arange(hi, device=self.device) <= sent[keep_at][:, None]  # (rows, hi)
+            return Group(len(keep), 1, hi, None if read_slots is None else sent[read_slots], mask[:, None, None, :])
+        return group
+
+    def _extend(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
         """Several new tokens after a kept prefix (a multi-token return payload): rows padded to
         T, reading the prefix back from the cache."""
         T = max(len(f.seq) - f.keep for _, f in feeds)
@@ -282,13 +312,16 @@ class ModelPredictor:
                 flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
             for _ in range(T - (n - f.keep)):
                 flat.add(0, 0, f.slot, flat.scratch)
-        keep = self._tensor([f.keep for _, f in feeds])
-        # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
-        limit = keep[:, None] + torch.arange(T, device=self.device)  # (rows, T)
-        mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (rows, T, hi)
-        return Group(len(feeds), T, hi, self._tensor([f.slot for _, f in feeds]), mask[:, None])
+        keep_at, slots_at = up.add([f.keep for _, f in feeds]), up.add([f.slot for _, f in feeds])
 
-    def _prefill(self, feeds: list[tuple[int, Feed]], flat: "_Flat") -> Group:
+        def group(sent) -> Group:
+            # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
+            limit = sent[keep_at][:, None] + torch.arange(T, device=self.device)  # (rows, T)
+            mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (rows, T, hi)
+            return Group(len(feeds), T, hi, sent[slots_at], mask[:, None])
+        return group
+
+    def _prefill(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
         """Whole new frames packed end to end into rows of up to max(pack, longest) tokens; a
         token attends to the tokens before it in its own frame only."""
         width = max(self.pack, max(len(f.seq) for _, f in feeds))
@@ -314,10 +347,36 @@ class ModelPredictor:
             for _ in range(T - n_used):
                 flat.add(0, 0, members[0][1].slot, flat.scratch)
             seg += [-1] * (T - n_used)
-        seg_t = self._tensor(seg).view(len(packs), T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-        mask = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # (rows, T, T)
-        return Group(len(packs), T, None, None, mask[:, None])
+        seg_at = up.add(seg)
+
+        def group(sent) -> Group:
+            seg_t = sent[seg_at].view(len(packs), T)
+            causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+            mask = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # (rows, T, T)
+            return Group(len(packs), T, None, None, mask[:, None])
+        return group
+
+
+class _Upload:
+    """Integer lists a decoding step needs on the device, sent in one copy: `add` each list
+    (its handle back), `send` once, then index the result with the handles."""
+
+    __slots__ = ("parts", "sizes")
+
+    def __init__(self):
+        self.parts: list[int] = []
+        self.sizes: list[int] = []
+
+    def add(self, values: list[int]) -> int:
+        self.parts.extend(values)
+        self.sizes.append(len(values))
+        return len(self.sizes) - 1
+
+    def send(self, device: torch.device) -> list[torch.Tensor]:
+        t = torch.tensor(self.parts, dtype=torch.long)
+        if device.type == "cuda":
+            t = t.pin_memory().to(device, non_blocking=True)
+        return list(t.to(device).split(self.sizes))
 
 
 class _Flat:
@@ -391,8 +450,9 @@ class Oracle:
         # A written call has only function names, literals, parentheses and commas, and its
         # frame continues with a parameter name or `return`: with byte-sized ids the call's
         # extent is one C-level regex match rather than a Python loop over it every step.
+        library = self.library or default_library()
         call_ids = [i for i, t in enumerate(vocab.tokens)
-                    if t in ("(", ")", ",") or t in LITERALS or t in (self.library or default_library())]
+                    if t in ("(", ")", ",") or t in library.literals or t in library]
         self.call_re = re.compile(b"[" + re.escape(bytes(call_ids)) + b"]*") if len(vocab) <= 256 else None
         # q (ids) -> [(m, example tokens)] for q's own frame, in execution order
         self.table: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
@@ -615,7 +675,7 @@ class Generation:
     valid: bool
     reason: str | None  # why the row stopped as invalid
     max_depth: int
-    n_frames: int  # active-frame examples cut (= frames of the paper's table on a full trace)
+    n_frame_examples: int  # active-frame examples cut (= frames of the paper's table on a full trace)
     fed: int  # tokens the predictor was fed (prefills included): the decoding cost
 
     @property
@@ -626,11 +686,11 @@ class Generation:
 class _Row:
     __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None, library=None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
         self.cap = cap if cap is not None else (
-            RUNAWAY_FACTOR * (trace_stats(expr).trace_len - len(prompt)) + RUNAWAY_SLACK)
+            RUNAWAY_FACTOR * (trace_stats(expr, library).trace_len - len(prompt)) + RUNAWAY_SLACK)
         self.replay = StackReplay(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
@@ -639,26 +699,31 @@ class _Row:
 
 
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
-             limits: Limits = Limits(), batch_size: int = 64,
-             progress: Callable[[int], None] | None = None, longest_first: bool = True) -> list[Generation]:
-    """Greedy-decode every expression in `view`, `batch_size` rows at a time; results in input order.
+             limits: Limits = Limits(), batch_size: int | None = None,
+             progress: Callable[[int], None] | None = None, longest_first: bool = True,
+             library=None) -> list[Generation]:
+    """Greedy-decode every expression in `view`, `batch_size` rows at a time (default: the
+    predictor's `default_slots`, 256 for a model on CUDA, else 64); results in input order.
 
-    `exprs` are written expressions (text or parsed); `progress(k)` is called as k rows finish.
+    `exprs` are written expressions (text or parsed) of `library`'s task (default: the paper's);
+    `progress(k)` is called as k rows finish.
     With `longest_first` the expressions with the longest canonical traces enter the slots
     first: rows are independent, so this changes no result, only shortens the run's tail (a
     long trace started last would decode alone at the end).
     """
     obs = observer(view)
-    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:
-        order.sort(key=lambda i: -trace_stats(calls[i]).trace_len)
+        order.sort(key=lambda i: -trace_stats(calls[i], library).trace_len)
     block = predictor.block_size
     max_frame = limits.max_frame_tokens
     toks = vocab.tokens
     n_vocab = len(toks)
     results: list[Generation | None] = [None] * len(exprs)
     todo = iter(order)
+    if batch_size is None:
+        batch_size = getattr(predictor, "default_slots", 64)
     n_slots = max(1, min(batch_size, len(exprs)))
     slots: list[_Row | None] = [None] * n_slots
     predictor.reset(n_slots)
@@ -697,7 +762,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens)
+                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens, library)
         live = [row for row in slots if row is not None]
         if not live:
             break

@@ -9,7 +9,10 @@ command skips what is done and continues the rest from their `last` checkpoints.
 
 A task reserves `train.threads` CPUs of its node (1 when unset) and torch, and the processes
 that build a job's examples, use that many, so a node runs as many jobs at once as its CPUs
-allow. A task whose worker process or node dies is started again (`LOST_WORKER_RETRIES`) and
+allow. On a cluster with GPUs a task also reserves a share of one (`gpus_per_job`, by default
+`GPU_SHARE`: four of the paper's small models train on one device at once) and trains on it,
+as Ray hides every other GPU from it; a job set to train.device=cpu, or a share of 0, reserves
+none and, with no GPU visible, trains on CPU. A task whose worker process or node dies is started again (`LOST_WORKER_RETRIES`) and
 resumes from `last`. A job that fails stops the others: they save `last` as on Ctrl-C, and the
 failure reaches the user as the job's own one-line error.
 """
@@ -24,7 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
+
+GPU_SHARE = 0.25
+"""A job's share of one GPU on a cluster with GPUs, unless `--ray-gpus-per-job` says otherwise."""
 
 LOST_WORKER_RETRIES = 3
 """Times Ray starts a job again after its worker process or node died (its own errors are final)."""
@@ -41,13 +47,17 @@ class ClusterError(RlmlabError):
     """A Ray cluster that cannot be reached, or that lost a job's worker more often than it retries."""
 
 
-def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = False) -> list[dict]:
+def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = False,
+               gpus_per_job: float | None = None) -> list[dict]:
     """Run `jobs` as tasks of the Ray cluster at `address` (host:port of its head, "auto", or a
     ray:// client address) and return each job's {set: summary}, in the order of `jobs`.
 
     Each task works in this process's working directory, so that relative paths name the same
     files as here, and a run's recorded data paths stay those of a local run of the command
-    (a resumed run must train on the paths it started with)."""
+    (a resumed run must train on the paths it started with). `gpus_per_job`: each job's share
+    of a GPU (default: `GPU_SHARE` when the cluster has GPUs, else none)."""
+    if gpus_per_job is not None and not 0 <= gpus_per_job <= 1:
+        raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {gpus_per_job}")
     ray = check_address(address)
     cwd = os.getcwd()
     jobs = [_with_threads(job) for job in jobs]
@@ -57,9 +67,11 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
     if connected_here:
         _connect(ray, address)
     try:
-        _refuse_unschedulable(ray, jobs)
+        share = _gpu_share(ray, gpus_per_job)
+        _refuse_unschedulable(ray, jobs, share)
         task = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
-        refs = [task.options(num_cpus=_threads(job), name=f"{job.name}/{job.view}").remote(job, str(out), extend, cwd)
+        refs = [task.options(num_cpus=_threads(job), num_gpus=_gpus(job, share),
+                             name=f"{job.name}/{job.view}").remote(job, str(out), extend, cwd)
                 for job in jobs]
         print(f"{len(jobs)} jobs on the Ray cluster at {address}: {_describe(ray)}", file=sys.stderr)
         return _gather(ray, refs, jobs)
@@ -77,6 +89,22 @@ def _with_threads(job: Job) -> Job:
 
 def _threads(job: Job) -> int:
     return job.settings["train.threads"]
+
+
+def _gpu_share(ray, gpus_per_job: float | None) -> float:
+    """Each GPU job's share of a device: as asked, else GPU_SHARE where the cluster has GPUs."""
+    if gpus_per_job is not None:
+        return gpus_per_job
+    return GPU_SHARE if _largest(ray, "GPU") > 0 else 0.0
+
+
+def _gpus(job: Job, share: float) -> float:
+    """The GPU share a job's task reserves: none for a job set to train on CPU."""
+    return 0.0 if job.settings.get("train.device", "auto") == "cpu" else share
+
+
+def _largest(ray, resource: str) -> float:
+    return max((node["Resources"].get(resource, 0) for node in ray.nodes() if node["Alive"]), default=0)
 
 
 def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
@@ -125,19 +153,23 @@ def _connect(ray, address: str) -> None:
         raise ClusterError(f"--ray-address {address}: {' '.join(str(e).split()) or type(e).__name__}") from None
 
 
-def _refuse_unschedulable(ray, jobs: list[Job]) -> None:
-    """A task that asks for more CPUs than any node has would wait forever: refuse it now."""
-    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+def _refuse_unschedulable(ray, jobs: list[Job], share: float = 0.0) -> None:
+    """A task that asks for more CPUs or GPUs than any node has would wait forever: refuse it now."""
+    largest = _largest(ray, "CPU")
     too_big = max(_threads(job) for job in jobs) if jobs else 0
     if too_big > largest:
         raise ConfigError(f"a job asks for {too_big} threads (--threads) but the largest node of the Ray "
                           f"cluster has {largest:g} CPUs")
+    if any(_gpus(job, share) for job in jobs) and _largest(ray, "GPU") < share:
+        raise ConfigError(f"the jobs ask for {share:g} of a GPU each (--ray-gpus-per-job) but no node of the "
+                          "Ray cluster has a GPU")
 
 
 def _describe(ray) -> str:
     nodes = [node for node in ray.nodes() if node["Alive"]]
     cpus = sum(node["Resources"].get("CPU", 0) for node in nodes)
-    return f"{len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs"
+    gpus = sum(node["Resources"].get("GPU", 0) for node in nodes)
+    return f"{len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:g} CPUs" + (f", {gpus:g} GPUs" if gpus else "")
 
 
 def _gather(ray, refs: list, jobs: list[Job]) -> list[dict]:

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError
-from rlmlab.experiments.folder import LOCK_NAME, read_meta
+from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
-from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.report import report
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 

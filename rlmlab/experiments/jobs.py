@@ -10,35 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.experiments.job import Job
 from rlmlab.safeio import read_json
-
-
-@dataclass(frozen=True)
-class Job:
-    """Train one learner on one data set, then evaluate it on named evaluation sets."""
-
-    name: str
-    """Folder of the job inside the experiment folder (e.g. "length-197", "iid-N1000-s0")."""
-    view: str
-    """The learner: "rm" or "cot"."""
-    train: str
-    """Training expressions (parquet)."""
-    val: str
-    """Validation expressions (parquet)."""
-    evals: dict
-    """{set name: parquet path}; extra columns of the file (bin, signal, ...) go into each result."""
-    settings: dict
-    """Typed run settings by dotted key (`train.lr`: 3e-3, `model.preset`: "cpu", ...), the keys of
-    `rlmlab train --section.key=value`."""
-    eval_batch: int = 64
-    """Expressions decoded at once."""
-
-    def run_dir(self, out: Path) -> Path:
-        return out / self.name / self.view
 
 
 # Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
@@ -113,7 +89,8 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
     from rlmlab.measuring.score import answer_accuracy_fn
 
     split = prepare_data(cfg.data)
-    validate_fn = answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval]) if cfg.train.answer_eval else None
+    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=cfg.data.task)
+                   if cfg.train.answer_eval else None)
     return train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn, progress=progress)
 
 
@@ -170,13 +147,14 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
             summaries[set_name] = saved
             continue
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
-        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")))
+        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
+                                    task=job.settings.get("data.task"))
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
             eval_dir, ModelPredictor(loaded.model), loaded.view, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
-                    "set": set_name})
+                    "set": set_name}, task=loaded.task)
     return summaries
 
 
@@ -207,13 +185,3 @@ def _evaluated(eval_dir: Path) -> dict | None:
         print(f"{eval_dir}: damaged evaluation files; evaluating again", file=sys.stderr)
         return None
     return summary
-
-
-def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progress: bool = True,
-             extend: bool = False) -> list[dict]:
-    """Run jobs locally in order, or spread them over a Ray cluster (`cluster.run_on_ray`)."""
-    if ray_address is None:
-        return [run_job(j, out, progress, extend) for j in jobs]
-    from rlmlab.experiments.cluster import run_on_ray
-
-    return run_on_ray(jobs, out, ray_address, extend)

@@ -17,7 +17,7 @@ class ExperimentPreset:
     name: str
     """Preset name (smoke, small, paper)."""
     model: str
-    """Model preset of `rlmlab.learning.config.PRESETS`."""
+    """Model preset of `rlmlab.learning.config.MODEL_PRESETS`."""
     pool_n: int = 500_000
     """Expressions in the pool the splits are drawn from (paper: 500,000)."""
     pool_seed: int = 42
@@ -92,12 +92,15 @@ class ExperimentPreset:
     paper fixes none, its CoT context is 4,096)."""
     eval_batch: int = 64
     """Expressions decoded at once."""
+    task: str = "paper"
+    """The task: a built-in name or a task file (docs/tasks.md); `rlmlab run --task`."""
 
     def __post_init__(self):
-        from rlmlab.learning.config import PRESETS as MODEL_PRESETS
-        from rlmlab.learning.config import RunConfig, apply_settings
+        from rlmlab.learning.config import MODEL_PRESETS, RunConfig, apply_settings
 
         where = f"experiment preset {self.name!r}"
+        if not isinstance(self.task, str) or not self.task.strip():
+            raise ConfigError(f"{where}: task must be a built-in task name or a task file, got {self.task!r}")
         if self.model not in MODEL_PRESETS:
             raise ConfigError(f"{where}: unknown model preset {self.model!r} (have: {', '.join(MODEL_PRESETS)})")
         for name in ("pool_n", "per_bin_cap", "n_val", "answer_eval", "eval_every", "iid_seeds",
@@ -221,6 +224,8 @@ class ExperimentPreset:
         if self.patience is not None:
             s["train.patience"] = self.patience
         s.update({f"train.{k}": v for k, v in self.train.items()})
+        if self.task != "paper":
+            s["data.task"] = self.task
         for table in (self.per_view, per_view or {}):
             s.update(settings_for(table, view))
         return s

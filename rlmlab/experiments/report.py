@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlmlab.experiments.folder import read_meta
-from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.tables import training_runs, training_summary, training_table
 
 

@@ -181,11 +181,12 @@ def rerun_command(argv: list[str], out: Path, views: list[str] | None = None, sa
     kind = argv[2]
     new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
     if views is not None:
-        have = (_flag(argv, "--views") or "rm,cot").split(",")
+        # Commands stored before `--learners` name the learners `--views`.
+        have = (_flag(argv, "--learners") or _flag(argv, "--views") or "rm,cot").split(",")
         keep = [v for v in have if v in views]
         if not keep:
             return None
-        new = _set_flag(new, "--views", ",".join(keep))
+        new = _set_flag(_set_flag(new, "--views", "")[:-1], "--learners", ",".join(keep))
     if sample is not None:
         field = SAMPLE_FIELD.get(kind)
         if field is None:
@@ -204,7 +205,7 @@ def rerun(results: Path, out: Path, views: list[str] | None = None, sample: int 
     _check_out(results, out)
     commands = [c for c in (rerun_command(a, out, views, sample) for a in stored_commands(results)) if c]
     if not commands:
-        raise DataError(f"--views {','.join(views or [])}: no stored command of {results} trains those learners")
+        raise DataError(f"--learners {','.join(views or [])}: no stored command of {results} trains those learners")
     for argv in commands:
         echo("$ " + " ".join(argv))
         if not dry_run and main(argv[1:]) != 0:

@@ -6,11 +6,11 @@ that equality. S is read from the executed flattened trace (the CoT view). Posit
 0-based indices into the complete token sequence `Execution.tokens`: the written expression
 first, then every emitted token.
 
-Shared vocabulary: every template is written with the paper's library functions only, so one
-vocabulary (`Vocab.from_library()`) serves every experiment.
+Shared vocabulary: every template is written with the paper's library functions only, so the
+paper's task (`paper_task()`, its vocabulary) serves every construction; they run on no other task.
 
-Recursive sub-expressions. "Z" is a call of a tail-recursive function (accum_sum, factorial,
-fibonacci) whose arguments come from the paper's generator (Z is nesting level 1), that makes
+Recursive sub-expressions. "Z" is a call of a tail-recursive function (a function of kind
+"recursive": accum_sum, factorial, fibonacci) whose arguments come from the paper's generator (Z is nesting level 1), that makes
 at least `min_recursions` recursive calls and has at least `min_returns` internal integer
 returns. The internal returns of a frame are the values v of the `<return> v </return>`
 blocks (v a digit) inside that frame's span of the trace, in trace order; the last one is the
@@ -93,7 +93,6 @@ from rlmlab.task.expr import (
     INT,
     Call,
     Expr,
-    default_library,
     infer_type,
     parse,
     to_text,
@@ -101,10 +100,18 @@ from rlmlab.task.expr import (
 from rlmlab.task.frames import FrameExample, StackReplay
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import Execution, execute, trace_stats
-from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, Vocab
+from rlmlab.task.taskfile import paper_task
+from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN
 
 Side = Literal["train", "ood"]
-TAIL_RECURSIVE = ("accum_sum", "factorial", "fibonacci")
+
+
+def tail_recursive(library=None) -> tuple[str, ...]:
+    """The library's tail-recursive functions, from each function's kind."""
+    return tuple(f.name for f in (library or paper_task().library) if f.kind == "recursive")
+
+
+TAIL_RECURSIVE = tail_recursive()
 FORMAT = "rlmlab.shortcut/1"
 N_IID = 300  # paper: n = 300 IID and 300 OOD evaluation expressions per construction
 N_OOD = 300
@@ -321,11 +328,11 @@ class ShortcutSampler:
     def __init__(self, construction: Construction, rng: random.Random,
                  config: ShortcutConfig = ShortcutConfig()):
         self.construction, self.rng, self.config = construction, rng, config
-        self.library = default_library()
+        self.library = paper_task().library  # the constructions are written in the paper's functions
         self._buckets: dict[object, deque] = defaultdict(deque)
         self._z_by_value: dict[int, deque] = defaultdict(deque)
         # Z: a tail-recursive root with generator arguments.
-        self._z_sampler = ExpressionSampler(self.library, config.generator, roots=list(TAIL_RECURSIVE))
+        self._z_sampler = ExpressionSampler(self.library, config.generator, roots=list(tail_recursive(self.library)))
         self._int_sampler = ExpressionSampler(self.library, config.generator,
                                               roots=[f.name for f in self.library if f.return_type == INT])
 
@@ -795,7 +802,7 @@ def check_validity(construction: Construction, train: Sequence[RootView], ood: S
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("expr", pa.string()), ("root", pa.string()), ("type", pa.string()),
     ("value", pa.string()), ("signal", pa.string()), ("trace_len", pa.int32()), ("max_depth", pa.int16()),
-    ("max_frame_width", pa.int32()), ("n_frames", pa.int32()),
+    ("max_frame_width", pa.int32()), ("n_frame_examples", pa.int32()),
 ])
 
 
@@ -848,7 +855,7 @@ class ShortcutDataset:
 def _row(i: int, ex: Execution, signal: str) -> dict:
     return {"id": i, "expr": to_text(ex.expr), "root": ex.expr.fn, "type": infer_type(ex.expr),
             "value": ex.value_token, "signal": signal, "trace_len": ex.trace_len, "max_depth": ex.max_depth,
-            "max_frame_width": ex.max_frame_width, "n_frames": ex.n_frames}
+            "max_frame_width": ex.max_frame_width, "n_frame_examples": ex.n_frame_examples}
 
 
 def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: ShortcutConfig,
@@ -898,7 +905,7 @@ def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_V
     iid_rows, _ = _draw_set(c, "train", n_iid, rng("iid"), config, train_texts | {r["expr"] for r in val_rows})
     ood_rows, ood_views = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts)
     report = check_validity(c, train_views, ood_views, limits)
-    meta = {b"rlmlab.task.vocab": Vocab.from_library().to_json().encode()}
+    meta = {b"rlmlab.task.vocab": paper_task().vocab.to_json().encode()}
     params = {"construction": c.name, "title": c.title, "excluded": c.excluded, "seed": seed,
               "n_train": n_train, "n_val": n_val, "n_iid": n_iid, "n_ood": n_ood,
               "config": asdict(config), "limits": asdict(limits), "validity": report.to_dict()}
@@ -945,7 +952,7 @@ def shortcut_summary(results: Iterable[Mapping], *, prediction_key: str = "predi
     return {"n": len(results), "accuracy": acc, "shortcut_rate": rate}
 
 
-__all__ = ["CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "Construction", "Candidate", "ShortcutSampler",
+__all__ = ["CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "tail_recursive", "Construction", "Candidate", "ShortcutSampler",
            "ShortcutConfig", "ValidityLimits", "TraceFrame", "frame_tree", "internal_returns", "child",
            "answer_position", "RootView", "root_view", "root_payload", "CheckResult", "ValidityReport",
            "check_validity", "check_identifiable", "check_not_one_to_one", "check_no_static_literal",

@@ -234,8 +234,9 @@ class Split:
                                   self.tables())
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Split":
-        meta, tables = read_table_folder(folder, "split.json", FORMAT)
+    def load(cls, folder: str | Path, task=None) -> "Split":
+        """A saved split of `task`'s expressions (default: the paper's; another task's is refused)."""
+        meta, tables = read_table_folder(folder, "split.json", FORMAT, task)
         try:
             name, kind, params = meta["name"], meta["kind"], meta["params"]
         except KeyError as e:
@@ -274,8 +275,9 @@ def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
     return folder
 
 
-def read_table_folder(folder: str | Path, meta_file: str, fmt: str) -> tuple[dict, dict[str, pa.Table]]:
-    """Read what `write_table_folder` wrote, checking format, files, row counts and expressions."""
+def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -> tuple[dict, dict[str, pa.Table]]:
+    """Read what `write_table_folder` wrote, checking format, files, row counts and expressions
+    (of `task`, default the paper's)."""
     from rlmlab.task.pool import (
         read_pool,  # validates parquet, vocabulary and the first rows
     )
@@ -295,7 +297,7 @@ def read_table_folder(folder: str | Path, meta_file: str, fmt: str) -> tuple[dic
             and isinstance(e.get("rows"), int) for e in entries.values()):
         raise DataError(f"{path}: 'tables' should map names to {{\"file\": a file of the folder, \"rows\": a count}}")
     for name, entry in entries.items():
-        table = read_pool(folder / entry["file"])
+        table = read_pool(folder / entry["file"], task=task)
         if table.num_rows != entry["rows"]:
             raise DataError(f"{folder / entry['file']}: {table.num_rows} rows, {meta_file} says {entry['rows']}")
         tables[name] = table

@@ -33,6 +33,7 @@ from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.learning.learner import learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
+from rlmlab.task.taskfile import load_task
 from rlmlab.task.vocab import Vocab
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
@@ -214,8 +215,8 @@ class _TokenTable:
     """Tokens to small integers (the vocabulary first, then anything else a trace holds), coded
     as fixed-width strings over ALPHABET once the table is complete."""
 
-    def __init__(self):
-        self.tokens = list(Vocab.from_library().tokens)
+    def __init__(self, vocab: Vocab):
+        self.tokens = list(vocab.tokens)
         self.index = {t: i for i, t in enumerate(self.tokens)}
 
     def ids(self, tokens: Sequence[str]) -> list[int]:
@@ -270,11 +271,13 @@ def _bins(results: Sequence[dict]) -> list[str]:
     return sorted(first, key=first.get)
 
 
-def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progress=None) -> dict:
+def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progress=None, task=None) -> dict:
     """The JSON a page embeds: the token table, bins, categories and one row per expression
-    (`COLUMNS`; traces coded one `width` characters per token). `progress(1)` per expression."""
+    (`COLUMNS`; traces coded one `width` characters per token). `progress(1)` per expression.
+    The expressions are `task`'s (default: the one the summary records, else the paper's)."""
     executions = {} if executions is None else executions
-    table = _TokenTable()
+    task = load_task(task if task is not None else eval_set_task(es))
+    table = _TokenTable(task.vocab)
     bins = _bins(es.results)
     bin_index = {b: i for i, b in enumerate(bins)}
     cats = [category(r) for r in es.results]
@@ -287,7 +290,7 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progr
         ex = executions.get(r["expr"])
         if ex is None:
             try:
-                ex = executions[r["expr"]] = execute(r["expr"])
+                ex = executions[r["expr"]] = execute(r["expr"], task.library)
             except RlmlabError as e:
                 raise DataError(where + _short(e)) from None
         v = expression_view(r, ex, where)
@@ -416,10 +419,10 @@ _EVAL_BODY = """
 
 
 def eval_page(es: EvalSet, title: str, back: str | None = None,
-              executions: dict[str, Execution] | None = None, stage=None) -> str:
+              executions: dict[str, Execution] | None = None, stage=None, task=None) -> str:
     """A self-contained HTML page of one evaluation set; `stage(name, total, unit)` opens a
     progress report (see `rlmlab.cli.progress`)."""
-    data = page_data(es, executions, stage and stage(f"view {title}", len(es.results), "expr"))
+    data = page_data(es, executions, stage and stage(f"view {title}", len(es.results), "expr"), task)
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n<header>",
@@ -487,6 +490,12 @@ def _inline(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
 
 
+def eval_set_task(es: EvalSet) -> str | None:
+    """How to load the task an evaluation summary records (None: the paper's)."""
+    rec = es.summary.get("task") if isinstance(es.summary, dict) else None
+    return rec.get("spec") if isinstance(rec, dict) and isinstance(rec.get("spec"), str) else None
+
+
 def eval_sets(folder: str | Path) -> list[Path]:
     """Evaluation folders of an experiment: `<job>/<learner>/eval/<set>/` with a results file."""
     return sorted(p.parent for p in Path(folder).glob(f"*/*/eval/*/{RESULTS}"))
@@ -506,6 +515,8 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     t0 = time.perf_counter()
     folder, out = Path(folder), Path(out)
     meta = read_experiment(folder)
+    preset = meta.get("preset")
+    task = load_task(preset.get("task") if isinstance(preset, dict) and isinstance(preset.get("task"), str) else None)
     executions: dict[str, Execution] = {}  # the learners of a job share their expressions
     pages, rows = [], []
     for set_dir in eval_sets(folder):
@@ -513,7 +524,7 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
         rel = Path(job) / view / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
         title = f"{job} · {learner_name(view)} · {set_name}"
-        page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions, stage),
+        page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions, stage, task),
                           len(es.results))
         pages.append(page)
         n = len(es.results)

@@ -1,13 +1,22 @@
 """Attention masks other than plain causal, all in one place: the block-diagonal mask of packed
-training rows (`BlockDiagonal`, kept as its blocks so that attention runs per example), and the
-lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`): a query sees only keys of its
-own frame that are on the frame's trunk or on its own pending call block.
+training rows, and the lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`):
+a query sees only keys of its own frame that are on the frame's trunk or on its own pending
+call block.
+
+A packed batch's mask comes in two forms, each built on the host from the batch's example
+layout and moved to the device once (`.to(device)`), so that attention asks the device nothing:
+- `BlockDiagonal` (the CPU path): the mask kept as its blocks, attention run per group of
+  example pieces with `scaled_dot_product_attention`;
+- `FlexMask` (the CUDA path): one FlexAttention call per layer over the whole batch, the mask a
+  `BlockMask` whose block tables say which 128 x 128 tiles hold any allowed pair (and which hold
+  only allowed pairs), with the exact rule (same example, causal, lanes) as its `mask_mod`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +51,16 @@ def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor
     ids = vocab.ids
     labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
     return idx, pos, labels
+
+
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`; to CUDA from pinned memory without blocking the host (the copy
+    is ordered before any kernel that reads it on the same stream)."""
+    if t is None or t.device == device:
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _bucket_length(n: torch.Tensor) -> torch.Tensor:
@@ -115,6 +134,18 @@ class BlockDiagonal:
         self.scatter = torch.where(scatter < 0, offset, scatter)  # `offset` = the zero row appended in attend
         self.shape = (B, T)
 
+    def to(self, device) -> "BlockDiagonal":
+        """This mask on `device` (itself when already there): built on the host, moved once."""
+        device = torch.device(device)
+        if self.q_index.device == device:
+            return self
+        out = object.__new__(BlockDiagonal)
+        out.groups = [(E, Lq, Lk, to_device(mask, device)) for E, Lq, Lk, mask in self.groups]
+        out.q_index, out.k_index, out.scatter = (to_device(t, device) for t in (self.q_index, self.k_index,
+                                                                                self.scatter))
+        out.shape = self.shape
+        return out
+
     def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
         """q, k, v (B, nh, T, hs) -> attention output (B, nh, T, hs)."""
         B, nh, T, hs = q.shape
@@ -134,12 +165,117 @@ class BlockDiagonal:
         return y.view(B, T, nh, hs).transpose(1, 2)
 
 
+FLEX_BLOCK = 128  # FlexAttention's tile: the block tables say which tiles to compute
+
+
+class FlexMask:
+    """The mask of packed rows for FlexAttention: one attention call per layer for the whole batch.
+
+    Same layout as `BlockDiagonal` (block i = `length[i]` positions from `start[i]` of row
+    `row[i]`, causal within itself, lane rule from `frame` and `branch` when given). Positions
+    outside every block (row padding) attend causally among themselves, so no query row is
+    empty; their outputs are never read.
+
+    The block tables are built here, on the host, from the layout alone. An example occupies a
+    contiguous span, so the key tiles a query tile needs run from the tile holding the start of
+    its first position's example up to the diagonal; a tile strictly below the diagonal whose
+    keys and queries all lie in one example (and no lane rule applies) is full: the kernel skips
+    the mask there.
+    """
+
+    def __init__(self, B: int, T: int, row: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+                 frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, block: int = FLEX_BLOCK):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        row, start, length = (np.asarray(t.cpu()) for t in (row, start, length))
+        seg = np.full((B, T), -1, dtype=np.int32)  # example ordinal per position, -1 = row padding
+        within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+        seg[np.repeat(row, length), np.repeat(start, length) + within] = np.repeat(np.arange(len(row)), length)
+        t = np.arange(T)
+        opens = np.ones((B, T), dtype=bool)
+        opens[:, 1:] = seg[:, 1:] != seg[:, :-1]
+        run_start = np.maximum.accumulate(np.where(opens, t, 0), axis=1)  # (B, T) start of each position's span
+        nb = -(-T // block)
+        first = run_start[:, ::block]  # (B, nb) span start of each query tile's first position
+        last = run_start[:, np.minimum(np.arange(nb) * block + block - 1, T - 1)]  # ... of its last position
+        i, j = np.arange(nb)[:, None], np.arange(nb)[None, :]
+        lo = (first // block)[:, :, None]  # first key tile needed
+        full_from = np.minimum(-(-last // block), np.arange(nb))[:, :, None]  # first tile wholly in the span
+        if frame is not None:
+            full_from = np.broadcast_to(i, full_from.shape)  # the lane rule: no tile is known full
+        partial = ((j >= lo) & (j < full_from)) | (j == i)  # (B, nb, nb)
+        full = (j >= full_from) & (j < i)
+
+        def ordered(m: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            count = m.sum(-1).astype(np.int32)
+            index = np.argsort(~m, axis=-1, kind="stable").astype(np.int32)  # allowed tiles first, in order
+            return torch.from_numpy(count[:, None]), torch.from_numpy(np.ascontiguousarray(index[:, None]))
+
+        self.tables = BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block,
+                                               seq_lengths=(T, T))
+        self.seg = torch.from_numpy(seg)
+        self.frame = None if frame is None else frame.to(torch.int32)
+        self.branch = None if branch is None else branch.to(torch.int32)
+
+    def to(self, device) -> "FlexMask":
+        """This mask on `device`: its tables and ids moved once (from pinned memory on CUDA)."""
+        device = torch.device(device)
+        if self.seg.device == device:
+            return self
+        from torch.nn.attention.flex_attention import BlockMask
+
+        out = object.__new__(FlexMask)
+        tb = self.tables
+        out.tables = BlockMask(seq_lengths=tb.seq_lengths, BLOCK_SIZE=tb.BLOCK_SIZE, mask_mod=tb.mask_mod,
+                               **{a: to_device(getattr(tb, a), device) for a in BlockMask._TENSOR_ATTRS})
+        out.seg, out.frame, out.branch = (to_device(t, device) for t in (self.seg, self.frame, self.branch))
+        return out
+
+    def block_mask(self):
+        """The `BlockMask` of this batch: the block tables, and the exact rule per pair."""
+        seg, frame, branch = self.seg, self.frame, self.branch
+        if frame is None:
+            def mask_mod(b, h, q, k):
+                return (seg[b, q] == seg[b, k]) & (q >= k)
+        else:
+            def mask_mod(b, h, q, k):
+                bk = branch[b, k]
+                return ((seg[b, q] == seg[b, k]) & (q >= k) & (frame[b, q] == frame[b, k])
+                        & ((bk == -1) | (branch[b, q] == bk)))
+        tb = self.tables
+        return type(tb)(seq_lengths=tb.seq_lengths, BLOCK_SIZE=tb.BLOCK_SIZE, mask_mod=mask_mod,
+                        **{a: getattr(tb, a) for a in tb._TENSOR_ATTRS})
+
+
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
+    """FlexAttention over (B, nh, T, hs). Outside a compiled model it runs through a compiled
+    kernel of its own: the eager form materialises every score."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling() or q.device.type != "cuda":
+        return flex_attention(q, k, v, block_mask=block_mask)
+    return _compiled_flex()(q, k, v, block_mask=block_mask)
+
+
+_COMPILED_FLEX = []
+
+
+def _compiled_flex():
+    if not _COMPILED_FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
+
+
 @torch.no_grad()
 def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> list[str]:
     """RM's next-token prediction after every prefix `tokens[:t]`, t = prompt_len .. len(tokens),
     from one forward pass over the lanes of the complete sequence: the executable form of the
     paper's theorem that CoT can simulate RM. `tokens` must be a legal trace prefix."""
     lanes = lane_pack(tokens, prompt_len)
+    if max(lanes.pos) >= model.cfg.block_size:
+        raise ValueError(f"position {max(lanes.pos)} beyond the model's {model.cfg.block_size}")
     idx, pos, _ = lane_tensors(lanes, vocab)
     device = next(model.parameters()).device
     mask = lane_attention_mask(lanes).to(device)

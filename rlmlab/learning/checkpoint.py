@@ -40,6 +40,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from rlmlab.errors import CheckpointError, RlmlabError
 from rlmlab.safeio import read_json, shorten
 from rlmlab.learning.model import ModelConfig, Transformer
+from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.vocab import Vocab
 
 FORMAT = "rlmlab-checkpoint/2"
@@ -64,6 +65,7 @@ class LoadedRun:
     config: dict  # the run configuration: {"model": ..., "data": ..., "train": ...}
     step: int
     metrics: dict  # validation (and training) metrics at that step
+    task: Task | None = None  # the task it was trained on (its vocabulary is the task's)
 
 
 # --- writing ----------------------------------------------------------------
@@ -158,8 +160,9 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, view: str,
                     config: dict, step: int, metrics: dict, optimizer: torch.optim.Optimizer | None = None,
-                    trainer: dict | None = None) -> Path:
-    """Write `run_dir/<which>/` atomically; returns its path."""
+                    trainer: dict | None = None, task: Task | None = None) -> Path:
+    """Write `run_dir/<which>/` atomically; returns its path. `task` is recorded (name, digest
+    and how to load it) so that the checkpoint is refused on any other task."""
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}")
     run_dir = Path(run_dir)
@@ -178,6 +181,8 @@ def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, voca
         files.append(OPTIM_FILE)
     if trainer is not None:
         meta["trainer"] = trainer
+    if task is not None:
+        meta["task"] = {**task.identity, "spec": task.spec}
     for name in files:
         meta["files"][name] = _sha256(tmp / name)
         _fsync(tmp / name)
@@ -294,15 +299,42 @@ def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimize
     restore_optimizer(optimizer, tensors, meta["optimizer"])
 
 
-def load_run(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
-    """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem)."""
+def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:
+    """The task of a checkpoint: `task` when given (refused if the checkpoint records another),
+    else the one it records, else (checkpoints from before tasks were recorded) the paper's."""
+    recorded = meta.get("task")
+    if task is not None:
+        task = load_task(task)
+        check_same_task(recorded, task, f"{ckpt}")
+        return task
+    if recorded is None:
+        return load_task(None)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("spec"), str):
+        raise CheckpointError(f"{ckpt}: {META_FILE}: malformed 'task' record")
+    try:
+        task = load_task(recorded["spec"])
+    except RlmlabError as e:
+        raise CheckpointError(f"{ckpt}: cannot load the task it was trained on ({e}); pass --task") from None
+    check_same_task(recorded, task, f"{ckpt}")
+    return task
+
+
+def load_run(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu",
+             task: Task | str | None = None) -> LoadedRun:
+    """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem). The
+    checkpoint's vocabulary must be its task's (`run_task`): a model whose token ids mean other
+    tokens would decode, and score, nonsense."""
     ckpt = checkpoint_dir(run_dir, which)
     meta = read_meta(ckpt)
     try:
         vocab = Vocab(meta["vocab"])
     except RlmlabError as e:
         raise CheckpointError(f"{ckpt}: bad vocabulary ({e})") from None
+    task = run_task(meta, ckpt, task)
+    if vocab != task.vocab:
+        raise CheckpointError(f"{ckpt}: its vocabulary differs from that of {task.describe()} "
+                              "(tokens reordered, added or missing)")
     model = build_model(meta, ckpt, device).eval()
     if model.cfg.vocab_size != len(vocab):
         raise CheckpointError(f"{ckpt}: model has {model.cfg.vocab_size} token ids, vocabulary {len(vocab)}")
-    return LoadedRun(model, vocab, meta["view"], meta["config"], int(meta["step"]), meta["metrics"])
+    return LoadedRun(model, vocab, meta["view"], meta["config"], int(meta["step"]), meta["metrics"], task)

@@ -14,6 +14,7 @@ steps comparable between the views; the loss is the mean over the step's target 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import tomllib
@@ -68,13 +69,13 @@ class ModelConfig:
 
 
 # Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).
-PRESETS: dict[str, dict[str, dict]] = {
+MODEL_PRESETS: dict[str, dict[str, dict]] = {
     # The paper's backbone: 6 layers, 6 heads, width 384; 2,048 positions for RM, 4,096 for CoT.
     "paper": {"rm": dict(n_layer=6, n_head=6, n_embd=384, block_size=2048),
               "cot": dict(n_layer=6, n_head=6, n_embd=384, block_size=4096)},
-    # CPU-sized: 3 layers of width 128 train at 8-24k tok/s on 2 cores and learn as much per
-    # token as 4 layers of width 256 (docs/cpu-sizing.md). The positional tables
-    # must cover the longest frame / trace of the splits the small experiments evaluate.
+    # CPU-sized: 3 layers of width 128 learn as much per token as 4 layers of width 256, several
+    # times faster (measurements: docs/cpu-sizing.md). The positional tables must cover the
+    # longest frame / trace of the splits the small experiments evaluate.
     "small": {"rm": dict(n_layer=3, n_head=4, n_embd=128, block_size=512),
               "cot": dict(n_layer=3, n_head=4, n_embd=128, block_size=4096)},
     # The small model with 8 heads of width 16: CoT learns its copies faster per CPU minute
@@ -90,12 +91,12 @@ PRESETS: dict[str, dict[str, dict]] = {
 def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
     """The preset's sizes for a view: the "rm" column for views with short contexts (active
     frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(PRESETS)})")
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(MODEL_PRESETS)})")
     from rlmlab.learning.observe import observer
 
     obs = observer(view)
-    base = dict(PRESETS[name][obs.family])
+    base = dict(MODEL_PRESETS[name][obs.family])
     if obs.context_bound is not None:
         # A window of K tokens must fit the positional table whatever the preset.
         base["block_size"] = max(base["block_size"], obs.context_bound)
@@ -120,8 +121,8 @@ class ModelSettings:
 
     def __post_init__(self):
         _typecheck(self, "model")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(PRESETS)})")
+        if self.preset not in MODEL_PRESETS:
+            raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(MODEL_PRESETS)})")
 
     def build(self, view: str, vocab_size: int) -> ModelConfig:
         overrides = {f.name: getattr(self, f.name) for f in fields(self)
@@ -155,6 +156,8 @@ class DataSettings:
     """Where encoded examples are cached as .npz (default: ~/.cache/rlmlab/views; "" disables)."""
     workers: int | None = None
     """Processes that execute expressions when building examples (default: every core)."""
+    task: str = "paper"
+    """The task the expressions belong to: a built-in name (paper, mod7) or a task file (docs/tasks.md)."""
 
     def __post_init__(self):
         _typecheck(self, "data")
@@ -232,6 +235,9 @@ class TrainConfig:
     """torch.compile the model (worth it on CUDA; on CPU it gains ~0-5% for a ~1 min compile)."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
+    tensorboard: bool = False
+    """Also write metrics.jsonl's records as TensorBoard scalars to the run folder's tb/ (needs
+    the tensorboard extra: pip install "rlmlab[tensorboard]")."""
 
     def __post_init__(self):
         _typecheck(self, "train")
@@ -408,13 +414,14 @@ def apply_dict(cfg: RunConfig, d: dict, where: str = "config") -> RunConfig:
     sections = {}
     for name, values in d.items():
         if name not in SECTIONS:
-            raise ConfigError(f"{where}: unknown config section {name!r} (have: {', '.join(SECTIONS)})")
+            raise ConfigError(f"{where}: unknown config section {name!r} (have: {', '.join(SECTIONS)})"
+                              f"{_closest(name, SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: section {name!r} must be an object")
         known = {f.name for f in fields(SECTIONS[name])}
         for key in values:
             if key not in known:
-                raise ConfigError(f"{where}: unknown config key '{name}.{key}'")
+                raise ConfigError(f"{where}: unknown config key '{name}.{key}'{_closest(key, known, name + '.')}")
         sections[name] = replace(getattr(cfg, name), **values)
     return replace(cfg, **sections)
 
@@ -434,7 +441,7 @@ def parse_setting(key: str, text: str, where: str | None = None):
     field's type; `where` names the option in errors (default: the key)."""
     section, _, name = key.partition(".")
     if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-        raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'")
+        raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'{_closest(key, config_keys())}")
     return parse_value(text, _hints(SECTIONS[section])[name], where or key)
 
 
@@ -445,9 +452,20 @@ def apply_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
     for key, value in settings.items():
         section, _, name = key.partition(".")
         if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-            raise ConfigError(f"unknown config key '{key}'")
+            raise ConfigError(f"unknown config key '{key}'{_closest(key, config_keys())}")
         nested.setdefault(section, {})[name] = value
     return apply_dict(cfg, nested, where="settings")
+
+
+def config_keys() -> list[str]:
+    """Every `section.key` a run config has."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+
+
+def _closest(name: str, known, prefix: str = "") -> str:
+    """' (did you mean X?)' for the known name closest to a mistyped one, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
 def _split(override: str) -> tuple[str, str]:

@@ -33,7 +33,7 @@ PAPER_LEARNERS = ("rm", "cot")
 @dataclass(frozen=True)
 class Learner:
     name: str
-    """The name it was resolved from: `--view`, `data.view`, run folders and result files use it."""
+    """The name it was resolved from: `--learner`, `data.view`, run folders and result files use it."""
     observation: Observation
     """What the model reads (decides the training examples and the decoding driver)."""
     packing: object

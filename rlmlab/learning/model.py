@@ -5,9 +5,12 @@ attention through `scaled_dot_product_attention`. CoT and RM use this one class:
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn_mask`).
 
-Packed training rows pass their mask as a `BlockDiagonal` (the blocks of a block-diagonal mask)
-rather than a dense tensor: attention then runs per example, at a cost that grows with the
-examples' lengths instead of the row's.
+Packed training rows pass their mask as a `BlockDiagonal` (the CPU path: the blocks of a
+block-diagonal mask, attention run per example, at a cost that grows with the examples' lengths
+instead of the row's) or a `FlexMask` (the CUDA path: one FlexAttention call per layer), rather
+than a dense tensor. Both are built on the host with the batch: the forward pass reads nothing
+back from the device, so it runs without a host wait and compiles into one graph. Positions are
+checked where they are assigned (`collate`, the decoder), not here.
 
 A `cache` (see `rlmlab.decoding.infer.KVCache`) may be passed for decoding: each attention layer then
 hands it its queries, keys and values, and the cache stores the new keys/values and computes
@@ -23,8 +26,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rlmlab.learning.attention import BlockDiagonal
-from rlmlab.learning.config import PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
+from torch.nn.attention.flex_attention import BlockMask
+
+from rlmlab.learning.attention import BlockDiagonal, FlexMask, flex_attend
+from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,6 +54,10 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         elif isinstance(attn_mask, BlockDiagonal):
             y = attn_mask.attend(q, k, v, drop)
+        elif isinstance(attn_mask, BlockMask):
+            if drop:
+                raise ValueError("FlexAttention applies no attention dropout: use a BlockDiagonal mask")
+            y = flex_attend(q, k, v, attn_mask)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -100,14 +109,16 @@ class Transformer(nn.Module):
         return n if include_positions else n - self.wpe.weight.numel()
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
-        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1); attn_mask (B, 1, T, T) bool,
-        True = may attend, or a `BlockDiagonal` (default causal); cache: see the module docstring.
-        Returns logits (B, T, V)."""
+        """idx (B, T) token ids; pos (B, T) positions (default 0..T-1), each below block_size;
+        attn_mask (B, 1, T, T) bool, True = may attend, or a `BlockDiagonal` or `FlexMask`
+        (default causal); cache: see the module docstring. Returns logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
+            if T > self.cfg.block_size:
+                raise ValueError(f"{T} positions, beyond the model's {self.cfg.block_size}")
             pos = torch.arange(T, device=idx.device).expand(B, T)
-        if int(pos.max()) >= self.cfg.block_size:
-            raise ValueError(f"position {int(pos.max())} beyond the model's {self.cfg.block_size}")
+        if isinstance(attn_mask, FlexMask):
+            attn_mask = attn_mask.block_mask()  # once for all layers
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask, cache, i)

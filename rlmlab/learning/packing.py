@@ -7,11 +7,14 @@ so a packed row computes exactly what the examples would compute one by one.
 
 Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
 keeps padding at a few percent. The dense mask (`attn_mask`) defines what a packed row
-computes; training hands it to the model in the form that is fastest on CPU
-(`PackedBatch.attention`), for long rows a `BlockDiagonal`, whose attention cost follows the
-examples' lengths, not the row's. An example longer than `row_len` gets a row of its own,
-rounded up to a multiple of 64 positions: such rows need no mask at all (plain causal
-attention), and long CoT traces are most of CoT's tokens.
+computes; training hands it to the model in the form that is fastest on its device
+(`PackedBatch.attention`): on CPU for long rows a `BlockDiagonal`, whose attention cost follows
+the examples' lengths, not the row's; on CUDA a `FlexMask` (one attention call per layer).
+An example longer than `row_len` gets a row of its own, rounded up to a multiple of 64
+positions: such rows need no mask at all (plain causal attention), and long CoT traces are
+most of CoT's tokens. On CUDA the rows of a micro-batch are laid end to end in one row of a
+fixed length (`flat_micro_batches`), so that every forward pass has one shape and a compiled
+model one graph.
 
 `RowStream` turns a dataset into an endless, seeded, resumable sequence of rows: epoch e
 shuffles the examples with seed (seed, e) and packs them; its state is (epoch, row cursor).
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.learning.attention import BlockDiagonal, lane_visible
+from rlmlab.learning.attention import BlockDiagonal, FlexMask, lane_visible, to_device
 
 IGNORE = -100  # target id that F.cross_entropy skips
 
@@ -134,22 +137,44 @@ class PackedBatch:
     frame: torch.Tensor | None = None  # (B, T) lane-packed examples: frame id within the example
     branch: torch.Tensor | None = None  # (B, T) lane-packed examples: pending call block id, -1 = trunk
     blocks: torch.Tensor | None = None  # (k, 3) (row, start, length) of each example
+    mask: object = None  # after `prepare`: the attention mask, on the batch's device
+    prepared: bool = False  # `mask` is set (None then means plain causal)
 
     def to(self, device) -> "PackedBatch":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return PackedBatch(self.idx.to(device), self.targets.to(device), self.pos.to(device),
-                           self.doc.to(device), self.n_targets, self.n_tokens, self.one_per_row,
-                           move(self.frame), move(self.branch), move(self.blocks))
+        """The batch on `device` (from pinned memory, without blocking, on CUDA)."""
+        device = torch.device(device)
+        move = lambda t: to_device(t, device)  # noqa: E731
+        return PackedBatch(move(self.idx), move(self.targets), move(self.pos), move(self.doc), self.n_targets,
+                           self.n_tokens, self.one_per_row, move(self.frame), move(self.branch), move(self.blocks))
 
-    def attention(self) -> BlockDiagonal | torch.Tensor | None:
-        """The mask of `attn_mask` in the form the model computes fastest on CPU: rows longer
-        than `DENSE_ROW` that hold several examples as the blocks of a `BlockDiagonal` (whose
-        cost follows the examples' lengths: 1.5x faster attention on CoT rows of 512); rows of
-        one example as plain causal attention (None), and rows of up to `DENSE_ROW` positions
-        as the dense mask, which win there (`benchmarks/bench_attention.py`)."""
+    def prepare(self, device, kind: str = "blocks") -> "PackedBatch":
+        """This (host) batch on `device` with its attention mask, built here on the host and
+        moved along: what a training step feeds the model, with nothing left to compute from
+        device values."""
+        mask = self.attention(kind)
+        device = torch.device(device)
+        out = self.to(device)
+        out.mask = to_device(mask, device) if mask is None or isinstance(mask, torch.Tensor) else mask.to(device)
+        out.prepared = True
+        return out
+
+    def attention(self, kind: str = "blocks") -> BlockDiagonal | FlexMask | torch.Tensor | None:
+        """The mask of `attn_mask` in the form the model computes fastest, built from this
+        (host) batch; move it with `.to(device)`.
+
+        kind "flex" (CUDA): a `FlexMask`, one FlexAttention call per layer.
+        kind "blocks" (CPU): rows longer than `DENSE_ROW` that hold several examples as the
+        blocks of a `BlockDiagonal` (whose cost follows the examples' lengths: 1.5x faster
+        attention on CoT rows of 512); rows of one example as plain causal attention (None),
+        and rows of up to `DENSE_ROW` positions as the dense mask, which win there
+        (`benchmarks/bench_attention.py`)."""
         B, T = self.doc.shape
+        row, start, length = self.blocks.unbind(1)
+        if kind == "flex":
+            return FlexMask(B, T, row, start, length, self.frame, self.branch)
+        if kind != "blocks":
+            raise ValueError(f"unknown attention kind {kind!r} (have: blocks, flex)")
         if T > DENSE_ROW and not (self.one_per_row and self.frame is None):
-            row, start, length = self.blocks.unbind(1)
             return BlockDiagonal(B, T, row, start, length, self.frame, self.branch)
         return self.attn_mask()
 
@@ -172,8 +197,10 @@ class PackedBatch:
 
 
 def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,
-            layout: np.ndarray | None = None) -> PackedBatch:
-    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ViewData`."""
+            layout: np.ndarray | None = None, block_size: int | None = None) -> PackedBatch:
+    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ViewData`.
+    With `block_size`, a position the model cannot read raises ValueError (here, on the host,
+    where positions are assigned, so that the forward pass need not read them back)."""
     T = rows[0].length
     if any(r.length != T for r in rows):
         raise ValueError("a packed batch holds rows of one length")
@@ -198,6 +225,8 @@ def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[R
     idx[dst] = ids[src]
     targets[dst] = np.where(loss[src + 1], ids[src + 1].astype(np.int64), IGNORE)
     pos[dst] = within if layout is None else layout[src, 0]
+    if block_size is not None and len(pos) and int(pos.max()) >= block_size:
+        raise ValueError(f"position {int(pos.max())} beyond the model's {block_size}")
     doc[dst] = np.repeat(ex, lens)
     as_t = lambda a: torch.from_numpy(a.reshape(B, T))  # noqa: E731
     frame = branch = None
@@ -223,6 +252,27 @@ def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
         group = by_len[T]
         per = max(1, max_tokens // T)
         out.extend(group[i:i + per] for i in range(0, len(group), per))
+    return out
+
+
+def flat_micro_batches(rows: list[Row], lengths: np.ndarray, length: int) -> list[Row]:
+    """The examples of `rows` (of `lengths` positions each), in order, laid end to end into
+    rows of exactly `length` positions (a row's own padding dropped, no example split): the
+    fixed-shape micro-batches of the CUDA path, one row each."""
+    out: list[Row] = []
+    members: list[int] = []
+    used = 0
+    for r in rows:
+        n = int(lengths[list(r.examples)].sum())
+        if n > length:
+            raise ValueError(f"a row of {n} positions does not fit micro-batches of {length}")
+        if used + n > length:
+            out.append(Row(length, tuple(members)))
+            members, used = [], 0
+        members.extend(r.examples)
+        used += n
+    if members:
+        out.append(Row(length, tuple(members)))
     return out
 
 

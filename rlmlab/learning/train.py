@@ -24,6 +24,14 @@ resumed run goes on exactly as if it had never stopped.
 Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
 `last` checkpoint, so on CPU a resumed run computes the very losses, validations and best
 checkpoint of an uninterrupted one.
+
+A training step never waits for the device (docs/gpu.md): batches and their attention masks
+are built on the host and moved once, loss and gradient norm stay on the device and are read
+at log points, and a non-finite step is skipped on the device (AdamW's `found_inf`) and
+reported at the next read, before anything is validated or saved. So on CUDA the host builds
+the next step's batches while the device still computes this one. On CUDA the micro-batches
+are rows of one fixed length attended with FlexAttention (`attention_kind`), which keeps a
+compiled model to one graph.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from rlmlab.learning.checkpoint import (
     load_optimizer_state,
     read_meta,
     rng_state,
+    run_task,
     save_checkpoint,
     set_rng_state,
 )
@@ -69,13 +78,16 @@ from rlmlab.learning.packing import (
     Row,
     RowStream,
     collate,
+    flat_micro_batches,
     micro_batches,
     pack_rows,
     padding_fraction,
 )
+from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.learning.views import ViewData, build_view_data
 from rlmlab.task.pool import read_pool
-from rlmlab.task.vocab import Vocab, default_vocab
+from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
 
@@ -92,9 +104,9 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expressions(path: str | Path) -> list[str]:
-    """The `expr` column of a pool or expression-set parquet."""
-    return read_pool(path).column("expr").to_pylist()
+def read_expr_column(path: str | Path, task=None) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet of `task` (default: the paper's)."""
+    return read_pool(path, task=task).column("expr").to_pylist()
 
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
@@ -102,11 +114,12 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     configured view's training and validation examples (cached, see `build_view_data`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
-    vocab = vocab or default_vocab()
-    exprs = read_expressions(data.train)
+    task = load_task(data.task)
+    vocab = vocab or task.vocab
+    exprs = read_expr_column(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:
-        val_exprs, train_exprs = read_expressions(data.val), exprs
+        val_exprs, train_exprs = read_expr_column(data.val, task), exprs
         val_rows, train_rows = [f"{data.val}: row {i}" for i in range(len(val_exprs))], rows
     else:
         if len(exprs) <= data.val_size:
@@ -124,8 +137,9 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows), val_exprs)
+    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows, task=task),
+                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows, task=task),
+                     val_exprs)
 
 
 def fit_to_block(data: ViewData, block_size: int, drop: bool, what: str) -> tuple[ViewData, int]:
@@ -179,10 +193,42 @@ def autocast_for(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
+def attention_kind(device: torch.device, dropout: float) -> str:
+    """How packed batches attend: "flex" on CUDA (one FlexAttention call per layer over rows of
+    one fixed length), "blocks" on CPU and wherever attention dropout is on (FlexAttention has
+    none). See `PackedBatch.attention`."""
+    return "flex" if device.type == "cuda" and dropout == 0 else "blocks"
+
+
+def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -> int:
+    """Positions of every micro-batch row on the "flex" path, in whole FlexAttention tiles: a
+    whole step (`step_tokens`, plus the most its last row can overshoot it: `longest`, the
+    longest row's content) when `micro_batch_tokens` allows, so that a step is one forward
+    pass; else `micro_batch_tokens`, at least `longest`."""
+    whole = step_tokens + longest if step_tokens is not None else None
+    n = whole if whole is not None and whole <= tc.micro_batch_tokens else max(tc.micro_batch_tokens, longest)
+    return -(-n // 128) * 128
+
+
+def step_batches(data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
+                 attention: str, block_size: int, flat_len: int | None = None) -> list[PackedBatch]:
+    """`rows` as micro-batches on `device`, masks included, all built on the host. On the
+    "flex" path every micro-batch is one row of `flat_len` positions (default:
+    `flat_length(tc, block_size)`)."""
+    if attention == "flex":
+        flat_len = flat_len or flat_length(tc, block_size)
+        groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_len)]
+    else:
+        groups = micro_batches(rows, tc.micro_batch_tokens)
+    return [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout, block_size).prepare(device, attention)
+            for mb in groups]
+
+
 def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over the batch's targets, logits)."""
+    mask = batch.mask if batch.prepared else batch.attention()
     with autocast_for(device):
-        logits = fwd(batch.idx, pos=batch.pos, attn_mask=batch.attention())  # (B, T, V)
+        logits = fwd(batch.idx, pos=batch.pos, attn_mask=mask)  # (B, T, V)
     logits = logits.float()
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
                            reduction="sum")
@@ -190,20 +236,27 @@ def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
-    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy."""
-    loss_sum, correct, n_targets = 0.0, 0, 0
+def validation_metrics(fwd, batches: list[PackedBatch], n_examples: int, device: torch.device) -> dict[str, float]:
+    """Teacher-forced loss per target token, per-token accuracy and whole-example accuracy
+    (`batches` on the host, or prepared on `device`; read back once, at the end)."""
+    losses, hits = [], []
+    n_targets = 0
     wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
     for b in batches:
-        b = b.to(device)
+        b = b if b.prepared else b.to(device)
         loss, logits = batch_loss(fwd, b, device)
         is_target = b.targets != IGNORE
         hit = (logits.argmax(-1) == b.targets) & is_target
-        loss_sum += float(loss)
-        correct += int(hit.sum())
-        n_targets += int(is_target.sum())
+        losses.append(loss)
+        hits.append(hit.sum())
+        n_targets += b.n_targets
         miss_doc = torch.where(is_target & ~hit, b.doc, n_examples)
         wrong_example[miss_doc.view(-1)] = True
+    per_batch = torch.stack(losses).tolist()
+    correct = int(torch.stack(hits).sum())
+    loss_sum = 0.0
+    for x in per_batch:  # summed on the host in batch order, as the numbers were before
+        loss_sum += x
     return {"loss": loss_sum / n_targets, "token_acc": correct / n_targets,
             "example_acc": 1.0 - int(wrong_example[:n_examples].sum()) / n_examples}
 
@@ -310,9 +363,10 @@ def _stop_on_signals(echo):
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        """A new log, or with `resume_step` the existing one continued after that step."""
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None = None, mirror=None):
+        """A new log, or with `resume_step` the existing one continued after that step; `mirror`
+        (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
+        self.path, self.mirror = path, mirror
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
             kept = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= resume_step]
@@ -324,9 +378,13 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def close(self) -> None:
         self.f.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 def _step_of(line: str) -> float:
@@ -361,9 +419,14 @@ class Trainer:
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
+        if tc.tensorboard:
+            require_tensorboard()  # before anything is written
         self.vocab, self.view = train_data.vocab, train_data.view
         if (val_data.vocab, val_data.view) != (self.vocab, self.view):
             raise DataError("training and validation examples differ in view or vocabulary")
+        self.task = load_task(cfg.data.task)
+        if self.vocab != self.task.vocab:
+            raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
         if self.view != cfg.data.view:
             raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
         self.device = device = resolve_device(tc.device)
@@ -389,6 +452,7 @@ class Trainer:
             if fixed:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            run_task(meta, ckpt, self.task)  # a run continues on its own task only
             if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
                 raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
             if "trainer" not in meta:
@@ -413,19 +477,24 @@ class Trainer:
             load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"].get("rng"))
         self.fwd = torch.compile(self.model) if tc.compile else self.model
+        self.attention = attention_kind(device, model_cfg.dropout)
 
         positions = self.train_data.lengths - 1
         self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
         self.stream.load_state(self.state.stream)
         self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
+        longest = max(cfg.data.row_length, int(positions.max()), int(self.val_data.lengths.max()) - 1)
+        self.flat_len = flat_length(tc, longest, self.step_tokens)  # the "flex" path's one shape
+        self.flat_step = -(-(self.step_tokens + longest) // 128) * 128  # ... if a step were one pass
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
-        self.val_batches = [collate(self.val_data.ids, self.val_data.loss, self.val_data.offsets, mb,
-                                    self.vocab.pad_id, self.val_data.layout)
-                            for mb in micro_batches(val_rows, tc.micro_batch_tokens)]
+        self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
+                                        model_cfg.block_size, self.flat_len)
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
         self._describe(model_cfg, positions, resume)
 
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.state.step if resume else None)
+        resume_step = self.state.step if resume else None
+        mirror = TensorBoardLog(self.run_dir / TB_DIR, resume_step) if tc.tensorboard else None
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step, mirror=mirror)
         self.budget_s = tc.max_minutes * 60 if tc.max_minutes else None
         self.session_start = time.perf_counter()
         self.elapsed_before = self.state.elapsed_s
@@ -458,6 +527,9 @@ class Trainer:
                   + (f"; stops at step {tc.max_steps:,}" if tc.max_steps else "")
                   + (f"; wall-clock limit {tc.max_minutes:g} min" if tc.max_minutes else ""))
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
+                  + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
+                  + (f" (a step may take several: --train.micro_batch_tokens={self.flat_step} makes it one)"
+                     if self.attention == "flex" and self.flat_len < self.flat_step else "")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
                   + (f"; resuming at step {st.step}" if resume else ""))
 
@@ -484,19 +556,41 @@ class Trainer:
     # --- checkpoints and validation ---
 
     def save(self, which: str, metrics: dict) -> None:
+        self.check_finite()
         last = which == "last"
         if last:
             self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
+            self._read_losses()
+            self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
         save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+                        task=self.task,
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
                         trainer=asdict(self.state) | {"rng": rng_state(self.device)} if last else None)
 
+    def check_finite(self) -> None:
+        """Raise if a step since the last check was not finite (see `FiniteGuard`); the state
+        then says the last good step, the one the weights still hold."""
+        try:
+            self.guard.check()
+        except TrainingDiverged:
+            self.state.step = self.guard.last_good
+            raise
+
+    def _read_losses(self) -> None:
+        """Fold the losses of the steps since the last read into the log window (one wait)."""
+        w = self.window
+        if w["pending"]:
+            for loss in torch.stack(w["pending"]).tolist():  # in step order, as floats, as ever
+                w["loss"] += loss
+            w["pending"] = []
+
     def validate(self) -> dict:
+        self.check_finite()
         t0 = time.perf_counter()
         tc, st, model = self.tc, self.state, self.model
         model.eval()
-        metrics = evaluate(self.fwd, self.val_batches, len(self.val_data), self.device)
+        metrics = validation_metrics(self.fwd, self.val_batches, len(self.val_data), self.device)
         if self.validate_fn is not None:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []
@@ -534,7 +628,10 @@ class Trainer:
                        dynamic_ncols=True)
         # Losses carry over a resume; tok/s is this session's own and counts training steps only,
         # so that a validation or a checkpoint save inside the window does not read as a slowdown.
-        window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "tokens": 0, "step_s": 0.0}
+        # Losses of steps not yet read stay on the device ("pending") until a log point or a save.
+        window = self.window = {"loss": st.log_window["loss"], "steps": st.log_window["steps"], "pending": [],
+                                "tokens": 0, "step_s": 0.0}
+        self.guard = FiniteGuard(self.device, st.step)
         self.model.train()
         try:
             with _stop_on_signals(self.echo) as interrupt:
@@ -546,16 +643,15 @@ class Trainer:
                         g["lr"] = lr
                     loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
                                                         self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
-                                                        self.device)
+                                                        self.device, self.attention, self.guard, self.flat_len)
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
                     self.step_times.append(time.perf_counter() - t0)
                     window["step_s"] += self.step_times[-1]
-                    window["loss"] += loss
+                    window["pending"].append(loss)
                     window["steps"] += 1
                     window["tokens"] += n_tok
                     if st.step % tc.log_every == 0:
                         self._log_train(window, lr, grad_norm, bar)
-                    st.log_window = {"loss": window["loss"], "steps": window["steps"]}
                     if bar is not None:
                         bar.update(1)
                     if st.step % tc.eval_every == 0:
@@ -573,7 +669,7 @@ class Trainer:
                             "best_score": st.best_score, "best_step": st.best_step, "tokens": st.tokens,
                             "elapsed_s": round(st.elapsed_s, 3), "cpu_s": round(st.cpu_s, 3)})
         except TrainingDiverged as e:
-            self.log.write({"kind": "diverged", "step": st.step, "error": str(e)})
+            self.log.write({"kind": "diverged", "step": st.step, "error": str(e)})  # the last good step
             raise
         finally:
             if bar is not None:
@@ -582,7 +678,10 @@ class Trainer:
         return TrainResult(self.run_dir, st.step, stop_reason, st.select_metric, st.best_score, st.best_step,
                            self.last_val)
 
-    def _log_train(self, window: dict, lr: float, grad_norm: float, bar) -> None:
+    def _log_train(self, window: dict, lr: float, grad_norm: torch.Tensor, bar) -> None:
+        self.check_finite()
+        self._read_losses()
+        grad_norm = float(grad_norm)
         st = self.state
         tok_s = window["tokens"] / max(window["step_s"], 1e-9)
         loss = window["loss"] / window["steps"]
@@ -592,30 +691,83 @@ class Trainer:
                         "elapsed_s": round(self.elapsed(), 3), "cpu_s": round(self.cpu(), 3)})
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
-        window.update(loss=0.0, steps=0, tokens=0, step_s=0.0)
+        window.update(loss=0.0, steps=0, pending=[], tokens=0, step_s=0.0)
+
+
+class FiniteGuard:
+    """Which optimizer step first had a non-finite loss or gradient norm, kept on the device.
+
+    From that step on, AdamW skips every update (its `found_inf`, as under a gradient scaler),
+    so the weights and moments stay those of the last good step without the host waiting for
+    the check; `check` reads the record (one wait) and raises TrainingDiverged. The trainer
+    checks at every log point and before anything is validated or saved, so no checkpoint
+    holds a step after the bad one."""
+
+    def __init__(self, device: torch.device, step: int = 0):
+        self.found = torch.zeros((), device=device)  # 1.0 once a step was bad: AdamW's found_inf
+        self.bad = torch.tensor([-1.0, math.nan, math.nan], dtype=torch.float64, device=device)  # step, loss, norm
+        self.step = step  # optimizer steps recorded so far
+
+    def record(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The loss and gradient norm of step `self.step + 1`, before its update."""
+        self.step += 1
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        first = bad & (self.found == 0)
+        # new_full is a fill on the device: a tensor from a host number would be a (waiting) copy.
+        now = torch.stack([loss.new_full((), float(self.step), dtype=torch.float64), loss.double(),
+                           grad_norm.double()])
+        self.bad = torch.where(first, now, self.bad)
+        self.found = torch.maximum(self.found, bad.to(self.found.dtype))
+
+    def check(self) -> int | None:
+        """Raise TrainingDiverged if a recorded step was not finite (`last_good` then says the
+        step whose weights the model still holds)."""
+        step, loss, norm = self.bad.tolist()
+        if step < 0:
+            return None
+        self.last_good = int(step) - 1
+        raise TrainingDiverged(f"non-finite training loss or gradient at step {int(step)} (loss {loss}, "
+                               f"gradient norm {norm}); the last good checkpoint is kept: lower train.lr "
+                               "or resume from it")
 
 
 def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
-               tc: TrainConfig, device: torch.device) -> tuple[float, int, float]:
-    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm)."""
-    batches = [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout)
-               for mb in micro_batches(rows, tc.micro_batch_tokens)]
+               tc: TrainConfig, device: torch.device, attention: str = "blocks",
+               guard: FiniteGuard | None = None, flat_len: int | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """One optimizer step over `rows`: (mean target loss, example positions, gradient norm),
+    loss and norm as 0-d tensors on `device`, read by nobody here: the host does not wait.
+
+    A step whose loss or gradient is not finite leaves weights and optimizer untouched; with a
+    `guard` it is recorded there for the caller to check later, without one it raises
+    TrainingDiverged at once (a wait)."""
+    batches = step_batches(data, rows, pad_id, tc, device, attention, model.cfg.block_size, flat_len)
+    mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
+    return mean, sum(b.n_tokens for b in batches), grad_norm
+
+
+def optimizer_step(fwd, model: Transformer, optimizer, batches: list[PackedBatch], tc: TrainConfig,
+                   device: torch.device, guard: FiniteGuard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device half of `train_step`: forward and backward over prepared `batches`, clipping
+    and the AdamW update. Reads no device value unless `guard` is None."""
     n_targets = sum(b.n_targets for b in batches)
     total = torch.zeros((), device=device)
     for b in batches:
-        loss, _ = batch_loss(fwd, b.to(device), device)
+        loss, _ = batch_loss(fwd, b, device)
         (loss / n_targets).backward()  # the step's mean over targets, however the rows are split
         total += loss.detach()
     clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-    if not (math.isfinite(float(total)) and math.isfinite(grad_norm)):
-        # Stop before the step spreads it into every weight: `last` and `best` stay as they were.
-        raise TrainingDiverged(f"non-finite training loss or gradient (loss {float(total) / n_targets}, "
-                               f"gradient norm {grad_norm}); the last good checkpoint is kept: lower train.lr "
-                               "or resume from it")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)  # a few kernels, not 2 per tensor
+    mean = total.double() / n_targets  # as the host would divide: a float64 of the float32 sum
+    checked_now = guard is None
+    if checked_now:
+        guard = FiniteGuard(device)
+    guard.record(mean, grad_norm)
+    optimizer.found_inf = guard.found  # a bad step is skipped on the device
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(total) / n_targets, sum(b.n_tokens for b in batches), grad_norm
+    if checked_now:
+        guard.check()
+    return mean, grad_norm
 
 
 def _with_prefix(d: dict, prefix: str) -> dict:

@@ -44,6 +44,8 @@ from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.safeio import parse_json
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
+from rlmlab.task.library import Library
+from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
@@ -283,9 +285,10 @@ class ViewData:
 MAX_ECHO = 160  # characters of a user's expression quoted in an error
 
 
-def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None]) -> tuple[np.ndarray, ...]:
+def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library | None]
+                  ) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
-    view_name, vocab_tokens, first, texts, where = args
+    view_name, vocab_tokens, first, texts, where, library = args
     view, vocab = get_view(view_name), Vocab(vocab_tokens)
     ids: list[int] = []
     loss: list[bool] = []
@@ -294,7 +297,7 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
     layout: list[tuple[int, int, int]] = []
     for k, text in enumerate(texts):
         try:
-            examples = view(execute(text))
+            examples = view(execute(text, library))
         except RlmlabError as e:
             shown = text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
             place = where[k] if where is not None else f"expression {first + k}"
@@ -312,8 +315,11 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
             np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
-def cache_key(exprs: Sequence[str], view: str, vocab: Vocab) -> str:
-    h = hashlib.sha256(json.dumps({"format": VIEWDATA_FORMAT, "view": view, "vocab": list(vocab.tokens)}).encode())
+def cache_key(exprs: Sequence[str], view: str, vocab: Vocab, task: Task | None = None) -> str:
+    key = {"format": VIEWDATA_FORMAT, "view": view, "vocab": list(vocab.tokens)}
+    if task is not None and not task.is_paper:  # the paper's keys stay those written before tasks existed
+        key["task"] = task.digest
+    h = hashlib.sha256(json.dumps(key).encode())
     for text in exprs:
         h.update(text.encode())
         h.update(b"\n")
@@ -322,24 +328,27 @@ def cache_key(exprs: Sequence[str], view: str, vocab: Vocab) -> str:
 
 def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
-                    where: Sequence[str] | None = None) -> ViewData:
-    """Execute every expression and return the view's examples as one `ViewData`. `where` names
-    each expression's place in the user's file for errors (default: its index in `exprs`).
+                    where: Sequence[str] | None = None, task: Task | str | None = None) -> ViewData:
+    """Execute every expression of `task` (default: the paper's) and return the view's examples
+    as one `ViewData`. `where` names each expression's place in the user's file for errors
+    (default: its index in `exprs`).
 
     With `cache_dir`, the result is stored as `<view>-<hash>.npz` keyed by the expressions,
     view and vocabulary, and read back on the next call instead of being rebuilt.
     """
     get_view(view)
+    task = load_task(task)
     if len(vocab) > np.iinfo(np.uint16).max:
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)
-    cache_path = Path(cache_dir) / f"{view}-{cache_key(exprs, view, vocab)}.npz" if cache_dir else None
+    cache_path = Path(cache_dir) / f"{view}-{cache_key(exprs, view, vocab, task)}.npz" if cache_dir else None
     if cache_path is not None and cache_path.exists():
         try:
             return ViewData.load(cache_path)
         except DataError:
             pass  # a stale or damaged cache entry is rebuilt below and overwritten
-    jobs = [(view, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]))
+    jobs = [(view, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]),
+             task.library)
             for i in range(0, len(exprs), chunk)]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(min(workers, len(jobs))) as ex:

@@ -37,9 +37,9 @@ def frame_call(context: Sequence[str]) -> str:
     raise ValueError(f"not a frame: no complete call at the top of {' '.join(context[:20])!r}")
 
 
-def training_calls(exprs: Iterable) -> set[str]:
+def training_calls(exprs: Iterable, library=None) -> set[str]:
     """The calls of every frame of these expressions' traces (what the training split showed)."""
-    return {frame_call(f.context) for e in exprs for f in execute(e).frames}
+    return {frame_call(f.context) for e in exprs for f in execute(e, library).frames}
 
 
 def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution],

@@ -113,7 +113,7 @@ def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: i
 
 
 def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
-                   batch_size: int = 64, stage: Stage | None = None) -> list[dict]:
+                   batch_size: int = 64, stage: Stage | None = None, library=None) -> list[dict]:
     """Per expression: prediction points, how many are non-invariant, how many of those are
     witnesses (right in context), and how many are right in context."""
     obs = observer(view)
@@ -121,7 +121,7 @@ def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab
     right: list[Row] = []
     spans = []  # per expression: (left rows [a, b), right rows [c, d), canonical targets)
     for e in exprs:
-        ex = execute(e)
+        ex = execute(e, library)
         a, c = len(left), len(right)
         left.extend((vocab.encode(t), m) for t, m in obs.examples(ex.tokens, ex.prompt_len))
         for f in ex.frames:  # Pi_rec(x_t) for the points of one segment: prefixes of f.tokens
@@ -171,27 +171,29 @@ def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, s
 
 
 def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
-                 limits: Limits = Limits(), batch_size: int = 64, stage: Stage | None = None) -> list[dict]:
+                 limits: Limits = Limits(), batch_size: int = 64, stage: Stage | None = None,
+                 library=None) -> list[dict]:
     """Per expression: completed subproblems of the predictor's greedy trace, how many return
     another value when posed alone, how many payloads did not parse, and how often the value
     was right in context and alone."""
     gens = generate(predictor, exprs, vocab, view, limits, batch_size,
-                    progress=_bar(stage, "probe: greedy traces", len(exprs), "expr"))
+                    progress=_bar(stage, "probe: greedy traces", len(exprs), "expr"), library=library)
     calls_per_expr = [completed_calls(g.tokens, g.prompt_len) for g in gens]
     standalone: dict[str, Call | None] = {}
     for calls in calls_per_expr:
         for q, _, _ in calls:
             if q not in standalone:
                 try:
-                    e = parse(q)
+                    e = parse(q, library)
                 except RlmlabError:
                     e = None
                 standalone[q] = e if isinstance(e, Call) else None
     posed = [q for q, e in standalone.items() if e is not None]
     alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, view, limits, batch_size,
-                          progress=_bar(stage, "probe: subproblems alone", len(posed), "expr")) if posed else []
+                          progress=_bar(stage, "probe: subproblems alone", len(posed), "expr"),
+                          library=library) if posed else []
     alone = {q: g.answer for q, g in zip(posed, alone_gens)}
-    truth = {q: value_token(trace_stats(standalone[q]).value) for q in posed}
+    truth = {q: value_token(trace_stats(standalone[q], library).value) for q in posed}
     out = []
     for g, calls in zip(gens, calls_per_expr):
         ok = [(q, a) for q, a, _ in calls if standalone[q] is not None]
@@ -207,17 +209,17 @@ def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: 
 
 def probe(predictor: Predictor, view: str, exprs: Sequence[Call | str], vocab: Vocab,
           extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
-          positions: bool = True, answers: bool = True, stage: Stage | None = None) -> list[dict]:
+          positions: bool = True, answers: bool = True, stage: Stage | None = None, library=None) -> list[dict]:
     """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
     `bin`, `split`, `construction`, for grouping). `stage(name, total, unit)` opens a progress report
     for each of its four passes and returns the callback that counts items done."""
-    calls = [e if isinstance(e, Call) else parse(e) for e in exprs]
+    calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
     if positions:
-        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size, stage)):
+        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size, stage, library)):
             row.update(p)
     if answers:
-        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size, stage)):
+        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size, stage, library)):
             row.update(a)
     return rows
 

@@ -31,6 +31,7 @@ from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.task.pool import read_pool
+from rlmlab.task.taskfile import load_task
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import Vocab
 from rlmlab.safeio import json_safe, read_bytes, regular_file
@@ -73,8 +74,8 @@ def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execut
 # The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
 # asked for, and the data file's own columns such as a pool's id).
 RESULT_FIELDS = ("expr", "root", "value", "prediction", "correct", "valid", "reason", "trace_len", "max_depth",
-                 "n_frames", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth", "pred_n_frames",
-                 "fed", "trace_exact", "diverge_at")
+                 "n_frame_examples", "max_frame_width", "generated", "pred_trace_len", "pred_max_depth",
+                 "pred_n_frame_examples", "fed", "trace_exact", "diverge_at")
 
 
 def expression_results(gens: Sequence[Generation], executions: Sequence[Execution],
@@ -96,10 +97,10 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
         r = {
             "expr": ex.text, "root": ex.expr.fn, "value": ex.value_token, "prediction": g.answer,
             "correct": g.valid and g.answer == ex.value_token, "valid": g.valid, "reason": g.reason,
-            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frames": ex.n_frames,
+            "trace_len": ex.trace_len, "max_depth": ex.max_depth, "n_frame_examples": ex.n_frame_examples,
             "max_frame_width": ex.max_frame_width,
             "generated": g.n_generated, "pred_trace_len": len(produced), "pred_max_depth": g.max_depth,
-            "pred_n_frames": g.n_frames, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
+            "pred_n_frame_examples": g.n_frame_examples, "fed": g.fed, "trace_exact": exact, "diverge_at": diverge,
         }
         if per_token is not None:
             r["tf_correct"], r["tf_total"] = per_token[k]
@@ -111,13 +112,15 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
     return out
 
 
-def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[Call], list[dict]]:
-    """Expressions to evaluate: a parquet file with an `expr` column (a pool: its `id` column is
-    kept with each result) or a text file with one written expression per line (blank lines
-    and lines starting with # are skipped). Returns (parsed calls, per-expression extras)."""
+def read_expressions(path: str | Path, limit: int | None = None, task=None) -> tuple[list[Call], list[dict]]:
+    """Expressions of `task` (default: the paper's) to evaluate: a parquet file with an `expr`
+    column (a pool: its `id` column is kept with each result; a pool of another task is
+    refused) or a text file with one written expression per line (blank lines and lines
+    starting with # are skipped). Returns (parsed calls, per-expression extras)."""
+    task = load_task(task)
     path = regular_file(path, DataError, "data file")  # a FIFO or a device would block or never end
     if path.suffix == ".parquet":
-        table = read_pool(path)
+        table = read_pool(path, task=task)
         if limit is not None:
             table = table.slice(0, limit)
         texts = table.column("expr").to_pylist()
@@ -141,7 +144,7 @@ def read_expressions(path: str | Path, limit: int | None = None) -> tuple[list[C
     exprs = []
     for text, w in zip(texts, where):
         try:
-            e = parse(text)
+            e = parse(text, task.library)
         except RlmlabError as err:
             raise DataError(f"{path}: {w}: {err}") from None
         if not isinstance(e, Call):
@@ -167,12 +170,12 @@ def data_columns(path: str | Path, n: int) -> list[dict]:
 
 
 def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, default_by: Sequence[str],
-                 per_group: int | None = None) -> tuple[list[Call], list[dict], list[str]]:
+                 per_group: int | None = None, task=None) -> tuple[list[Call], list[dict], list[str]]:
     """Expressions with their data columns, for a command that groups its figures by columns:
     `by` (default: those of `default_by` the data has) is checked against the data, and with
     `per_group` only the first that many expressions of each group of the first column are kept.
     Returns (expressions, their columns, the grouping columns)."""
-    exprs, _ = read_expressions(path, limit)
+    exprs, _ = read_expressions(path, limit, task)
     extra = data_columns(path, len(exprs))
     by = list(by) if by is not None else [c for c in default_by if c in extra[0]]
     for c in by:
@@ -192,14 +195,17 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
     return exprs, extra, by
 
 
-def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
-             batch_size: int = 64, model=None, extra: Sequence[dict] | None = None, traces: bool | str = False,
-             progress=None, n_boot: int = 2000) -> tuple[list[dict], dict]:
-    """Greedy-decode `exprs` with `predictor` in `view` and score them; with `model`, add
-    teacher-forced per-token accuracy. Returns (per-expression results in input order, summary)."""
-    executions = [execute(e) for e in exprs]
+def decode_and_score(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+                     batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None,
+                     traces: bool | str = False, progress=None, n_boot: int = 2000,
+                     task=None) -> tuple[list[dict], dict]:
+    """Greedy-decode `exprs` (of `task`, default the paper's) with `predictor` in `view` and score
+    them; with `model`, add teacher-forced per-token accuracy. Returns (per-expression results in
+    input order, summary)."""
+    library = load_task(task).library
+    executions = [execute(e, library) for e in exprs]
     t0 = time.perf_counter()
-    gens = generate(predictor, exprs, vocab, view, limits or Limits(), batch_size, progress)
+    gens = generate(predictor, exprs, vocab, view, limits or Limits(), batch_size, progress, library=library)
     seconds = time.perf_counter() - t0
     tf = per_token_counts(model, vocab, view, executions) if model is not None else None
     results = expression_results(gens, executions, tf, extra, traces)
@@ -210,22 +216,25 @@ def evaluate(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: 
 
 
 def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, vocab: Vocab, *,
-                  model=None, limits: Limits | None = None, batch_size: int = 64, limit: int | None = None,
+                  model=None, limits: Limits | None = None, batch_size: int | None = None, limit: int | None = None,
                   columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
-                  header: dict | None = None) -> tuple[list[dict], dict]:
+                  header: dict | None = None, task=None) -> tuple[list[dict], dict]:
     """Decode and score the expressions of a data file and write `results.jsonl` and
     `summary.json` to `out_dir`: the one evaluation path of `rlmlab eval` and `rlmlab run`.
 
     Each result carries the expression's pool `id`, or, when the data file has any of `columns`
     (bins, OOD flags, signals), those columns instead. With `model`, teacher-forced per-token
     accuracy is added. The summary holds `header`, the data path, the scores and the limits."""
-    exprs, extra = read_expressions(data, limit)
+    exprs, extra = read_expressions(data, limit, task)
     if columns:
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
         extra = picked if any(picked) else extra
     limits = limits or Limits()
-    results, summary = evaluate(predictor, view, exprs, vocab, limits, batch_size, model=model, extra=extra,
-                                traces=traces, progress=progress)
+    results, summary = decode_and_score(predictor, view, exprs, vocab, limits, batch_size, model=model,
+                                        extra=extra, traces=traces, progress=progress, task=task)
+    task = load_task(task)
+    if not task.is_paper:  # a paper summary keeps the form it had before tasks were recorded
+        header = {**(header or {}), "task": {**task.identity, "spec": task.spec}}
     summary = {**(header or {}), "data": str(data), **summary,
                "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
                           "max_new_tokens": limits.max_new_tokens}}
@@ -233,17 +242,20 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
     return results, summary
 
 
-def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int = 64, limits: Limits | None = None):
+def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int | None = None, limits: Limits | None = None,
+                       task=None):
     """A `validate_fn` for `rlmlab.learning.train`: greedy final-answer accuracy on `exprs` ("answer_acc",
     the metric "auto" checkpoint selection picks) and the share of valid traces ("answer_valid").
     By default a row may generate twice the set's longest canonical trace, so that an untrained
     model's runaway rows do not make early validations slow."""
-    stats = [trace_stats(e if isinstance(e, Call) else parse(e)) for e in exprs]
+    library = load_task(task).library
+    exprs = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
+    stats = [trace_stats(e, library) for e in exprs]
     values = [value_token(s.value) for s in stats]
     limits = limits or Limits(max_new_tokens=2 * max(s.trace_len for s in stats))
 
     def validate(model, vocab: Vocab, view: str) -> dict:
-        gens = generate(ModelPredictor(model), exprs, vocab, view, limits, batch_size)
+        gens = generate(ModelPredictor(model), exprs, vocab, view, limits, batch_size, library=library)
         right = sum(g.valid and g.answer == v for g, v in zip(gens, values))
         return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
 

@@ -1,8 +1,8 @@
 """Expressions: parse, print, type-check and evaluate the written form.
 
 An expression is a `Call(fn, args)` whose arguments are expressions or leaves;
-a leaf is a literal token (`"0"`..`"9"`, `"True"`, `"False"`) or, inside a
-library body only, a parameter name. Plain tuples and strings keep expressions
+a leaf is a literal token (a digit `"0"`..`"M-1"` of the library's modulus M, `"True"`,
+`"False"`) or, inside a library body only, a parameter name. Plain tuples and strings keep expressions
 hashable and cheap, which the pool builder relies on (it memoises per sub-call).
 """
 
@@ -12,13 +12,14 @@ import re
 from typing import TYPE_CHECKING, NamedTuple, Union
 
 from rlmlab.errors import ExprError
+from rlmlab.task.rules import Lazy
 
 if TYPE_CHECKING:
     from rlmlab.task.library import Library
 
 INT, BOOL, ANY = "int", "bool", "T"  # ANY: the type variable of if_then_else
 
-DIGITS = tuple(str(d) for d in range(10))
+DIGITS = tuple(str(d) for d in range(10))  # the paper's (M = 10); a library holds its own
 BOOLS = ("True", "False")
 LITERALS = frozenset(DIGITS + BOOLS)
 # Written calls nest at most this deep. The paper's deepest bins are ~25 calls; the bound
@@ -34,11 +35,19 @@ class Call(NamedTuple):
 Expr = Union[Call, str]
 
 
-def default_library() -> Library:
-    # Late import: building the paper's library parses its bodies with this module.
-    from rlmlab.task.library import PAPER_LIBRARY
+_DEFAULT_LIBRARY: list[Library] = []
 
-    return PAPER_LIBRARY
+
+def set_default_library(library: Library) -> None:
+    """Called once by `rlmlab.task.library` with the paper's library. It is handed over rather
+    than imported here because building it parses its bodies with this module; the package's
+    `__init__` imports that module first, so the default is set before anything here runs."""
+    _DEFAULT_LIBRARY[:] = [library]
+
+
+def default_library() -> Library:
+    """The library parsing, typing and evaluation use when given none: the paper's."""
+    return _DEFAULT_LIBRARY[0]
 
 
 def is_literal(e: Expr) -> bool:
@@ -140,8 +149,8 @@ def parse(text: str, library: Library | None = None, params: dict[str, str] | No
         tok, where = toks[pos]
         pos += 1
         if tok.isdigit():
-            if tok not in LITERALS:
-                raise ExprError(f"literal {tok} is not a digit 0-9", where, text)
+            if tok not in library.literals:
+                raise ExprError(f"literal {tok} is not a digit 0-{library.modulus - 1}", where, text)
             return tok
         if tok in BOOLS:
             return tok
@@ -226,7 +235,7 @@ def infer_type(e: Expr, library: Library | None = None, env: dict[str, str] | No
         return literal_type(e)
     fn = library[e.fn]
     if fn.return_type == ANY:
-        return infer_type(e.args[1], library, env)
+        return infer_type(e.args[fn.arg_types.index(ANY)], library, env)
     return fn.return_type
 
 
@@ -243,10 +252,9 @@ def evaluate(e: Expr, library: Library | None = None) -> int | bool:
     if isinstance(e, str):
         return literal_value(e)
     fn = library[e.fn]
-    if fn.name == "if_then_else":
-        return evaluate(e.args[1] if evaluate(e.args[0], library) else e.args[2], library)
-    vals = [evaluate(a, library) for a in e.args]
+    vals = [evaluate(a, library) for a in e.args[:fn.bound]]  # lazy arguments wait to be chosen
     if fn.impl is not None:
-        return fn.impl(*vals)
+        v = fn.impl(*vals)
+        return evaluate(e.args[v.index], library) if type(v) is Lazy else v
     body = substitute(library.bodies[fn.name], dict(zip(fn.params, map(value_token, vals))))
     return evaluate(body, library)

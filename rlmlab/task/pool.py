@@ -2,7 +2,8 @@
 
 Expressions are drawn in fixed-size chunks, each from its own RNG seeded by (seed, chunk
 index), so the file depends on the seed alone, never on the number of workers.
-The vocabulary and the generator settings are stored in the file's metadata.
+The vocabulary, the generator settings and the task's identity are stored in the file's
+metadata; reading a pool for another task is refused.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError, VocabError
 from rlmlab.safeio import regular_file
-from rlmlab.task.expr import default_library, infer_type, parse, to_text, value_token
-from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
+from rlmlab.task.expr import infer_type, parse, to_text, value_token
+from rlmlab.task.sampler import GeneratorConfig
+from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.trace import trace_stats
 from rlmlab.task.vocab import Vocab
 
+TASK_KEY = b"rlmlab.task"
+
 CHUNK = 4096
-COLUMNS = ("id", "expr", "root", "type", "value", "trace_len", "max_depth", "max_frame_width", "n_frames")
+COLUMNS = ("id", "expr", "root", "type", "value", "trace_len", "max_depth", "max_frame_width", "n_frame_examples")
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("expr", pa.string()), ("root", pa.string()), ("type", pa.string()),
     ("value", pa.string()), ("trace_len", pa.int32()), ("max_depth", pa.int16()),
-    ("max_frame_width", pa.int32()), ("n_frames", pa.int32()),
+    ("max_frame_width", pa.int32()), ("n_frame_examples", pa.int32()),
 ])
 
 
@@ -38,10 +42,10 @@ def chunk_rng(seed: int, chunk: int) -> random.Random:
     return random.Random(f"rlmlab-pool:{seed}:{chunk}")
 
 
-def _build_chunk(args: tuple[int, int, int, GeneratorConfig]) -> dict[str, list]:
-    seed, chunk, n, config = args
-    library = default_library()
-    sampler = ExpressionSampler(library, config)
+def _build_chunk(args: tuple[int, int, int, GeneratorConfig, Task]) -> dict[str, list]:
+    seed, chunk, n, config, task = args
+    library = task.library
+    sampler = task.sampler(config)
     rng = chunk_rng(seed, chunk)
     cols: dict[str, list] = {c: [] for c in COLUMNS}
     for i in range(n):
@@ -55,19 +59,22 @@ def _build_chunk(args: tuple[int, int, int, GeneratorConfig]) -> dict[str, list]
         cols["trace_len"].append(s.trace_len)
         cols["max_depth"].append(s.max_depth)
         cols["max_frame_width"].append(s.max_frame_width)
-        cols["n_frames"].append(s.n_frames)
+        cols["n_frame_examples"].append(s.n_frame_examples)
     return cols
 
 
-def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorConfig = GeneratorConfig(),
-               progress: bool = False) -> pa.Table:
-    """Sample `n` expressions with `seed` and return the pool as an Arrow table."""
+def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorConfig | None = None,
+               progress: bool = False, task: Task | str | None = None) -> pa.Table:
+    """Sample `n` expressions of `task` (default: the paper's) with `seed` and return the pool as
+    an Arrow table. `config` overrides the task's generator settings."""
+    task = load_task(task)
+    config = config or task.generator
     if n < 1:
         raise DataError(f"pool size must be positive, got {n}")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
     workers = workers or os.cpu_count() or 1
-    jobs = [(seed, c, min(CHUNK, n - c * CHUNK), config) for c in range((n + CHUNK - 1) // CHUNK)]
+    jobs = [(seed, c, min(CHUNK, n - c * CHUNK), config, task) for c in range((n + CHUNK - 1) // CHUNK)]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -86,8 +93,9 @@ def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorC
                 bar and bar.update(len(cols["id"]))
     bar and bar.close()
     table = pa.concat_tables(parts)
-    meta = {"rlmlab.task.vocab": Vocab.from_library().to_json(),
-            "rlmlab.task.pool": json.dumps({"n": n, "seed": seed, "generator": asdict(config)})}
+    meta = {"rlmlab.task.vocab": task.vocab.to_json(),
+            "rlmlab.task.pool": json.dumps({"n": n, "seed": seed, "generator": asdict(config)}),
+            TASK_KEY.decode(): json.dumps(task.identity)}
     return table.replace_schema_metadata(meta)
 
 
@@ -107,12 +115,16 @@ def _saved_vocab(path: Path, raw: bytes) -> Vocab:
         raise DataError(f"{path}: vocabulary metadata: {e}") from None
 
 
-def read_pool(path: str | Path, check: int = 64) -> pa.Table:
-    """Read a pool (or any expression set with an `expr` column) and validate it.
+def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None) -> pa.Table:
+    """Read a pool (or any expression set with an `expr` column) of `task` (default: the
+    paper's) and validate it.
 
-    The first `check` rows are re-parsed so that a file from elsewhere fails early with a
-    one-line error rather than deep inside training.
+    A file that records another task, or another vocabulary, is refused; one that records no
+    task (written before tasks were recorded, or by hand) counts as the paper's when it records
+    a vocabulary. The first `check` rows are re-parsed with the task's library so that a file
+    from elsewhere fails early with a one-line error rather than deep inside training.
     """
+    task = load_task(task)
     path = regular_file(path, DataError, "data file")
     try:
         table = pq.read_table(path)
@@ -127,11 +139,26 @@ def read_pool(path: str | Path, check: int = 64) -> pa.Table:
         first = pc.index(pc.is_null(column), True).as_py()
         raise DataError(f"{path}: row {first}: empty (null) expression")
     meta = table.schema.metadata or {}
-    if b"rlmlab.task.vocab" in meta and _saved_vocab(path, meta[b"rlmlab.task.vocab"]) != Vocab.from_library():
-        raise DataError(f"{path}: written with a different vocabulary than this library's")
+    if TASK_KEY in meta:
+        check_same_task(_json(meta[TASK_KEY], path), task, f"{path}")
+    if b"rlmlab.task.vocab" in meta and _saved_vocab(path, meta[b"rlmlab.task.vocab"]) != task.vocab:
+        raise DataError(f"{path}: written with a different vocabulary than {task.describe()}'s")
     for i, text in enumerate(table.column("expr").slice(0, check).to_pylist()):
         try:
-            parse(text)
+            parse(text, task.library)
         except Exception as e:  # noqa: BLE001
             raise DataError(f"{path}: row {i}: {e}") from None
     return table
+
+
+def _json(raw: bytes, path: Path):
+    try:
+        return json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise DataError(f"{path}: its task record is not valid JSON") from None
+
+
+def pool_task(table: pa.Table) -> dict | None:
+    """The task identity a pool (or a table drawn from one) records, or None."""
+    raw = (table.schema.metadata or {}).get(TASK_KEY)
+    return None if raw is None else _json(raw, Path("<table>"))

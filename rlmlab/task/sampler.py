@@ -1,6 +1,7 @@
 """The paper's expression generator ("Task and generator"), driven by an explicit RNG.
 
-Root uniform over the library (an `if_then_else` root picks int or bool uniformly); each
+Root uniform over the library, or drawn with a task's root weights (a root returning T, as
+`if_then_else`, picks int or bool uniformly); each
 argument independently a literal with probability `p_lit`, else a sub-expression whose
 function returns the required type; the root is level 1 and a call at `max_level` takes
 only literals.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlmlab.task.expr import ANY, BOOL, BOOLS, DIGITS, INT, Call, default_library
+from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, default_library
 from rlmlab.task.library import Library
 
 
@@ -36,7 +37,7 @@ class ExpressionSampler:
     those names; default: the whole library), as the shortcut constructions do."""
 
     def __init__(self, library: Library | None = None, config: GeneratorConfig = GeneratorConfig(),
-                 roots: list[str] | None = None):
+                 roots: list[str] | None = None, weights: list[float] | None = None):
         from rlmlab.errors import ConfigError
 
         self.library = library or default_library()
@@ -47,10 +48,16 @@ class ExpressionSampler:
             if unknown or not roots:
                 raise ConfigError(f"roots: unknown function {', '.join(unknown) or '(none given)'}")
         self.roots = list(roots) if roots is not None else names
+        if weights is not None and (len(weights) != len(self.roots) or not sum(weights) > 0
+                                    or any(not w >= 0 for w in weights)):
+            raise ConfigError("root weights: one non-negative weight per root, not all zero")
+        self.weights = None if weights is None else list(weights)
+        self.digits = self.library.digits
         self.by_type = {INT: self.library.returning(INT), BOOL: self.library.returning(BOOL)}
 
     def sample(self, rng: random.Random) -> Call:
-        name = rng.choice(self.roots)
+        # Uniform roots draw with `choice`, as the paper's seed-42 pool was drawn.
+        name = rng.choice(self.roots) if self.weights is None else rng.choices(self.roots, self.weights)[0]
         fn = self.library[name]
         ret = rng.choice((INT, BOOL)) if fn.return_type == ANY else fn.return_type
         return self._fill(rng, name, ret, 1)
@@ -61,5 +68,5 @@ class ExpressionSampler:
 
     def _arg(self, rng: random.Random, want: str, level: int):
         if level >= self.config.max_level or rng.random() < self.config.p_lit:
-            return rng.choice(DIGITS if want == INT else BOOLS)
+            return rng.choice(self.digits if want == INT else BOOLS)
         return self._fill(rng, rng.choice(self.by_type[want]), want, level + 1)

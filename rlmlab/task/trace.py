@@ -27,6 +27,7 @@ from rlmlab.task.expr import (
 from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.library import Library
+from rlmlab.task.rules import Lazy
 from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, RETURN_KW
 
 
@@ -58,7 +59,7 @@ class Execution:
         return max(f.width for f in self.frames)
 
     @property
-    def n_frames(self) -> int:
+    def n_frame_examples(self) -> int:
         return len(self.frames)
 
 
@@ -99,10 +100,9 @@ class _Run:
             else:
                 bound.append(call(arg, [p, ASSIGN]))
 
-        if fn.name == "if_then_else":
-            body: Expr = q.args[1] if bound[0] == "True" else q.args[2]
-        elif fn.impl is not None:
-            body = value_token(fn.impl(*map(literal_value, bound)))
+        if fn.impl is not None:
+            v = fn.impl(*map(literal_value, bound))
+            body: Expr = q.args[v.index] if type(v) is Lazy else value_token(v)  # a lazy argument: a tail call
         else:
             body = substitute(self.library.bodies[fn.name], dict(zip(fn.params, bound)))
 
@@ -138,7 +138,7 @@ class TraceStats:
     trace_len: int
     max_depth: int
     max_frame_width: int
-    n_frames: int
+    n_frame_examples: int
 
 
 def trace_stats(expr: Call, library: Library | None = None) -> TraceStats:
@@ -190,10 +190,9 @@ def _stats_fn(library: Library):
                 bound.append(literal_value(arg))
             else:
                 bound.append(child(arg, 2))
-        if fn.name == "if_then_else":
-            body = q.args[1] if bound[0] else q.args[2]
-        elif fn.impl is not None:
-            body = value_token(fn.impl(*bound))
+        if fn.impl is not None:
+            v = fn.impl(*bound)
+            body = q.args[v.index] if type(v) is Lazy else value_token(v)
         else:
             body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
         if isinstance(body, str):

@@ -1,4 +1,4 @@
-"""The fixed vocabulary: named tokens, ids derived from the library, saved with data and checkpoints."""
+"""The vocabulary: named tokens, ids derived from the task's library, saved with data and checkpoints."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from rlmlab.errors import VocabError
 from rlmlab.safeio import parse_json
-from rlmlab.task.expr import BOOLS, DIGITS
+from rlmlab.task.expr import BOOLS
 
 CALL, END_CALL, RETURN, END_RETURN = "<call>", "</call>", "<return>", "</return>"
 CONTROL = (CALL, END_CALL, RETURN, END_RETURN)
@@ -36,7 +36,7 @@ class Vocab:
         from rlmlab.task.expr import default_library
 
         library = library or default_library()
-        return cls(SPECIALS + CONTROL + SYNTAX + DIGITS + BOOLS + library.param_names
+        return cls(SPECIALS + CONTROL + SYNTAX + library.digits + BOOLS + library.param_names
                    + tuple(f.name for f in library))
 
     def __len__(self) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from rlmlab.errors import ConfigError
+from pathlib import Path
+
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments import folder
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.iid import IIDSweep
 from rlmlab.experiments.kinds.recipe import RecipeComparison
@@ -21,4 +24,15 @@ def get_kind(name: str) -> ExperimentKind:
     return KINDS[name]
 
 
-__all__ = ["KINDS", "RUNNABLE", "ExperimentKind", "get_kind"]
+def read_meta(out: Path) -> dict:
+    """An experiment folder's `experiment.json`, checked against its kind."""
+    meta = folder.read_meta(out)
+    path = out / "experiment.json"
+    if meta["kind"] not in KINDS:
+        raise DataError(f"{path}: not an experiment description (its 'kind' should be one of "
+                        f"{', '.join(KINDS)})")
+    KINDS[meta["kind"]].check_meta(meta, path)
+    return meta
+
+
+__all__ = ["KINDS", "RUNNABLE", "ExperimentKind", "get_kind", "read_meta"]

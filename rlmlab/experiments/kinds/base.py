@@ -8,6 +8,19 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 
 
+def meta_task_digest(meta: dict) -> str:
+    """The task digest an `experiment.json` records (none: the paper's, as before tasks were recorded)."""
+    from rlmlab.task.taskfile import task_of_meta
+
+    return task_of_meta(meta.get("task"), "experiment.json")
+
+
+def preset_task_digest(preset) -> str:
+    from rlmlab.task.taskfile import load_task
+
+    return load_task(preset.task).digest
+
+
 class ExperimentKind(ABC):
     """One kind of experiment: how it plans its jobs and names their folders, what its
     `experiment.json` holds, how its tables and figures are built from saved results, and how two
@@ -26,15 +39,18 @@ class ExperimentKind(ABC):
 
     def identity(self, meta: dict) -> dict:
         """What two experiment folders must share to hold the same experiment: an export merges
-        into, and a run resumes in, a folder only when these agree: the kind, the preset and the
-        pool its data is drawn from."""
+        into, and a run resumes in, a folder only when these agree: the kind, the preset, the pool
+        its data is drawn from and the task (a folder from before tasks were recorded holds the
+        paper's)."""
         p = meta.get("preset") if isinstance(meta.get("preset"), dict) else {}
-        return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")]}
+        return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")],
+                "task": meta_task_digest(meta)}
 
     def planned_identity(self, preset, **options) -> dict:
         """`identity` of the experiment a `plan` with these arguments would write, known before
         any data is built."""
-        return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed]}
+        return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed],
+                "task": preset_task_digest(preset)}
 
     def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
         """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""

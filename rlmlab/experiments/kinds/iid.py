@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
@@ -194,7 +194,7 @@ class IIDSweep(ExperimentKind):
         if not (data / "split.json").exists():
             iid_split(load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
                       dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace).save(data)
-        split = Split.load(data)
+        split = Split.load(data, p.task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
         available = split.train.num_rows
@@ -202,7 +202,10 @@ class IIDSweep(ExperimentKind):
         skipped = [n for n in wanted if n > available]
         planned = set(sizes)
         if (out / "experiment.json").exists():
-            planned |= set(read_meta(out).get("sizes", ()))
+            old = read_meta(out)
+            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
+                self.check_meta(old, out / "experiment.json")
+                planned |= set(old.get("sizes", ()))
         meta = {"split": split.params, "sizes": sorted(planned)}
         if skipped:
             # The paper's N = 450,000 does not fit its own 500,000-expression pool (see

@@ -23,13 +23,13 @@ def _clock_s(record: dict) -> float:
 
 
 def _model_shape(model: dict, view: str) -> str:
-    from rlmlab.learning.config import PRESETS
+    from rlmlab.learning.config import MODEL_PRESETS
 
     try:
         family = learner(view).observation.family
     except ConfigError:
         family = "cot"
-    base = PRESETS.get(model.get("preset"), {}).get(family, {})
+    base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
     shape = {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
     return f"{shape['n_layer']}L/{shape['n_head']}H/{shape['n_embd']}"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import check_saved, read_meta, write_meta
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
@@ -177,14 +177,23 @@ class ShortcutSuite(ExperimentKind):
 
         from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
 
+        from rlmlab.task.taskfile import load_task
+
         p = preset
+        task = load_task(p.task)
+        if not task.is_paper:
+            raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
+                              f"arithmetic; they do not run on {task.describe()}")
         names = list(constructions or CONSTRUCTIONS)
         unknown = [n for n in names if n not in CONSTRUCTIONS]
         if unknown:
             raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
         planned = set(names)
         if (out / "experiment.json").exists():
-            planned |= set(read_meta(out).get("constructions", ()))
+            old = read_meta(out)
+            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
+                self.check_meta(old, out / "experiment.json")
+                planned |= set(old.get("constructions", ()))
         write_meta(out, self, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []

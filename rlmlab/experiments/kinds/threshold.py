@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import check_split, load_pool, write_meta
-from rlmlab.experiments.jobs import Job
+from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
@@ -286,7 +286,7 @@ class ThresholdSplit(ExperimentKind):
         if not (data / "split.json").exists():
             threshold_split(load_pool(p, out, progress), self.name, threshold, n_val=p.n_val,
                             per_bin_cap=p.per_bin_cap, n_train=p.n_train).save(data)
-        split = Split.load(data)
+        split = Split.load(data, p.task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
         write_meta(out, self, p, {"threshold": threshold, "split": split.params})

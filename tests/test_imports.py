@@ -1,0 +1,116 @@
+"""The package's import graph has no cycle, counting the imports inside functions (imports that
+only type checkers run, under `if TYPE_CHECKING:`, do not count)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rlmlab"
+
+
+def module_names(root: Path = PACKAGE) -> dict[str, Path]:
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: package modules it imports}, at module level or inside functions. `from a import b`
+    counts as importing the submodule `a.b` when there is one, else the module `a`."""
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                candidates = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in candidates:
+                while target and target not in modules:  # `import rlmlab.x.y as z` of a name inside a module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a list of modules (first == last), or None."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph(module_names())
+    assert "rlmlab.experiments.kinds.iid" in graph and graph["rlmlab.cli"]  # the walk found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_function_level_imports_are_counted(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import f\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import C\n"
+                              "def f():\n    from . import c\n    return c\n")
+    (pkg / "c.py").write_text("def g():\n    import pkg.a\n")
+    graph = import_graph(module_names(pkg))
+    assert graph["pkg.b"] == {"pkg.c"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("X = 1\n")
+    assert find_cycle(import_graph(module_names(pkg))) is None
+
+
+@pytest.mark.parametrize("module", ["rlmlab.task.expr", "rlmlab.experiments.kinds.base", "rlmlab.experiments.folder",
+                                    "rlmlab.experiments.job", "rlmlab.experiments.cluster"])
+def test_each_module_imports_first_on_its_own(module):
+    # Without cycles any module can be the first one imported; the paper's library is then the default.
+    import subprocess
+    import sys
+
+    code = (f"import {module}\nfrom rlmlab.task.expr import evaluate, parse\n"
+            "assert evaluate(parse('add(square(2),3)')) == 7")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
