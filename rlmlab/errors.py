@@ -1,5 +1,7 @@
 """Errors a user can cause. The CLI prints any `RlmlabError` on one line and exits 2."""
 
+ECHO_CHARS = 200  # user text echoed in an error is cut to about this many characters
+
 
 class RlmlabError(Exception):
     """Base class: bad input from a user (expression, config, data file, checkpoint)."""
@@ -11,7 +13,22 @@ class ExprError(RlmlabError):
     def __init__(self, message: str, pos: int | None = None, text: str | None = None):
         self.message, self.pos, self.text = message, pos, text
         where = f"at column {pos + 1}: " if pos is not None else ""
-        super().__init__(f"{where}{message}" + (f" in {text!r}" if text is not None else ""))
+        if len(message) > ECHO_CHARS:  # it quotes a token of the input
+            message = f"{message[:ECHO_CHARS]}... ({len(message):,} characters)"
+        super().__init__(f"{where}{message}" + (f" in {_excerpt(text, pos)}" if text is not None else ""))
+
+
+
+def _excerpt(text: str, pos: int | None) -> str:
+    """`text` quoted, or for a long text the stretch around `pos`, so that an error stays one
+    short line whatever the input."""
+    if len(text) <= ECHO_CHARS:
+        return repr(text)
+    at = min(max(pos or 0, 0), len(text))
+    start = max(0, at - ECHO_CHARS // 2)
+    piece = text[start:start + ECHO_CHARS]
+    return (f"{'...' if start else ''}{piece!r}{'...' if start + ECHO_CHARS < len(text) else ''} "
+            f"(of {len(text):,} characters)")
 
 
 class LibraryError(RlmlabError):

@@ -181,6 +181,7 @@ def test_non_finite_or_misshapen_tensors_are_refused_on_load(tmp_path):
     meta_path = tmp_path / "nan" / "last" / "checkpoint.json"
     meta = json.loads(meta_path.read_text())
     meta["files"]["model.safetensors"] = ck._sha256(tmp_path / "nan" / "last" / "model.safetensors")
+    meta["digest"] = ck.meta_digest(meta)  # a forgery consistent down to the metadata digest
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="non-finite weights"):
         load_run(tmp_path / "nan", "last")

@@ -1,10 +1,14 @@
-"""Fuzzing the inputs a user hands the CLI: any config value and any damage to a checkpoint
-(its metadata or its tensor files) ends in exit status 2 and one line on stderr, never a
-traceback; a damaged view cache is refused on one line and rebuilt."""
+"""Fuzzing the inputs a user hands the CLI: any config value or config file, any damage to a
+checkpoint (its metadata, forged or not, or its tensor files), any results file and any folder
+layout under --out ends in exit status 2 and one line on stderr, never a traceback, with
+nothing written; a damaged or resealed view cache is refused on one line and rebuilt."""
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -15,7 +19,7 @@ from hypothesis import strategies as st
 
 from rlmlab.cli import main
 from rlmlab.errors import DataError
-from rlmlab.learning.checkpoint import save_checkpoint
+from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
 from rlmlab.learning.config import SECTIONS
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.views import ViewData, build_view_data
@@ -99,9 +103,9 @@ def _damaged(raw: bytes, damage) -> bytes:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damage=DAMAGE, consistent=st.booleans())
 def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsys, damage, consistent):
-    """`consistent` rewrites the file's SHA-256 in checkpoint.json too, as a user who replaced the
-    weights by hand would: the loader must then still refuse what does not parse, does not fit
-    the model or is not finite."""
+    """`consistent` rewrites the file's SHA-256 in checkpoint.json too, and the metadata digest,
+    as a user who replaced the weights by hand would: the loader must then still refuse what
+    does not parse, does not fit the model or is not finite."""
     run = tmp_path / "run"
     shutil.copytree(saved_run, run, dirs_exist_ok=True)
     weights = run / "best" / "model.safetensors"
@@ -111,6 +115,7 @@ def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsy
         meta_path = run / "best" / "checkpoint.json"
         meta = json.loads(meta_path.read_text())
         meta["files"]["model.safetensors"] = hashlib.sha256(bad).hexdigest()
+        meta["digest"] = meta_digest(meta)
         meta_path.write_text(json.dumps(meta))
     code = main(["eval", str(run), "--data", str(run / "exprs.txt"), "--quiet"])
     err = capsys.readouterr().err
@@ -151,3 +156,190 @@ def test_any_damage_to_a_view_cache_is_refused_on_one_line_and_rebuilt(view_cach
         assert _same(loaded, fresh)
     assert _same(build_view_data(exprs, "rm", default_vocab(), cache_dir=folder), fresh)
     assert _same(ViewData.load(folder / name), fresh)  # the damaged entry was overwritten
+
+
+# --- configs, forged checkpoint metadata, view caches, results files, folder layouts ---------
+
+DEEP_JSON = st.integers(1, 3000).map(lambda d: "[" * d + "]" * d)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.one_of(JSON_VALUES.map(json.dumps), DEEP_JSON, st.binary(max_size=64).map(repr),
+                     st.dictionaries(st.sampled_from(sorted(SECTIONS)), JSON_VALUES, max_size=3).map(json.dumps)),
+       suffix=st.sampled_from([".json", ".toml"]))
+def test_any_config_file_is_taken_or_refused_on_one_line(tmp_path, capsys, doc, suffix):
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by the examples
+    config = tmp_path / f"c{suffix}"
+    config.write_text(doc)
+    _one_line_exit_2(capsys, ["train", "--config", str(config), "--data", str(tmp_path / "missing.parquet"),
+                              "--out", str(tmp_path / "run"), "--max-steps", "1"])
+    assert not (tmp_path / "run").exists()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["step", "view", "config", "vocab", "metrics", "files", "n_layer", "n_head", "n_embd",
+                            "vocab_size", "block_size", "dropout"]), value=JSON_VALUES)
+@example(key="n_embd", value=2 ** 40)
+@example(key="files", value={})
+def test_any_forged_checkpoint_metadata_is_one_line(saved_run, tmp_path, capsys, key, value):
+    """Metadata edited and its digest recomputed, as a forger would: what the digest no longer
+    guards, the checks behind it must."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run, dirs_exist_ok=True)
+    meta_path = run / "best" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    if key in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout"):
+        meta["model_config"][key] = value
+    else:
+        meta[key] = value
+    meta["digest"] = meta_digest(meta)
+    meta_path.write_text(json.dumps(meta))
+    out = Path(tempfile.mkdtemp(dir=tmp_path)) / "o"  # tmp_path is shared by the examples
+    code = main(["eval", str(run), "--data", str(run / "exprs.txt"), "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    if code == 0:
+        return
+    assert code == 2 and err.count("\n") == 1 and err.startswith("rlmlab eval: error: "), err
+    assert not out.exists()
+
+
+def _array(dtype, shape):
+    from hypothesis.extra.numpy import arrays
+
+    return arrays(dtype, shape, elements=st.integers(0, 80) if np.dtype(dtype).kind in "iu" else None)
+
+
+SHAPES = st.one_of(st.tuples(st.integers(0, 6)), st.tuples(st.integers(0, 3), st.integers(0, 4)))
+DTYPES = st.sampled_from([np.uint16, np.int64, np.int32, np.bool_, np.float64])
+ANY_ARRAY = st.tuples(DTYPES, SHAPES).flatmap(lambda ds: _array(*ds))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replace=st.dictionaries(st.sampled_from(["ids", "loss", "offsets", "source", "layout"]), ANY_ARRAY,
+                               min_size=1, max_size=3))
+def test_any_resealed_view_cache_is_refused_or_consistent(view_cache, tmp_path, replace):
+    """Arrays of any shape and type, sealed with a matching SHA-256: the loader refuses them on
+    one line or returns data whose arrays agree with each other."""
+    _, _, name, raw = view_cache
+    path = tmp_path / name
+    path.write_bytes(raw)
+    z = dict(np.load(path))
+    z.update(replace)
+    meta = json.loads(str(z["meta"]))
+    h = hashlib.sha256()
+    for k in ("ids", "loss", "offsets", "source", "layout"):
+        if k in z:
+            h.update(f"{z[k].dtype.str}{z[k].shape}".encode())
+            h.update(np.ascontiguousarray(z[k]).tobytes())
+    meta["sha256"] = h.hexdigest()
+    z["meta"] = np.array(json.dumps(meta))
+    with open(path, "wb") as f:
+        np.savez(f, **z)
+    try:
+        data = ViewData.load(path)
+    except DataError as e:
+        assert "\n" not in str(e)
+        return
+    assert data.offsets[0] == 0 and data.offsets[-1] == len(data.ids) == len(data.loss)
+    assert len(data.source) == len(data.offsets) - 1 and (len(data.ids) == 0 or int(data.ids.max()) < len(data.vocab))
+
+
+RESULT_LINES = st.lists(st.one_of(JSON_VALUES.map(json.dumps), DEEP_JSON, st.text(max_size=20),
+                                  st.fixed_dictionaries({"expr": st.text(max_size=8), "correct": st.booleans()},
+                                                        optional={"trace": JSON_VALUES, "valid": JSON_VALUES})
+                                  .map(json.dumps)), max_size=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=RESULT_LINES, summary=st.one_of(JSON_VALUES.map(json.dumps), DEEP_JSON))
+def test_any_results_file_is_read_or_refused_on_one_line(tmp_path, lines, summary):
+    from rlmlab.experiments.viewer import read_eval_set
+    from rlmlab.measuring.results import read_results
+
+    (tmp_path / "results.jsonl").write_text("".join(line + "\n" for line in lines))
+    (tmp_path / "summary.json").write_text(summary)
+    for read in (read_results, read_eval_set):
+        try:
+            out = read(tmp_path)
+        except DataError as e:
+            assert "\n" not in str(e)
+            continue
+        rows = out if isinstance(out, list) else out.results
+        assert all(isinstance(r["expr"], str) and isinstance(r["correct"], bool) for r in rows)
+
+
+MARKERS = ["experiment.json", "config.json", "metrics.jsonl", "last/checkpoint.json", "best/checkpoint.json",
+           "summary.json", "results.jsonl", "done.json", "eval/x/summary.json"]
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): (p.is_symlink(), p.read_bytes() if p.is_file() else None)
+            for p in sorted(folder.rglob("*"))}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(present=st.sets(st.sampled_from(MARKERS), max_size=4), content=st.sampled_from(["{}", "garbage", "[[[", ""]),
+       link=st.booleans())
+def test_any_folder_layout_is_written_into_only_when_it_holds_that_kind(tmp_path, capsys, present, content, link):
+    """`eval --out` and `train --out` into a folder holding any mix of other commands' files:
+    one line and the folder untouched, or (eval) an evaluation written into a folder that held
+    nothing of another kind."""
+    from rlmlab.safeio import folder_kind
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by the examples
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for rel in present:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(content)
+    if link:  # eval writes only its own files: a link elsewhere in the folder is no hazard
+        (tmp_path / "elsewhere").write_text("mine")
+        (folder / "linked").symlink_to(tmp_path / "elsewhere")
+    kind = folder_kind(folder)
+    before = _snapshot(folder)
+    data = tmp_path / "e.txt"
+    data.write_text("add(1,2)\n")
+    code = main(["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet", "--out", str(folder)])
+    err = capsys.readouterr().err
+    if code == 0:
+        assert kind in (None, "evaluation")
+    else:
+        assert code == 2 and err.count("\n") == 1 and _snapshot(folder) == before, err
+    before = _snapshot(folder)
+    _one_line_exit_2(capsys, ["train", "--data", str(tmp_path / "missing.parquet"), "--out", str(folder),
+                              "--max-steps", "1"])
+    assert _snapshot(folder) == before
+
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "smoke-length"
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(present=st.sets(st.sampled_from(MARKERS), max_size=3), content=st.sampled_from(["{}", "garbage"]),
+       link=st.sampled_from([None, "experiment.json", "report", "length-96/rm/done.json"]))
+@example(present=set(), content="{}", link="length-96/rm/done.json")
+def test_export_writes_only_into_an_export_and_never_through_links(tmp_path, capsys, present, content, link):
+    from rlmlab.safeio import folder_kind
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by the examples
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    for rel in present:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(content)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "mine").write_text("mine")
+    if link is not None:
+        (dest / link).parent.mkdir(parents=True, exist_ok=True)
+        if not (dest / link).exists():
+            (dest / link).symlink_to(outside / "mine" if "." in link else outside)
+    kind = folder_kind(dest)
+    before = _snapshot(dest)
+    code = main(["export", str(FIXTURE), str(dest)])
+    err = capsys.readouterr().err
+    if code == 0:
+        assert link is None and kind in (None, "experiment")
+    else:
+        assert code == 2 and err.count("\n") == 1 and _snapshot(dest) == before, err
+    assert sorted(os.listdir(outside)) == ["mine"] and (outside / "mine").read_text() == "mine"

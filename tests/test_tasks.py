@@ -16,7 +16,7 @@ from rlmlab.cli import main
 from rlmlab.decoding.infer import generate, oracle_predictor
 from rlmlab.errors import CheckpointError, RlmlabError, TaskError
 from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
-from rlmlab.learning.checkpoint import load_run
+from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.expr import evaluate, parse, to_text
@@ -349,6 +349,10 @@ def test_a_checkpoint_whose_vocabulary_is_not_the_tasks_is_refused(tmp_path, cap
     v = meta["vocab"]
     i, j = v.index("3"), v.index("4")
     v[i], v[j] = v[j], v[i]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="digest does not match"):  # an edit is caught first
+        load_run(run)
+    meta["digest"] = meta_digest(meta)  # re-sealed: only the task's vocabulary can refuse it
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="vocabulary differs"):
         load_run(run)

@@ -35,11 +35,36 @@ COMMANDS = {
 }
 
 
+# An error line echoes at most this much (a 10 MB expression must not make a 10 MB line).
+MAX_ERROR_CHARS = 600
+
+
+class UsageError(Exception):
+    """A command line argparse refuses; `main` prints it on one line."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line and a pointer to --help instead of the usage dump."""
+
+    def error(self, message: str):
+        raise UsageError(self.prog, message)
+
+
+def one_line(message: str) -> str:
+    """`message` on one line, cut to `MAX_ERROR_CHARS`."""
+    flat = " ".join(str(message).split("\n"))
+    return flat if len(flat) <= MAX_ERROR_CHARS else f"{flat[:MAX_ERROR_CHARS]}... ({len(flat):,} characters)"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or, given `command`, of that one in full and the others
     by name and help line only."""
-    parser = argparse.ArgumentParser(prog="rlmlab", description="Recursive language models vs CoT on "
-                                     "symbolic expression evaluation.")
+    parser = Parser(prog="rlmlab", description="Recursive language models vs CoT on "
+                    "symbolic expression evaluation.")
     parser.add_argument("--version", action="version", version=f"rlmlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, line in COMMANDS.items():
@@ -88,9 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command is the first argument that is not an option (rlmlab's own are --help, --version).
     parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        unknown_options_error(parser, args, extra)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            unknown_options_error(parser, args, extra)
+    except UsageError as e:
+        print(f"{e.prog}: error: {one_line(str(e))} (see {e.prog} --help)", file=sys.stderr)
+        return 2
     if sys.stdout is None:  # started with standard output closed (`rlmlab ... >&-`)
         if sys.stderr is not None:
             print(f"rlmlab {args.command}: error: standard output is closed", file=sys.stderr)
@@ -100,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `rlmlab ... | head`; an OSError, so caught before it
         return 0
     except RlmlabError as e:
-        print(f"rlmlab {args.command}: error: {e}", file=sys.stderr)
+        print(f"rlmlab {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a path that is a folder, unwritable, a full disk: the OS names it
         where = f"{e.filename}: " if e.filename else ""
-        print(f"rlmlab {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"rlmlab {args.command}: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlmlab: interrupted", file=sys.stderr)

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 from rlmlab.cli.progress import stages
-from rlmlab.errors import ConfigError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import learner
+from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import add_task_option, load_task
 
 MAX_DEPTH = 64  # the default of rlmlab.decoding.infer.Limits.max_depth, which imports torch
@@ -114,6 +115,7 @@ def run(args) -> int:
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
     limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
+    _refuse_another_evaluation(out, {"view": view, **header})
 
     with stages(args.quiet) as stage:
         results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
@@ -126,6 +128,22 @@ def run(args) -> int:
         print(render_groups(group_accuracy(results, args.by), args.by))
     print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
     return 0
+
+
+def _refuse_another_evaluation(out: Path, header: dict) -> None:
+    """An evaluation replaces one of the same predictor (a re-run), never another run's or the
+    oracle's evaluation, nor a folder that holds something else."""
+    refuse_other_folder(out, "evaluation", "--out", ConfigError)
+    if folder_kind(out) != "evaluation":
+        return
+    saved = read_json(out / "summary.json", DataError, "summary.json")
+    same = isinstance(saved, dict) and all(saved.get(k) == header.get(k) for k in ("predictor", "view")) and (
+        header["predictor"] == "oracle" or isinstance(saved.get("run_dir"), str)
+        and Path(saved["run_dir"]).resolve() == Path(header["run_dir"]).resolve())
+    if not same:
+        who = (f"{saved.get('predictor')} {saved.get('run_dir') or ''}".strip() if isinstance(saved, dict) else "?")
+        raise ConfigError(f"--out {out}: holds the evaluation of another predictor ({shorten(who)}); "
+                          "choose another folder")
 
 
 def render(s: dict) -> str:

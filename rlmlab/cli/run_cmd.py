@@ -18,6 +18,7 @@ from rlmlab.experiments.presets import PRESETS, ExperimentPreset, get_preset, se
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.safeio import refuse_other_folder
 
 
 PRESET_SETTING = "preset:"
@@ -152,23 +153,25 @@ def run(args) -> int:
     preset = (preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
               .with_learner_settings(args.learner_setting))
     out = Path(args.out)
+    refuse_other_folder(out, "experiment", "--out", ConfigError)
     if args.plan:
         from rlmlab.experiments.sizing import plan_sweep
 
         print(plan_sweep(preset, out, views, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet))
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "commands.jsonl", "a") as f:
-        f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
-                            + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                               if k in ("threshold", "lengths", "depths", "learners", "constructions", "sizes",
-                                        "seeds", "minutes", "max_steps", "threads", "ray_address", "ray_gpus_per_job",
-                                        "task")
-                               and v is not None]
-                            + [f"--preset.{k}={v}" for k, v in settings.items()]
-                            + [f"--learner-setting={item}" for item in args.learner_setting]
-                            + (["--extend"] if args.extend else [])}) + "\n")
+
+    def record() -> None:  # once the command is checked and planned: a refused one leaves no trace
+        with open(out / "commands.jsonl", "a") as f:
+            f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
+                                + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                                   if k in ("threshold", "lengths", "depths", "learners", "constructions", "sizes",
+                                            "seeds", "minutes", "max_steps", "threads", "ray_address",
+                                            "ray_gpus_per_job", "task")
+                                   and v is not None]
+                                + [f"--preset.{k}={v}" for k, v in settings.items()]
+                                + [f"--learner-setting={item}" for item in args.learner_setting]
+                                + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
                    lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
-                   progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job)
+                   progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job, on_planned=record)
     return 0

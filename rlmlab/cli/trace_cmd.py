@@ -50,10 +50,22 @@ def render(ex: Execution, color: bool) -> str:
     return "\n".join(lines)
 
 
+class BinaryInput(RlmlabError):
+    """Standard input that is not text: reported once, not once per line."""
+
+
 def _inputs(exprs: list[str]):
     for e in exprs:
         if e == "-":
-            for line in sys.stdin:
+            stream = getattr(sys.stdin, "buffer", sys.stdin)
+            for n, line in enumerate(stream, 1):
+                if isinstance(line, bytes):
+                    try:
+                        line = line.decode("utf-8")
+                    except UnicodeDecodeError:
+                        line = "\0"
+                if "\0" in line:
+                    raise BinaryInput(f"standard input, line {n}: not text (binary input?)")
                 if line.strip():
                     yield line.strip()
         else:
@@ -65,9 +77,16 @@ def run(args) -> int:
     library = load_task(args.task).library
     failed = 0
     first = True
-    for text in _inputs(args.exprs):
+    inputs = _inputs(args.exprs)
+    while True:
         try:
+            text = next(inputs, None)
+            if text is None:
+                break
             ex = execute(text, library)
+        except BinaryInput as e:
+            print(f"rlmlab trace: error: {e}", file=sys.stderr)
+            return 2
         except RlmlabError as e:
             print(f"rlmlab trace: error: {e}", file=sys.stderr)
             failed += 1

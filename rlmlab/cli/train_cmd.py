@@ -26,6 +26,8 @@ from rlmlab.learning.config import (
     load_config_file,
 )
 from rlmlab.learning.views import VIEWS
+from rlmlab.errors import ConfigError
+from rlmlab.safeio import refuse_other_folder
 
 OVERRIDE = "override:"
 
@@ -92,6 +94,7 @@ def resolve_config(args) -> RunConfig:
 def run(args) -> int:
     from rlmlab.experiments.jobs import train_run
 
+    refuse_other_folder(args.out, "training run", "--out", ConfigError)
     result = train_run(resolve_config(args), args.out, resume=args.resume, progress=not args.quiet)
     best = (f"best val {result.select_metric} {result.best_score:.4f} at step {result.best_step}"
             if result.best_score is not None else "no validation")

@@ -420,6 +420,33 @@ class _Flat:
         self.at.append(at)
 
 
+class _Match:
+    """The examples of one frame's call that agree with the frame's first `n` tokens, in
+    execution order: the next token is the next target of the first whose targets reach past `n`."""
+
+    __slots__ = ("examples", "n")
+
+    def __init__(self, examples: list[tuple[int, tuple[int, ...]]], frame: Sequence[int]):
+        n = len(frame)
+        head = tuple(frame)
+        self.examples = [(m, toks) for m, toks in examples if len(toks) >= n and toks[:n] == head]
+        self.n = n
+
+    def extend(self, frame: Sequence[int]) -> None:
+        """The frame grew by tokens appended after the first `n`."""
+        n, new = self.n, tuple(frame[self.n:])
+        end = n + len(new)
+        self.examples = [(m, toks) for m, toks in self.examples if len(toks) >= end and toks[n:end] == new]
+        self.n = end
+
+    def next_id(self) -> int:
+        n = self.n
+        for m, toks in self.examples:
+            if m <= n < len(toks):
+                return toks[n]
+        return NO_TOKEN
+
+
 class Oracle:
     """The true next-token rule g* as a function of the active frame alone (an RM predictor).
 
@@ -446,12 +473,47 @@ class Oracle:
         self.call_re = re.compile(b"[" + re.escape(bytes(call_ids)) + b"]*") if len(vocab) <= 256 else None
         # q (ids) -> [(m, example tokens)] for q's own frame, in execution order
         self.table: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+        self.frames: list[list[_Match | None]] = []  # per slot, its frames' matches, innermost last
 
     def reset(self, n_slots: int) -> None:
-        """Stateless per row: its tables only grow."""
+        """Forget the rows' frames (the tables only grow)."""
+        self.frames = [[] for _ in range(n_slots)]
 
     def __call__(self, feeds: Sequence[Feed]) -> list[int]:
-        return [self.next_id(tuple(f.seq)) for f in feeds]
+        return [self.step(f) for f in feeds]
+
+    def step(self, f: Feed) -> int:
+        """`next_id` of the feed's frame, kept per slot as the examples that still agree with
+        it: a step that only appends tokens checks those against each example, so a frame of
+        L tokens costs O(L) over its life rather than O(L) per step (O(L^2) for the root frame
+        of a long expression). A parent frame is kept aside while its child runs, as the KV
+        cache does, and re-matched when the child returns (the frame lost its call block)."""
+        if f.slot >= len(self.frames):
+            self.frames.extend([] for _ in range(f.slot + 1 - len(self.frames)))
+        stack = self.frames[f.slot]
+        if f.event == NEW:
+            stack.clear()
+        elif f.event == POP and stack:
+            stack.pop()
+        if f.event in (NEW, PUSH) or not stack:
+            stack.append(None)
+        match = stack[-1]
+        seq = f.seq
+        if match is None or f.keep < match.n or f.keep > len(seq):
+            match = stack[-1] = self._match(seq)
+        elif match.n < len(seq):
+            match.extend(seq)
+        return match.next_id()
+
+    def _match(self, frame: Sequence[int]) -> "_Match":
+        n = self._call_len(frame)
+        if n is None:
+            return _Match([], frame)
+        q = tuple(frame[:n])
+        examples = self.table.get(q)
+        if examples is None:
+            examples = self._learn(q)
+        return _Match(examples, frame)
 
     def _call_len(self, frame: Sequence[int]) -> int | None:
         """Length of the written call that opens a frame (if the frame is well-formed, which
@@ -507,36 +569,64 @@ class OnActiveFrame:
 
     Pi_rec is kept incrementally per slot with `StackReplay` (equal to `active_frame` on legal
     prefixes, tested in test_trace_properties); on an illegal prefix it falls back to
-    `active_frame` itself, which is total. The inner function sees each frame afresh, so this
-    is for cache-free frame rules such as the oracle.
+    `active_frame` itself, which is total. `frame` is a function of the frame's ids alone
+    (each frame seen afresh), or an RM predictor fed the frame as the RM decoder would feed it:
+    tokens appended to the same frame as such, a frame changed by a call or a return anew.
     """
 
     block_size = None
 
-    def __init__(self, frame_fn: Callable[[tuple[int, ...]], int], vocab: Vocab):
-        self.frame_fn = frame_fn
+    def __init__(self, frame: Callable[[tuple[int, ...]], int] | Predictor, vocab: Vocab):
+        self.inner = frame if hasattr(frame, "reset") else _EachFrame(frame)
         self.vocab = vocab
         self.replays: list[StackReplay | None] = []
         self.seen: list[int] = []
+        self.frames: list[list[int]] = []  # per slot, the active frame's ids
 
     def reset(self, n_slots: int) -> None:
         self.replays = [None] * n_slots
         self.seen = [0] * n_slots
+        self.frames = [[] for _ in range(n_slots)]
+        self.inner.reset(n_slots)
 
     def __call__(self, feeds: Sequence[Feed]) -> list[int]:
         toks, ids = self.vocab.tokens, self.vocab.ids
-        out = []
+        inner = []
         for f in feeds:
             r = self.replays[f.slot]
-            if r is None or f.event == NEW or f.keep < self.seen[f.slot]:
+            fresh = r is None or f.event == NEW or f.keep < self.seen[f.slot]
+            if fresh:
                 r = self.replays[f.slot] = StackReplay()
                 self.seen[f.slot] = 0
-            for t in f.seq[self.seen[f.slot]:]:
-                r.feed(toks[t])
+            new = f.seq[self.seen[f.slot]:]
+            events = [r.feed(toks[t]) for t in new]
+            moved = fresh or any(e is not None for e in events)  # a push, a pop or an error
             self.seen[f.slot] = len(f.seq)
-            frame = r.top if r.error is None else active_frame(toks[t] for t in f.seq)
-            out.append(self.frame_fn(tuple(map(ids.__getitem__, frame))))
-        return out
+            frame = self.frames[f.slot]
+            if moved:
+                top = r.top if r.error is None else active_frame(toks[t] for t in f.seq)
+                frame[:] = map(ids.__getitem__, top)
+                inner.append(Feed(f.slot, frame, 0, NEW))
+            else:  # the tokens went onto the same frame
+                keep = len(frame)
+                frame.extend(new)
+                inner.append(Feed(f.slot, frame, keep, None))
+        return self.inner(inner)
+
+
+class _EachFrame:
+    """A function of the frame's ids as a predictor."""
+
+    block_size = None
+
+    def __init__(self, fn: Callable[[tuple[int, ...]], int]):
+        self.fn = fn
+
+    def reset(self, n_slots: int) -> None:
+        pass
+
+    def __call__(self, feeds: Sequence[Feed]) -> list[int]:
+        return [self.fn(tuple(f.seq)) for f in feeds]
 
 
 def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
@@ -545,7 +635,7 @@ def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
     canonical traces; a window shorter than the trace hides the frame's start, so there it is
     g* o Pi_rec of the window, not the true rule)."""
     oracle = Oracle(vocab, library)
-    return oracle if observer(view).shows_active_frame else OnActiveFrame(oracle.next_id, vocab)
+    return oracle if observer(view).shows_active_frame else OnActiveFrame(oracle, vocab)
 
 
 class TeacherForced:

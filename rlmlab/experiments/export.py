@@ -12,6 +12,7 @@ from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.report import report
+from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
 # command in commands.jsonl, and checkpoints are megabytes each.
@@ -34,6 +35,8 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
     meta = read_meta(src)
     if dest == src or src in dest.parents:
         raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    refuse_other_folder(dest, "experiment", "export destination")
+    refuse_symlinks(dest, "export destination")
     old_commands, new_commands = _lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl")
     if (dest / "experiment.json").exists():
         old = read_meta(dest)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -71,23 +72,24 @@ def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     meta = {"kind": kind.name, "preset": asdict(p), "task": load_task(p.task).identity, **extra}
-    refuse_another_experiment(out, kind.identity(meta))
+    refuse_another_experiment(out, kind.identity(meta), kind.identity)
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def refuse_another_experiment(out: Path, identity: dict) -> None:
+def refuse_another_experiment(out: Path, identity: dict, identity_of: Callable[[dict], dict]) -> None:
     """Refuse to run an experiment with this `identity` (`ExperimentKind.identity`) in a folder
-    that holds another one."""
+    that holds another one; `identity_of` gives the identity of the experiment.json found there
+    (the kinds are not known here: `rlmlab.experiments.kinds` imports this module)."""
     if not (out / "experiment.json").exists():
         return
-    from rlmlab.experiments.kinds.base import meta_task_digest
-
-    old = read_meta(out)
+    old_meta = read_meta(out)
+    old = identity_of(old_meta)
     for key, value in identity.items():
-        have = meta_task_digest(old) if key == "task" else old.get(key)
+        have = old.get(key)
         if have != value:
             if key == "task":
-                name = (old.get("task") or {}).get("name", "paper") if isinstance(old.get("task"), dict) else "paper"
+                task = old_meta.get("task")
+                name = task.get("name", "paper") if isinstance(task, dict) else "paper"
                 raise ConfigError(f"{out} holds an experiment of another task ({name!r}, {have[:12]}, not "
                                   f"{value[:12]}); give this one its own --out")
             raise ConfigError(f"{out} holds another experiment ({key} {have!r}, not {value!r}); "

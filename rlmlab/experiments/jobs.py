@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.job import Job
+from rlmlab.safeio import read_json
 
 
 # Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
@@ -37,13 +38,13 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
     from rlmlab.learning.config import TrainConfig
 
     try:
-        done = json.loads((run_dir / "done.json").read_text())
-        saved = json.loads((run_dir / "config.json").read_text())["train"]
+        done = read_json(run_dir / "done.json", what="done.json")
+        saved = read_json(run_dir / "config.json", what="config.json")["train"]
         reason = done.get("stop_reason")
         if not isinstance(saved, dict) or not all(
                 isinstance(saved.get(key), (int, float, type(None))) for key in ("patience", "max_minutes", "max_steps")):
             raise TypeError
-    except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
+    except (DataError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
     if reason == "plateau":
         asked = settings.get("train.patience", TrainConfig.patience)
@@ -58,11 +59,26 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
     keep = run_dir / f"superseded-step{done.get('step')}"
     if keep.exists():
         raise DataError(f"{keep} exists already: move it away to extend {run_dir} again from that step")
+    _check_resumable(run_dir)  # before anything moves: a run that cannot resume stays finished as it was
     keep.mkdir()
     for name in RUN_OUTPUTS:
         if (run_dir / name).exists():
             (run_dir / name).rename(keep / name)
     return None
+
+
+def _check_resumable(run_dir: Path) -> None:
+    """The run's `last` checkpoint is complete and carries the state to resume from (its
+    metadata digest and tensor files checked), or CheckpointError."""
+    from rlmlab.errors import CheckpointError
+    from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
+    from rlmlab.learning.train import TrainerState
+
+    ckpt = checkpoint_dir(run_dir, "last")
+    meta = read_meta(ckpt)
+    if "trainer" not in meta or "optimizer" not in meta:
+        raise CheckpointError(f"{ckpt}: no trainer or optimizer state to resume from")
+    TrainerState.from_saved({k: v for k, v in meta["trainer"].items() if k != "rng"}, ckpt)
 
 
 def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True):
@@ -150,8 +166,8 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
 def _finished(done: Path) -> bool:
     """Whether `done.json` is the marker run_job writes (a finished run is skipped on its word)."""
     try:
-        d = json.loads(done.read_text())
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        d = read_json(done, what="done.json")
+    except DataError:
         return False
     return (isinstance(d, dict) and isinstance(d.get("stop_reason"), str) and isinstance(d.get("step"), int)
             and not isinstance(d.get("step"), bool))
@@ -166,7 +182,7 @@ def _evaluated(eval_dir: Path) -> dict | None:
     if not ((eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists()):
         return None
     try:
-        summary = json.loads((eval_dir / "summary.json").read_text())
+        summary = read_json(eval_dir / "summary.json", what="summary.json")
         complete = isinstance(summary, dict) and summary.get("n") == len(read_results(eval_dir / "results.jsonl"))
     except (ValueError, RecursionError, DataError):
         complete = False

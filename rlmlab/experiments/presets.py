@@ -6,6 +6,7 @@ import typing
 from dataclasses import dataclass, field, replace
 
 from rlmlab.errors import ConfigError
+from rlmlab.safeio import check_fits
 from rlmlab.experiments.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
 
 
@@ -124,7 +125,12 @@ class ExperimentPreset:
                 raise ConfigError(f"{where}: iid_per_size keys must be positive training-set sizes, got {size!r}")
         for table in [getattr(self, name) for name in PER_LEARNER_TABLES] + list(self.iid_per_size.values()):
             for settings in table.values():
+                owned = sorted(JOB_OWNED.intersection(settings))
+                if owned:  # each job sets these itself: a table's value would be silently replaced
+                    raise ConfigError(f"{where}: {', '.join(owned)} cannot be set per learner (each job sets "
+                                      "its own data and view; the seed comes from --seeds)")
                 apply_settings(RunConfig(), settings)
+        check_fits(POOL_ROW_BYTES * self.pool_n, f"{where}: a pool of pool_n={self.pool_n} expressions", ConfigError)
 
     def iid_seeds_at(self, n: int) -> int:
         """How many seeds the IID sweep trains at training-set size `n`."""
@@ -227,6 +233,10 @@ class ExperimentPreset:
 
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
 PER_LEARNER_TABLES = ("per_view", "shortcut_per_view", "iid_per_view")
+# Settings a job sets for itself (`Job` and `job_settings`), never taken from a per-learner table.
+JOB_OWNED = frozenset({"data.view", "data.train", "data.val", "train.seed"})
+# A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
+POOL_ROW_BYTES = 256
 
 
 def settable_fields() -> dict[str, object]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.folder import folder_lock, refuse_another_experiment
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.jobs import run_job
-from rlmlab.experiments.kinds import RUNNABLE, get_kind
+from rlmlab.experiments.kinds import KINDS, RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
 from rlmlab.learning.learner import PAPER_LEARNERS
 
@@ -25,15 +26,23 @@ def run_jobs(jobs: list[Job], out: Path, ray_address: str | None = None, progres
     return run_on_ray(jobs, out, ray_address, extend, ray_gpus)
 
 
+def _identity_of(meta: dict) -> dict:
+    """The identity of the experiment an experiment.json describes (of an unknown kind: its kind)."""
+    kind = KINDS.get(meta["kind"])
+    return kind.identity(meta) if kind is not None else {"kind": meta["kind"]}
+
+
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,
                    ray_address: str | None = None, progress: bool = True, extend: bool = False,
-                   ray_gpus: float | None = None, **options) -> list[Job]:
+                   ray_gpus: float | None = None, on_planned: Callable[[], None] | None = None,
+                   **options) -> list[Job]:
     """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
 
     `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
     (default: the preset's), `sizes` and `seeds` for the IID sweep (default: the preset's),
     `constructions` for the shortcuts (default: all six); an option left None takes its default. `extend`
-    continues finished runs to a larger budget."""
+    continues finished runs to a larger budget. `on_planned` is called once the
+    experiment is planned, before any job runs (`rlmlab run` records the command then)."""
     if kind not in RUNNABLE:
         raise ConfigError(f"unknown experiment {kind!r} (have: {', '.join(RUNNABLE)})")
     experiment = get_kind(kind)
@@ -51,8 +60,11 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     t0 = time.perf_counter()
     # Runs sharing the folder build its data and rewrite experiment.json one at a time.
     with folder_lock(out, busy="another run is building data or recording its plan here"):
-        refuse_another_experiment(out, experiment.planned_identity(p, **options))  # before any data is built
+        # before any data is built
+        refuse_another_experiment(out, experiment.planned_identity(p, **options), _identity_of)
         jobs = experiment.plan(p, out, tuple(views), progress, **options)
+        if on_planned is not None:
+            on_planned()
     run_jobs(jobs, out, ray_address, progress, extend, ray_gpus)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.safeio import parse_json, read_json
 
 IID_SIZES: tuple[int, ...] = (100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000,
                               50_000, 100_000, 200_000, 300_000, 450_000)
@@ -285,15 +286,17 @@ def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -
     path = folder / meta_file
     if not path.exists():
         raise DataError(f"{folder}: no {meta_file} (not a saved data set, or an unfinished save)")
-    try:
-        doc = json.loads(path.read_text())
-    except ValueError as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
+    doc = read_json(path, DataError, meta_file)
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise DataError(f"{path}: format is {doc.get('format') if isinstance(doc, dict) else None!r}, "
                         f"expected {fmt!r}")
     tables = {}
-    for name, entry in (doc.get("tables") or {}).items():
+    entries = doc.get("tables") or {}
+    if not isinstance(entries, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"]
+            and isinstance(e.get("rows"), int) for e in entries.values()):
+        raise DataError(f"{path}: 'tables' should map names to {{\"file\": a file of the folder, \"rows\": a count}}")
+    for name, entry in entries.items():
         table = read_pool(folder / entry["file"], task=task)
         if table.num_rows != entry["rows"]:
             raise DataError(f"{folder / entry['file']}: {table.num_rows} rows, {meta_file} says {entry['rows']}")
@@ -328,7 +331,9 @@ def _count(name: str, n, minimum: int = 0) -> int:
 
 def _pool_meta(pool: pa.Table) -> dict:
     meta = (pool.schema.metadata or {}).get(b"rlmlab.task.pool")
-    info = json.loads(meta.decode()) if meta else {}
+    info = parse_json(meta, "pool metadata") if meta else {}
+    if not isinstance(info, dict):
+        raise DataError("pool metadata is not a JSON object")
     return {"rows": pool.num_rows, "fingerprint": pool_fingerprint(pool), **info}
 
 

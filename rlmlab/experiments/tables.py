@@ -9,6 +9,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
 from rlmlab.measuring.results import read_results
+from rlmlab.safeio import parse_json, read_json
 
 # Best validation final-answer accuracy from which a learner counts as having fitted its training
 # distribution: the paper reports out-of-domain accuracy only from this plateau on.
@@ -87,8 +88,8 @@ def saved_list(out: Path, job: str, view: str, tool: str, set_name: str, key: st
         return None
     what = f"{path}: not an `rlmlab {tool}` summary"
     try:
-        items = json.loads(path.read_text())[key]
-    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+        items = read_json(path, DataError, "summary.json")[key]
+    except (DataError, KeyError, TypeError):
         raise DataError(what) from None
     if not (isinstance(items, list) and all(isinstance(g, dict) for g in items)):
         raise DataError(f"{what} (its '{key}' should be a list of objects)")
@@ -123,8 +124,8 @@ def metrics_records(run_dir: Path) -> list[dict]:
     recs = []
     for line in path.read_text(errors="replace").splitlines():
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse_json(line, str(path))
+        except DataError:
             continue
         if isinstance(rec, dict):
             recs.append(rec)

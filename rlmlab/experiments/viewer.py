@@ -20,6 +20,7 @@ import html
 import json
 import re
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.experiments.tables import learner_name
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
+from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.learning.learner import learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
@@ -91,6 +93,7 @@ def read_eval_set(folder: str | Path, limit: int | None = None) -> EvalSet:
     path = folder / RESULTS
     if not path.is_file():
         raise DataError(f"{folder}: no {RESULTS} (not an evaluation folder)")
+    regular_file(path, DataError, "results file")
     results, lines, total = [], [], 0
     try:
         with open(path, encoding="utf-8") as f:
@@ -107,10 +110,7 @@ def read_eval_set(folder: str | Path, limit: int | None = None) -> EvalSet:
         raise DataError(f"{path}: no results")
     summary = {}
     if (folder / SUMMARY).exists():
-        try:
-            summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            raise DataError(f"{folder / SUMMARY}: not valid JSON") from None
+        summary = read_json(folder / SUMMARY, DataError, SUMMARY)
         if not isinstance(summary, dict):
             raise DataError(f"{folder / SUMMARY}: not a summary (a JSON object)")
     return EvalSet(folder, results, summary, total, lines)
@@ -119,9 +119,9 @@ def read_eval_set(folder: str | Path, limit: int | None = None) -> EvalSet:
 def _check_result(line: str, path: Path, n: int) -> dict:
     where = f"{path}: line {n}"
     try:
-        r = json.loads(line)
-    except ValueError as e:
-        raise DataError(f"{where}: not JSON ({_short(getattr(e, 'msg', e))})") from None
+        r = parse_json(line, where)
+    except DataError as e:
+        raise DataError(f"{where}: not JSON ({_short(str(e).removeprefix(where + ': '))})") from None
     if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and isinstance(r.get("correct"), bool)):
         raise DataError(f"{where}: not a per-expression result (needs 'expr' and 'correct')")
     kinds = {"trace": str, "diverge_at": int, "reason": str, "valid": bool, "trace_exact": bool}
@@ -341,6 +341,11 @@ def embedded_data(page: str) -> dict:
     return json.loads(m.group(1))
 
 
+def _link(rel: str) -> str:
+    """A relative link to a file under the page's folder, its path percent-encoded."""
+    return urllib.parse.quote(rel, safe="/")
+
+
 def _esc(v) -> str:
     return html.escape(str(v), quote=True)
 
@@ -500,10 +505,7 @@ def eval_sets(folder: str | Path) -> list[Path]:
 
 def read_experiment(folder: Path) -> dict:
     path = folder / "experiment.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise DataError(f"{path}: not valid JSON") from None
+    meta = read_json(path, DataError, "experiment.json")
     if not isinstance(meta, dict) or not isinstance(meta.get("kind"), str):
         raise DataError(f"{path}: not an experiment description (no 'kind')")
     return meta
@@ -545,7 +547,9 @@ def _index_html(folder: Path, meta: dict, rows: list[tuple], limit: int | None) 
         note = f" (the first {limit:,} expressions of each)" if limit else ""
         parts.append(f"<p>One page per learner and set{note}: every expression's trace against the "
                      "canonical one, where it first diverges and what each learner read there.</p>")
-        trs = "".join(f'<tr><td>{_esc(j)}</td><td>{_esc(lrn)}</td><td><a href="{_esc(href)}">{_esc(s)}</a></td>'
+        # Folder names become relative links, percent-encoded: a job folder named
+        # `javascript:alert(7)` must stay a path, never become a URL scheme.
+        trs = "".join(f'<tr><td>{_esc(j)}</td><td>{_esc(lrn)}</td><td><a href="{_esc(_link(href))}">{_esc(s)}</a></td>'
                       f"<td>{n:,}</td><td>{_pct(acc)}</td><td>{_pct(valid)}</td><td>{_pct(exact)}</td></tr>"
                       for j, lrn, s, href, n, acc, valid, exact in rows)
         parts.append('<table class="report"><thead><tr><th>run</th><th>learner</th><th>set</th><th>expressions</th>'

@@ -13,7 +13,9 @@ and a checkpoint folder holds
     optimizer.safetensors  AdamW moments and step counts (last/ only)
     checkpoint.json        format, step, view, model config, run config, vocabulary, metrics,
                            optimizer hyper-parameters, trainer state (RNG, data cursor, clock)
-                           and the SHA-256 of each tensor file
+                           the SHA-256 of each tensor file, and `digest`: the SHA-256 of
+                           all of the above (`meta_digest`), so that an edit to the
+                           vocabulary, the view or the model config is refused on load
 
 A checkpoint is written into a temporary folder next to its final place, synced, then
 renamed into place; the previous one is moved aside first and deleted last. A save killed at
@@ -36,11 +38,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
+from rlmlab.safeio import read_json, shorten
 from rlmlab.learning.model import ModelConfig, Transformer
 from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.vocab import Vocab
 
-FORMAT = "rlmlab-checkpoint/1"
+FORMAT = "rlmlab-checkpoint/2"
+# Checkpoints written before the metadata digest: their tensor files are still checked, their
+# metadata cannot be. They load as before (runs in progress resume across the upgrade).
+LEGACY_FORMAT = "rlmlab-checkpoint/1"
 MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
 # What checkpoint.json must hold, and the JSON type of each entry.
 META_TYPES = {"step": int, "view": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
@@ -70,6 +76,14 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def meta_digest(meta: dict) -> str:
+    """SHA-256 of checkpoint.json's content other than `digest` itself, as canonical JSON (sorted
+    keys, no spaces): it does not depend on how the file is indented, and covers the SHA-256 of
+    each tensor file, so one digest seals the whole checkpoint."""
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -172,6 +186,7 @@ def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, voca
     for name in files:
         meta["files"][name] = _sha256(tmp / name)
         _fsync(tmp / name)
+    meta["digest"] = meta_digest(meta)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
     _fsync(tmp / META_FILE)
     _fsync(tmp)
@@ -203,12 +218,13 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
 
 
 def read_meta(ckpt: Path) -> dict:
-    """checkpoint.json, with the tensor files it names checked against their SHA-256."""
+    """checkpoint.json, checked against its digest, with the tensor files it names (the weights
+    at least) checked against their SHA-256."""
     try:
-        meta = json.loads((ckpt / META_FILE).read_text())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
+    except CheckpointError as e:
+        raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, LEGACY_FORMAT):
         raise CheckpointError(f"{ckpt}: not an {FORMAT} checkpoint")
     for key, kind in META_TYPES.items():
         if key not in meta:
@@ -222,7 +238,12 @@ def read_meta(ckpt: Path) -> dict:
         raise CheckpointError(f"{ckpt}: {META_FILE}: 'vocab' should list token strings")
     for name, digest in meta["files"].items():
         if name not in (MODEL_FILE, OPTIM_FILE) or not isinstance(digest, str):
-            raise CheckpointError(f"{ckpt}: {META_FILE} names an unexpected file {name!r}")
+            raise CheckpointError(f"{ckpt}: {META_FILE} names an unexpected file {shorten(repr(name))}")
+    if MODEL_FILE not in meta["files"]:  # an empty 'files' would switch the weight check off
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'files' lacks the SHA-256 of {MODEL_FILE}")
+    if meta["format"] == FORMAT and meta.get("digest") != meta_digest(meta):
+        raise CheckpointError(f"{ckpt}: {META_FILE} was edited after it was saved (its digest does not match)")
+    for name, digest in meta["files"].items():
         path = ckpt / name
         if not path.exists():
             raise CheckpointError(f"{ckpt}: {name} is missing")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.learning.encodings import check_encoding
+from rlmlab.safeio import check_fits, parse_json, read_bytes
 
 # --- model ----------------------------------------------------------------------------------
 
@@ -63,6 +64,13 @@ class ModelConfig:
             raise ConfigError(f"model.n_head={self.n_head} must divide model.n_embd={self.n_embd}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        check_fits(4 * self.n_params(), f"a model of {self.n_layer} layers of width {self.n_embd} and "
+                   f"{self.block_size} positions (fp32 weights)", ConfigError)
+
+    def n_params(self) -> int:
+        """Parameters this config makes (tied embedding once, positional table included)."""
+        d = self.n_embd
+        return (self.vocab_size + self.block_size) * d + self.n_layer * (12 * d * d + 13 * d) + 2 * d
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -282,6 +290,12 @@ class RunConfig:
     def from_dict(cls, d: dict) -> "RunConfig":
         return apply_dict(cls(), d)
 
+    def __post_init__(self):
+        # Rows are int64 ids, targets, loss weights and positions: four arrays of the batch's size.
+        check_fits(32 * self.train.batch_size * self.data.row_length,
+                   f"a batch of train.batch_size={self.train.batch_size} rows of {self.data.row_length}+ "
+                   "positions", ConfigError)
+
     def require_stop_rule(self) -> None:
         t = self.train
         if t.max_steps is None and t.max_minutes is None and t.patience is None:
@@ -478,12 +492,9 @@ def _split(override: str) -> tuple[str, str]:
 
 def load_config_file(path: str | Path, base: RunConfig | None = None) -> RunConfig:
     path = Path(path)
+    text = read_bytes(path, ConfigError, "config file")
     try:
-        text = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from None
-    try:
-        d = tomllib.loads(text.decode()) if path.suffix == ".toml" else json.loads(text)
+        d = tomllib.loads(text.decode()) if path.suffix == ".toml" else parse_json(text, str(path), ConfigError)
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} "
                           f"({str(e).splitlines()[0]})") from None

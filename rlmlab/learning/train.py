@@ -299,10 +299,19 @@ class TrainerState:
             raise CheckpointError(f"{ckpt}: malformed trainer state ({e})") from None
         numbers = {"step": int, "tokens": int, "bad_evals": int, "elapsed_s": (int, float), "cpu_s": (int, float)}
         bad = [k for k, t in numbers.items() if not isinstance(getattr(state, k), t)
-               or isinstance(getattr(state, k), bool) or not getattr(state, k) >= 0]
+               or isinstance(getattr(state, k), bool) or not 0 <= getattr(state, k) < math.inf]
         horizon = state.schedule_steps
         if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
             bad.append("schedule_steps")
+        optional = {"best_step": int, "last_eval_step": int, "best_score": (int, float), "select_metric": str}
+        bad += [k for k, t in optional.items() if getattr(state, k) is not None and (
+                not isinstance(getattr(state, k), t) or isinstance(getattr(state, k), bool)
+                or (t is not str and not -math.inf < getattr(state, k) < math.inf)
+                or (t is int and getattr(state, k) < 0))]
+        if not (isinstance(state.dropped, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in state.dropped.items())):
+            bad.append("dropped")
         window = state.log_window
         if not (isinstance(window, dict) and isinstance(window.get("loss"), (int, float))
                 and isinstance(window.get("steps"), int) and not isinstance(window.get("steps"), bool)
@@ -365,7 +374,7 @@ class MetricsLog:
         self.path, self.mirror = path, mirror
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
-            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
+            kept = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= resume_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             tmp.replace(path)
@@ -384,11 +393,12 @@ class MetricsLog:
 
 
 def _step_of(line: str) -> float:
-    """The step of a metrics line; a line cut short by a kill counts as after every step."""
+    """The step of a metrics line; a line cut short by a kill (or not a record) counts as after every step."""
     try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError, RecursionError):
         return math.inf
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) and step == step else math.inf
 
 
 def _better(score: float, best: float | None, metric: str, margin: float = 0.0) -> bool:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.safeio import parse_json
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
 from rlmlab.task.library import Library
@@ -233,7 +234,7 @@ class ViewData:
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
+                meta = parse_json(str(z["meta"]), f"{path}: metadata")
                 arrays = {k: z[k] for k in ("ids", "loss", "offsets", "source")}
                 layout = z["layout"] if "layout" in z.files else None
         except FileNotFoundError:
@@ -248,6 +249,13 @@ class ViewData:
             found = meta.get("format") if isinstance(meta, dict) else None
             raise DataError(f"{path}: format {found!r}, expected {VIEWDATA_FORMAT!r}")
         offsets = arrays["offsets"]
+        # Shapes and types first: every check below indexes or compares these arrays.
+        if any(a.ndim != 1 for a in arrays.values()) or len(offsets) == 0 \
+                or (layout is not None and layout.ndim != 2) \
+                or any(a.dtype != want for a, want in ((arrays["ids"], np.uint16), (arrays["loss"], np.bool_),
+                                                      (offsets, np.int64), (arrays["source"], np.int64),
+                                                      (layout, np.int32)) if a is not None):
+            raise DataError(f"{path}: arrays of the wrong shape or type")
         if offsets[-1] != len(arrays["ids"]) or len(arrays["loss"]) != len(arrays["ids"]) \
                 or len(arrays["source"]) != len(offsets) - 1 \
                 or (layout is not None and layout.shape != (len(arrays["ids"]), 3)):

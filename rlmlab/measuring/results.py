@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.safeio import read_jsonl
 
 
 def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict) -> tuple[Path, Path]:
@@ -28,15 +29,7 @@ def read_results(path: str | Path, required: tuple[str, ...] = ("expr", "correct
     path = Path(path)
     if path.is_dir():
         path = path / "results.jsonl"
-    try:
-        with open(path) as f:
-            results = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not a results file ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not a results file (not text)") from None
+    results = read_jsonl(path, DataError, "results file")
     types = {"expr": str, "correct": bool}
     for i, r in enumerate(results, 1):
         if not (isinstance(r, dict) and all(isinstance(r.get(k), types.get(k, object)) and k in r for k in required)):

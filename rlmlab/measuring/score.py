@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
 from rlmlab.errors import ConfigError, DataError, RlmlabError
@@ -33,6 +34,12 @@ from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import Vocab
+from rlmlab.safeio import json_safe, read_bytes, regular_file
+
+# Data columns carried into results: JSON scalars (a binary or nested column is not).
+PLAIN_COLUMN = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+                pa.types.is_large_string)
+MAX_EXPRESSION_FILE = 1 << 30  # a text file of expressions; bigger ones belong in parquet
 
 
 def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
@@ -111,19 +118,22 @@ def read_expressions(path: str | Path, limit: int | None = None, task=None) -> t
     refused) or a text file with one written expression per line (blank lines and lines
     starting with # are skipped). Returns (parsed calls, per-expression extras)."""
     task = load_task(task)
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
+    path = regular_file(path, DataError, "data file")  # a FIFO or a device would block or never end
     if path.suffix == ".parquet":
         table = read_pool(path, task=task)
         if limit is not None:
             table = table.slice(0, limit)
         texts = table.column("expr").to_pylist()
-        ids = table.column("id").to_pylist() if "id" in table.column_names else None
+        ids = None
+        if "id" in table.column_names:
+            kind = table.schema.field("id").type
+            if not any(t(kind) for t in PLAIN_COLUMN):
+                raise DataError(f"{path}: the 'id' column holds {kind}, not numbers or strings")
+            ids = [json_safe(i) for i in table.column("id").to_pylist()]
         where = [f"row {i}" for i in range(len(texts))]
     else:
         try:
-            lines = path.read_text().splitlines()
+            lines = read_bytes(path, DataError, "file of expressions", MAX_EXPRESSION_FILE).decode().splitlines()
         except UnicodeDecodeError:
             raise DataError(f"{path}: not a text file of expressions (or a .parquet pool)") from None
         numbered = [(n, s.strip()) for n, s in enumerate(lines, 1) if s.strip() and not s.lstrip().startswith("#")]
@@ -151,14 +161,11 @@ def data_columns(path: str | Path, n: int) -> list[dict]:
     (JSON-safe scalars only: bins, splits, ids, signals); a text file has none."""
     if Path(path).suffix != ".parquet":
         return [{} for _ in range(n)]
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(path).slice(0, n)
-    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
-             pa.types.is_large_string)
-    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in plain)]
-    cols = {c: table.column(c).to_pylist() for c in keep}
+    keep = [c for c in table.column_names if c != "expr" and any(t(table.schema.field(c).type) for t in PLAIN_COLUMN)]
+    cols = {c: [json_safe(v) for v in table.column(c).to_pylist()] for c in keep}
     return [{c: cols[c][i] for c in keep} for i in range(n)]
 
 

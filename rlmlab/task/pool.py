@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, VocabError
+from rlmlab.safeio import regular_file
 from rlmlab.task.expr import infer_type, parse, to_text, value_token
 from rlmlab.task.sampler import GeneratorConfig
 from rlmlab.task.taskfile import Task, check_same_task, load_task
@@ -106,6 +107,14 @@ def write_pool(table: pa.Table, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
+def _saved_vocab(path: Path, raw: bytes) -> Vocab:
+    """The vocabulary a parquet file's metadata records (bounded JSON, UTF-8)."""
+    try:
+        return Vocab.from_json(raw)
+    except VocabError as e:
+        raise DataError(f"{path}: vocabulary metadata: {e}") from None
+
+
 def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None) -> pa.Table:
     """Read a pool (or any expression set with an `expr` column) of `task` (default: the
     paper's) and validate it.
@@ -116,9 +125,7 @@ def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None)
     from elsewhere fails early with a one-line error rather than deep inside training.
     """
     task = load_task(task)
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
+    path = regular_file(path, DataError, "data file")
     try:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
@@ -134,7 +141,7 @@ def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None)
     meta = table.schema.metadata or {}
     if TASK_KEY in meta:
         check_same_task(_json(meta[TASK_KEY], path), task, f"{path}")
-    if b"rlmlab.task.vocab" in meta and Vocab.from_json(meta[b"rlmlab.task.vocab"].decode()) != task.vocab:
+    if b"rlmlab.task.vocab" in meta and _saved_vocab(path, meta[b"rlmlab.task.vocab"]) != task.vocab:
         raise DataError(f"{path}: written with a different vocabulary than {task.describe()}'s")
     for i, text in enumerate(table.column("expr").slice(0, check).to_pylist()):
         try:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from rlmlab.errors import VocabError
+from rlmlab.safeio import parse_json
 from rlmlab.task.expr import BOOLS
 
 CALL, END_CALL, RETURN, END_RETURN = "<call>", "</call>", "<return>", "</return>"
@@ -65,11 +66,11 @@ class Vocab:
         return json.dumps({"tokens": list(self.tokens)})
 
     @classmethod
-    def from_json(cls, text: str) -> "Vocab":
+    def from_json(cls, text: str | bytes) -> "Vocab":
+        data = parse_json(text, "vocabulary JSON", VocabError)  # bounded: it may come from a file's metadata
         try:
-            data = json.loads(text)
             toks = data["tokens"]
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):
             raise VocabError("vocabulary JSON must be an object with a 'tokens' list") from None
         if not isinstance(toks, list) or not all(isinstance(t, str) for t in toks):
             raise VocabError("vocabulary 'tokens' must be a list of strings")

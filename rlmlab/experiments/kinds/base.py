@@ -39,13 +39,18 @@ class ExperimentKind(ABC):
 
     def identity(self, meta: dict) -> dict:
         """What two experiment folders must share to hold the same experiment: an export merges
-        into, and a run resumes in, a folder only when these agree."""
-        return {"kind": meta.get("kind"), "task": meta_task_digest(meta)}
+        into, and a run resumes in, a folder only when these agree: the kind, the preset, the pool
+        its data is drawn from and the task (a folder from before tasks were recorded holds the
+        paper's)."""
+        p = meta.get("preset") if isinstance(meta.get("preset"), dict) else {}
+        return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")],
+                "task": meta_task_digest(meta)}
 
     def planned_identity(self, preset, **options) -> dict:
         """`identity` of the experiment a `plan` with these arguments would write, known before
         any data is built."""
-        return {"kind": self.name, "task": preset_task_digest(preset)}
+        return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed],
+                "task": preset_task_digest(preset)}
 
     def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
         """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""

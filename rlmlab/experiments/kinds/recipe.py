@@ -10,6 +10,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.tables import learner_name, metrics_records, pct, save_figure, training_summary
 from rlmlab.learning.learner import learner
+from rlmlab.safeio import read_json
 
 RECIPE_MARKS_MIN = (15, 30, 45, 60, 90, 120)
 """Training minutes at which the recipe table reads each run's best validation so far."""
@@ -37,9 +38,9 @@ def recipe_row(name: str, run_dir: Path) -> dict:
     """One training run of a recipe comparison: its settings and its validation answer accuracy
     against training minutes (`_clock_s`; best so far at each of `RECIPE_MARKS_MIN`, first minute at 99%)."""
     try:
-        cfg = json.loads((run_dir / "config.json").read_text())
+        cfg = read_json(run_dir / "config.json", DataError, "config.json")
         model, data, train = cfg["model"], cfg["data"], cfg["train"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (DataError, KeyError, TypeError):
         raise DataError(f"{run_dir}: no readable config.json (not an `rlmlab train` run folder)") from None
     recs = metrics_records(run_dir)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r and "elapsed_s" in r]

@@ -8,7 +8,7 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import check_split, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
+from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
@@ -272,10 +272,10 @@ class ThresholdSplit(ExperimentKind):
         return f"{self.name}-{threshold}"
 
     def identity(self, meta: dict) -> dict:
-        return {"kind": meta.get("kind"), "threshold": meta.get("threshold"), "task": meta_task_digest(meta)}
+        return {**super().identity(meta), "threshold": meta.get("threshold")}
 
     def planned_identity(self, preset, threshold: int | None = None) -> dict:
-        return {"kind": self.name, "threshold": self.threshold(preset, threshold), "task": preset_task_digest(preset)}
+        return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
 
     def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
              threshold: int | None = None) -> list[Job]:

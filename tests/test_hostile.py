@@ -1,0 +1,453 @@
+"""Hostile input, one test per failure class: sizes beyond memory, files that are not regular
+files, deep or broken JSON, poisoned caches, edited checkpoints, folders of another kind, the
+order of effects, ignored settings, echoed input, oracle decoding cost and link targets. Each
+ends in one line on stderr and exit status 2 (or a library `RlmlabError`), with nothing
+written, or in the documented correct behaviour."""
+
+import hashlib
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rlmlab.cli import main
+from rlmlab.errors import CheckpointError, DataError
+from rlmlab.learning import checkpoint as ck
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.learning.train import TrainerState
+from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.measuring.results import read_results
+from rlmlab.measuring.score import read_expressions
+from rlmlab.safeio import MAX_DEPTH, parse_json
+from rlmlab.task.pool import read_pool
+from rlmlab.task.vocab import default_vocab
+
+RELEASED = ck.Path(__file__).resolve().parent.parent / "rlmlab" / "released" / "paper-cpu-length-595"
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory) -> ck.Path:
+    path = tmp_path_factory.mktemp("pool") / "pool.parquet"
+    assert main(["data", "pool", "--n", "60", "--quiet", "--out", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory) -> ck.Path:
+    """A finished smoke experiment (one learner): the folder other commands must not mix into."""
+    out = tmp_path_factory.mktemp("exp") / "length"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    return out
+
+
+def _files(folder: ck.Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+            and p.name != ".lock"}
+
+
+# --- sizes checked against memory before allocating ------------------------------------------
+
+@pytest.mark.parametrize("setting", ["--model.block_size=1000000000", "--model.n_embd=1099511627776",
+                                     "--train.batch_size=99999999999999999999999"])
+def test_sizes_beyond_memory_are_refused_before_allocating(tmp_path, capsys, pool, setting):
+    err = one_line_error(capsys, ["train", "--data", str(pool), "--out", str(tmp_path / "r"), "--max-steps", "1",
+                                  "--preset", "tiny", "--data.val_size=10", setting])
+    assert "more than this machine's" in err and "of memory" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("setting", ["--preset.pool_n=99999999999999999999",
+                                     "--learner-setting=per_view.rm.train.batch_size=99999999999999999999999"])
+def test_experiment_sizes_beyond_memory_are_refused(tmp_path, capsys, setting):
+    err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(tmp_path / "e"), "--quiet",
+                                  setting])
+    assert "of memory" in err and not (tmp_path / "e").exists()
+
+
+def test_a_checkpoint_claiming_a_huge_model_is_refused(tmp_path, capsys):
+    run = _saved(tmp_path)
+    meta_path = run / "best" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["model_config"]["n_embd"] = 2 ** 40
+    meta["digest"] = ck.meta_digest(meta)  # consistent: only the size check can refuse it
+    meta_path.write_text(json.dumps(meta))
+    (run / "e.txt").write_text("add(1,2)\n")
+    assert "of memory" in one_line_error(capsys, ["eval", str(run), "--data", str(run / "e.txt"), "--quiet"])
+
+
+# --- regular files only --------------------------------------------------------------------
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_devices_and_fifos_are_not_read_as_files(tmp_path, capsys, pool, special):
+    if special == "fifo":
+        special = str(tmp_path / "fifo")
+        os.mkfifo(special)
+    for argv in (["train", "--config", special, "--data", str(pool), "--out", str(tmp_path / "r"), "--max-steps", "1"],
+                 ["eval", "--oracle", "--view", "rm", "--data", special, "--quiet", "--out", str(tmp_path / "o")]):
+        assert "not a regular file" in one_line_error(capsys, argv)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+
+
+# --- bounded JSON ----------------------------------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+MODERATE = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)  # parses, but nested past any file we write
+
+
+@pytest.mark.parametrize("text", [DEEP, MODERATE, '{"a": 1}\n' + "{" * 3000])
+def test_deep_json_in_results_and_summaries_is_one_error(tmp_path, text):
+    (tmp_path / "results.jsonl").write_text(text + "\n")
+    with pytest.raises(DataError, match="nested too deeply|not valid JSON"):
+        read_results(tmp_path)
+    from rlmlab.experiments.viewer import read_eval_set
+
+    (tmp_path / "results.jsonl").write_text('{"expr": "add(1,2)", "correct": true}\n')
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(DataError, match="nested too deeply|not valid JSON"):
+        read_eval_set(tmp_path)
+
+
+def test_parquet_vocabulary_metadata_deep_or_not_utf8_is_one_error(tmp_path):
+    table = pa.table({"expr": ["add(1,2)"]})
+    for raw, message in ((DEEP.encode(), "nested too deeply"), (b'{"tokens": ["\xff"]}', "not UTF-8")):
+        pq.write_table(table.replace_schema_metadata({b"rlmlab.task.vocab": raw}), tmp_path / "p.parquet")
+        with pytest.raises(DataError, match=message):
+            read_pool(tmp_path / "p.parquet")
+
+
+def test_a_config_read_by_extend_nested_deeply_is_one_error(tmp_path):
+    from rlmlab.experiments.jobs import reopen_to_extend
+
+    (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "max_steps"}')
+    (tmp_path / "config.json").write_text('{"train": ' + DEEP + "}")
+    with pytest.raises(DataError, match="not what `rlmlab run` writes"):
+        reopen_to_extend(tmp_path, {"train.max_steps": 9})
+
+
+def test_id_columns_binary_refused_nan_written_as_null(tmp_path, capsys):
+    pq.write_table(pa.table({"expr": ["add(1,2)"], "id": pa.array([b"\x00\xff"], pa.binary())}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match="'id' column holds binary"):
+        read_expressions(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"expr": ["add(1,2)", "double(3)"], "id": [float("nan"), 2.0]}), tmp_path / "n.parquet")
+    assert main(["eval", "--oracle", "--view", "rm", "--data", str(tmp_path / "n.parquet"), "--quiet",
+                 "--out", str(tmp_path / "o")]) == 0
+
+    def strict(text):  # JSON as other languages read it: no NaN
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in results.jsonl"))
+
+    rows = [strict(line) for line in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rows if r["id"] is not None) == [2.0] and sum(r["id"] is None for r in rows) == 1
+
+
+def test_parse_json_bounds_depth_without_recursion():
+    assert parse_json("[" * MAX_DEPTH + "]" * MAX_DEPTH, "x") == parse_json("[" * MAX_DEPTH + "]" * MAX_DEPTH, "x")
+    with pytest.raises(DataError, match="nested too deeply"):
+        parse_json(MODERATE, "x")
+
+
+# --- poisoned view caches --------------------------------------------------------------------
+
+def _poisoned(path: ck.Path, **arrays) -> None:
+    """Replace arrays of a cache and re-seal it with a matching SHA-256: only the shape and
+    type checks can refuse it."""
+    z = dict(np.load(path))
+    z.update(arrays)
+    meta = json.loads(str(z["meta"]))
+    h = hashlib.sha256()
+    for k in ("ids", "loss", "offsets", "source", "layout"):
+        if k in z:
+            h.update(f"{z[k].dtype.str}{z[k].shape}".encode())
+            h.update(np.ascontiguousarray(z[k]).tobytes())
+    meta["sha256"] = h.hexdigest()
+    z["meta"] = np.array(json.dumps(meta))
+    with open(path, "wb") as f:
+        np.savez(f, **z)
+
+
+@pytest.mark.parametrize("poison", [
+    dict(ids=np.zeros(0, np.uint16), loss=np.zeros(0, bool), offsets=np.zeros(0, np.int64),
+         source=np.zeros(0, np.int64)),
+    "2-D offsets", "offsets as floats"])
+def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
+    exprs = ["add(1,2)", "double(3)", "square(triple_add(1,2,3))"]
+    fresh = build_view_data(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    offsets = np.load(path)["offsets"]
+    if poison == "2-D offsets":
+        poison = dict(offsets=offsets.reshape(1, -1))
+    elif poison == "offsets as floats":
+        poison = dict(offsets=offsets.astype(np.float64))
+    _poisoned(path, **poison)
+    with pytest.raises(DataError, match="wrong shape or type"):
+        ViewData.load(path)
+    again = build_view_data(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+    assert np.array_equal(again.ids, fresh.ids) and np.array_equal(again.offsets, fresh.offsets)
+
+
+# --- the checkpoint's metadata covered by its digest -------------------------------------------
+
+def _saved(tmp_path) -> ck.Path:
+    run = tmp_path / "run"
+    vocab = default_vocab()
+    torch.manual_seed(0)
+    ck.save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))), vocab=vocab, view="rm",
+                       config={"model": {"preset": "tiny"}}, step=3, metrics={})
+    return run
+
+
+def _swap(meta: dict, what: str) -> None:
+    if what == "vocab":
+        meta["vocab"][12], meta["vocab"][13] = meta["vocab"][13], meta["vocab"][12]  # digits 0 and 1
+    elif what == "view":
+        meta["view"] = "cot" if meta["view"] == "rm" else "rm"
+    else:
+        meta["model_config"]["n_head"] = 4 if meta["model_config"]["n_head"] != 4 else 2
+
+
+@pytest.mark.parametrize("what", ["vocab", "view", "n_head"])
+def test_editing_a_released_checkpoints_metadata_is_refused(tmp_path, capsys, what):
+    run = tmp_path / "rm"
+    shutil.copytree(RELEASED / "rm", run)
+    assert ck.load_run(run).step == json.loads((RELEASED / "rm" / "best" / "checkpoint.json").read_text())["step"]
+    meta_path = run / "best" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    _swap(meta, what)
+    meta_path.write_text(json.dumps(meta, indent=1))
+    (tmp_path / "e.txt").write_text("add(1,2)\n")
+    err = one_line_error(capsys, ["eval", str(run), "--data", str(tmp_path / "e.txt"), "--quiet",
+                                  "--out", str(tmp_path / "o")])
+    assert "was edited after it was saved" in err and not (tmp_path / "o").exists()
+
+
+def test_an_empty_files_entry_is_refused_and_legacy_checkpoints_still_load(tmp_path):
+    run = _saved(tmp_path)
+    meta_path = run / "best" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    for files in ({}, {"optimizer.safetensors": "0" * 64}):
+        forged = {**meta, "files": files}
+        forged["digest"] = ck.meta_digest(forged)
+        meta_path.write_text(json.dumps(forged))
+        with pytest.raises(CheckpointError, match="lacks the SHA-256 of model.safetensors"):
+            ck.load_run(run)
+    # A checkpoint written before the digest loads by its tensor checksums, as it did.
+    legacy = {k: v for k, v in meta.items() if k != "digest"} | {"format": ck.LEGACY_FORMAT}
+    meta_path.write_text(json.dumps(legacy))
+    assert ck.load_run(run).step == 3
+    meta_path.write_text(json.dumps({**legacy, "files": {}}))
+    with pytest.raises(CheckpointError, match="lacks the SHA-256"):
+        ck.load_run(run)
+
+
+# --- finiteness and types of trainer state ------------------------------------------------------
+
+@pytest.mark.parametrize("saved, bad", [
+    ({"step": 3, "dropped": "x"}, "dropped"),
+    ({"step": 3, "dropped": {"train": -1}}, "dropped"),
+    ({"step": 3, "best_score": float("nan")}, "best_score"),
+    ({"step": 3, "best_score": float("inf")}, "best_score"),
+    ({"step": 3, "elapsed_s": float("inf")}, "elapsed_s"),
+    ({"step": 3, "cpu_s": float("nan")}, "cpu_s"),
+    ({"step": 3, "schedule_steps": -5}, "schedule_steps"),
+    ({"step": 3, "best_step": "7"}, "best_step"),
+    ({"step": 3, "select_metric": 5}, "select_metric"),
+])
+def test_trainer_state_must_be_finite_and_typed(tmp_path, saved, bad):
+    with pytest.raises(CheckpointError, match=bad):
+        TrainerState.from_saved(saved, tmp_path)
+    ok = TrainerState.from_saved({"step": 3, "best_score": 0.5, "dropped": {"train": 2}, "schedule_steps": 10}, tmp_path)
+    assert ok.best_score == 0.5 and math.isfinite(ok.elapsed_s)
+
+
+# --- folder kinds and experiment identity, checked before any write --------------------------------
+
+def test_train_into_an_experiment_folder_is_refused(experiment, capsys, pool):
+    before = _files(experiment)
+    err = one_line_error(capsys, ["train", "--data", str(pool), "--out", str(experiment), "--max-steps", "1",
+                                  "--preset", "tiny", "--data.val_size=10"])
+    assert "holds an experiment, not a training run" in err
+    assert _files(experiment) == before
+
+
+def test_run_into_a_training_run_folder_is_refused(experiment, tmp_path, capsys):
+    run = experiment / "length-96" / "rm"
+    before = _files(run)
+    for extra in ([], ["--extend"]):
+        err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(run), "--quiet",
+                                      "--views", "rm", *extra])
+        assert "holds a training run, not an experiment" in err
+    assert _files(run) == before
+
+
+def test_export_only_into_an_export_of_the_same_experiment_and_never_through_links(experiment, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(experiment / "length-96" / "rm", run)
+    before = _files(run)
+    assert "holds a training run" in one_line_error(capsys, ["export", str(experiment), str(run)])
+    assert _files(run) == before
+    # An export of the same kind and threshold on another pool is another experiment.
+    other = tmp_path / "other"
+    shutil.copytree(experiment, other / "src")
+    meta = json.loads((other / "src" / "experiment.json").read_text())
+    meta["preset"]["pool_seed"] = 7
+    (other / "src" / "experiment.json").write_text(json.dumps(meta))
+    assert main(["export", str(other / "src"), str(other / "dest")]) == 0
+    capsys.readouterr()
+    exported = _files(other / "dest")
+    assert "holds another experiment (pool" in one_line_error(capsys, ["export", str(experiment),
+                                                                        str(other / "dest")])
+    assert _files(other / "dest") == exported
+    # A destination holding a symbolic link would be written through.
+    dest, outside = tmp_path / "dest", tmp_path / "outside.json"
+    outside.write_text("mine")
+    dest.mkdir()
+    (dest / "experiment.json").symlink_to(outside)
+    assert "symbolic link" in one_line_error(capsys, ["export", str(experiment), str(dest)])
+    assert outside.read_text() == "mine"
+
+
+def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path, capsys):
+    run = experiment / "length-96" / "rm"
+    data = tmp_path / "e.txt"
+    data.write_text("add(1,2)\ndouble(3)\n")
+    theirs = run / "eval" / "eval"
+    before = _files(theirs)
+    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet",
+                                  "--out", str(theirs)])
+    assert "holds the evaluation of another predictor" in err and _files(theirs) == before
+    assert "holds a training run" in one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(data),
+                                                             "--quiet", "--out", str(run)])
+    # The same predictor evaluating again replaces its own evaluation.
+    mine = tmp_path / "mine"
+    for _ in range(2):
+        assert main(["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet", "--out", str(mine)]) == 0
+
+
+# --- checks before moves; no record of refused commands -------------------------------------------
+
+def test_extend_checks_the_run_can_resume_before_moving_its_outputs(experiment, tmp_path):
+    from rlmlab.experiments.jobs import reopen_to_extend
+
+    run = tmp_path / "rm"
+    shutil.copytree(experiment / "length-96" / "rm", run)
+    before = _files(run)
+    (run / "last" / "model.safetensors").write_bytes(b"damaged")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        reopen_to_extend(run, {"train.max_steps": 50})
+    assert (run / "done.json").exists() and (run / "eval").is_dir()
+    assert not list(run.glob("superseded-step*"))
+    assert {p for p in _files(run)} == set(before)
+
+
+def test_a_refused_run_leaves_no_command_record(experiment, capsys):
+    before = (experiment / "commands.jsonl").read_text()
+    one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(experiment), "--quiet", "--views", "rm"])
+    one_line_error(capsys, ["run", "length", "--preset", "small", "--out", str(experiment), "--quiet",
+                            "--views", "rm"])  # another preset: another experiment
+    assert (experiment / "commands.jsonl").read_text() == before
+
+
+def test_settings_a_job_sets_itself_are_refused_not_ignored(tmp_path, capsys):
+    for key in ("data.train=x.parquet", "data.val=x.parquet", "data.view=cot", "train.seed=3"):
+        err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(tmp_path / "e"), "--quiet",
+                                      f"--learner-setting=per_view.rm.{key}"])
+        assert "cannot be set per learner" in err
+    assert not (tmp_path / "e").exists()
+
+
+# --- echoed input cut short --------------------------------------------------------------------
+
+def test_errors_echo_at_most_a_few_hundred_characters(tmp_path, capsys):
+    err = one_line_error(capsys, ["trace", "x" * 10_000_000])
+    assert len(err) < 700
+    err = one_line_error(capsys, ["trace", "add(1," * 200_000])
+    assert len(err) < 700 and "1,200,000 characters" in err
+    (tmp_path / "e.txt").write_text("add(1,2)\n" + "foo(" * 1_000_000 + "\n")
+    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(tmp_path / "e.txt"), "--quiet",
+                                  "--out", str(tmp_path / "o")])
+    assert len(err) < 700
+
+
+@pytest.mark.parametrize("argv", [[], ["train"], ["run", "nosuchkind", "--out", "x"], ["eval", "--bogus"],
+                                  ["trace"], ["data"]])
+def test_usage_errors_are_one_line_with_a_pointer_to_help(capsys, argv):
+    err = one_line_error(capsys, argv)
+    assert "--help)" in err and "usage:" not in err
+
+
+def test_binary_input_to_trace_is_one_error():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rlmlab", "trace", "-"], input=os.urandom(4000) + b"\n" * 100,
+                          capture_output=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count(b"\n") == 1 and b"not text" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+# --- oracle decoding near-linear in the trace length ---------------------------------------------
+
+def _tree(height: int) -> str:
+    return "3" if height == 0 else f"triple_add({_tree(height - 1)},{_tree(height - 1)},{_tree(height - 1)})"
+
+
+@pytest.mark.parametrize("view", ["rm", "cot"])
+def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatch, view):
+    """Tokens the oracle compares, per trace token: a per-step cost proportional to the frame
+    (the root frame holds the whole written expression) would grow ~3x per level here."""
+    from rlmlab.decoding import infer
+    from rlmlab.task.expr import parse
+    from rlmlab.task.trace import trace_stats
+
+    touched = [0]
+    init, extend = infer._Match.__init__, infer._Match.extend
+
+    def counted_init(self, examples, frame):
+        touched[0] += len(frame) * max(1, len(examples))
+        init(self, examples, frame)
+
+    def counted_extend(self, frame):
+        touched[0] += (len(frame) - self.n) * max(1, len(self.examples))
+        extend(self, frame)
+
+    monkeypatch.setattr(infer._Match, "__init__", counted_init)
+    monkeypatch.setattr(infer._Match, "extend", counted_extend)
+    per_token = {}
+    vocab = default_vocab()
+    for height in (4, 5, 6):
+        touched[0] = 0
+        expr = parse(_tree(height))
+        (g,) = infer.generate(infer.oracle_predictor(view, vocab), [expr], vocab, view)
+        assert g.valid
+        per_token[height] = touched[0] / trace_stats(expr).trace_len
+    assert per_token[6] < 16 and per_token[6] < 1.3 * per_token[4], per_token
+
+
+# --- link targets percent-encoded ---------------------------------------------------------------
+
+def test_the_experiment_index_links_folder_names_as_paths_never_as_urls(experiment, tmp_path):
+    import re
+
+    from rlmlab.experiments.viewer import experiment_index
+
+    folder = tmp_path / "exp"
+    shutil.copytree(experiment, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.parquet", "*.npz"))
+    (folder / "length-96").rename(folder / "javascript:alert(7)")
+    page = experiment_index(folder, tmp_path / "view")
+    index = (tmp_path / "view" / "index.html").read_text()
+    links = re.findall(r'href="([^"]+)"', index)
+    assert links == ["javascript%3Aalert%287%29/rm/eval.html"] and page is not None
+    assert (tmp_path / "view" / "javascript:alert(7)" / "rm" / "eval.html").exists()
