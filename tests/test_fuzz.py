@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from conftest import reseal_view_cache
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
@@ -223,18 +224,7 @@ def test_any_resealed_view_cache_is_refused_or_consistent(view_cache, tmp_path, 
     _, _, name, raw = view_cache
     path = tmp_path / name
     path.write_bytes(raw)
-    z = dict(np.load(path))
-    z.update(replace)
-    meta = json.loads(str(z["meta"]))
-    h = hashlib.sha256()
-    for k in ("ids", "loss", "offsets", "source", "layout"):
-        if k in z:
-            h.update(f"{z[k].dtype.str}{z[k].shape}".encode())
-            h.update(np.ascontiguousarray(z[k]).tobytes())
-    meta["sha256"] = h.hexdigest()
-    z["meta"] = np.array(json.dumps(meta))
-    with open(path, "wb") as f:
-        np.savez(f, **z)
+    reseal_view_cache(path, **replace)
     try:
         data = ViewData.load(path)
     except DataError as e:

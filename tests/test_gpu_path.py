@@ -25,6 +25,7 @@ from torch._dynamo.testing import CompileCounter
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import draw_packed_layout
 from rlmlab.learning.attention import FlexMask
 from rlmlab.learning.config import DataSettings, TrainConfig
 from rlmlab.learning.model import Transformer, preset
@@ -94,19 +95,8 @@ def test_flex_mask_equals_the_dense_mask(data):
     positions and every input gradient equal the dense mask's, and the block tables list every
     tile that holds an allowed pair and call full only tiles where every pair is allowed (the
     CUDA kernel trusts them; the eager form reads only `mask_mod`)."""
-    B = data.draw(st.integers(1, 3))
-    T = data.draw(st.integers(1, 160))
+    B, T, row, start, length = draw_packed_layout(data, 160)
     block = data.draw(st.sampled_from([16, 32, 128]))
-    row, start, length = [], [], []
-    for r in range(B):
-        t = 0
-        while t < T and data.draw(st.booleans()):
-            n = data.draw(st.integers(1, T - t))
-            row.append(r), start.append(t), length.append(n)
-            t += n
-    if not row:
-        row, start, length = [0], [0], [T]
-    row, start, length = (torch.tensor(a) for a in (row, start, length))
     frame = branch = None
     if data.draw(st.booleans()):
         frame = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=B * T, max_size=B * T))).view(B, T)

@@ -4,7 +4,6 @@ order of effects, ignored settings, echoed input, oracle decoding cost and link 
 ends in one line on stderr and exit status 2 (or a library `RlmlabError`), with nothing
 written, or in the documented correct behaviour."""
 
-import hashlib
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import reseal_view_cache
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
@@ -161,23 +161,6 @@ def test_parse_json_bounds_depth_without_recursion():
 
 # --- poisoned view caches --------------------------------------------------------------------
 
-def _poisoned(path: ck.Path, **arrays) -> None:
-    """Replace arrays of a cache and re-seal it with a matching SHA-256: only the shape and
-    type checks can refuse it."""
-    z = dict(np.load(path))
-    z.update(arrays)
-    meta = json.loads(str(z["meta"]))
-    h = hashlib.sha256()
-    for k in ("ids", "loss", "offsets", "source", "layout"):
-        if k in z:
-            h.update(f"{z[k].dtype.str}{z[k].shape}".encode())
-            h.update(np.ascontiguousarray(z[k]).tobytes())
-    meta["sha256"] = h.hexdigest()
-    z["meta"] = np.array(json.dumps(meta))
-    with open(path, "wb") as f:
-        np.savez(f, **z)
-
-
 @pytest.mark.parametrize("poison", [
     dict(ids=np.zeros(0, np.uint16), loss=np.zeros(0, bool), offsets=np.zeros(0, np.int64),
          source=np.zeros(0, np.int64)),
@@ -191,7 +174,7 @@ def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
         poison = dict(offsets=offsets.reshape(1, -1))
     elif poison == "offsets as floats":
         poison = dict(offsets=offsets.astype(np.float64))
-    _poisoned(path, **poison)
+    reseal_view_cache(path, **poison)
     with pytest.raises(DataError, match="wrong shape or type"):
         ViewData.load(path)
     again = build_view_data(exprs, "rm", default_vocab(), cache_dir=tmp_path)

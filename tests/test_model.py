@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import draw_packed_layout
 from rlmlab.learning.attention import BlockDiagonal
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.vocab import default_vocab
@@ -51,18 +52,7 @@ def test_block_diagonal_attention_equals_the_dense_mask(device, data):
     """Random packed layouts (one to a few rows, blocks of any length, row padding), with and
     without lane structure, pieces small enough that long blocks are cut many times: outputs
     at block positions and all input gradients equal those of the dense mask."""
-    B = data.draw(st.integers(1, 3))
-    T = data.draw(st.integers(1, 40))
-    row, start, length = [], [], []
-    for r in range(B):
-        t = 0
-        while t < T and data.draw(st.booleans()):
-            n = data.draw(st.integers(1, T - t))
-            row.append(r), start.append(t), length.append(n)
-            t += n
-    if not row:
-        row, start, length = [0], [0], [T]
-    row, start, length = (torch.tensor(a) for a in (row, start, length))
+    B, T, row, start, length = draw_packed_layout(data, 40)
     lanes = data.draw(st.booleans())
     frame = branch = None
     if lanes:
