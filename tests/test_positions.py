@@ -16,7 +16,7 @@ from test_packing import _step_loss_and_grads
 from rlmlab.decoding.infer import Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
 from rlmlab.errors import CheckpointError, ConfigError
 from rlmlab.learning.attention import BlockDiagonal, simulate_rm
-from rlmlab.learning.checkpoint import load_run, save_checkpoint
+from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
 from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_overrides
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.positions import alibi_slopes
@@ -266,6 +266,7 @@ def test_a_checkpoint_without_the_field_is_the_learned_table(tmp_path):
     path = run / "best" / "checkpoint.json"
     meta = json.loads(path.read_text())
     del meta["model_config"]["positions"], meta["config"]["model"]["positions"]  # as written before the option
+    meta["digest"] = meta_digest(meta)  # re-sealed: only the missing field is under test
     path.write_text(json.dumps(meta))
     loaded = load_run(run, positions="learned")
     assert loaded.model.cfg.positions == "learned"
@@ -280,11 +281,13 @@ def test_weights_that_do_not_fit_the_recorded_encoding_are_refused_in_one_line(t
     path = run / "best" / "checkpoint.json"
     meta = json.loads(path.read_text())
     meta["model_config"]["positions"] = meta["config"]["model"]["positions"] = said
+    meta["digest"] = meta_digest(meta)  # re-sealed: only the encoding checks can refuse it
     path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="positional table") as e:
         load_run(run)
     assert "\n" not in str(e.value)
     meta["config"]["model"]["positions"] = "alibi"  # the two records disagree
+    meta["digest"] = meta_digest(meta)
     path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="model.positions='alibi'"):
         load_run(run)
