@@ -1,9 +1,13 @@
 """Tables as pure functions of saved results, on hand-made results folders."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 from rlmlab.experiments.kinds.iid import iid_points
 from rlmlab.experiments.kinds.threshold import threshold_tables
+from rlmlab.experiments.report import report
 from rlmlab.measuring.stats import wilson
 
 
@@ -133,3 +137,25 @@ def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
            "best": 0.5, "best_step": 30, "stop": "max_minutes", "validations": []}
     assert "| 25 | ≥ 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 1}])
     assert "| 25 | 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 0}])
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMITTED = sorted(d.name for d in RESULTS.iterdir() if (d / "experiment.json").is_file())
+
+
+def test_every_committed_results_folder_is_checked():
+    assert len(COMMITTED) >= 10 and "length-595-paper-cpu" in COMMITTED
+
+
+@pytest.mark.parametrize("folder", COMMITTED)
+def test_committed_report_regenerates_byte_for_byte(folder, tmp_path):
+    """`rlmlab report` on a committed folder rewrites its tables and report.json unchanged: the
+    committed report is a pure function of the committed results (figures aside, whose PNG/PDF
+    bytes depend on the matplotlib version)."""
+    committed = RESULTS / folder / "report"
+    report(RESULTS / folder, tmp_path)
+    texts = sorted(p.name for p in committed.iterdir() if p.suffix in (".md", ".tex", ".json"))
+    assert "report.json" in texts
+    assert texts == sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".md", ".tex", ".json"))
+    for name in texts:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), f"{folder}/report/{name}"

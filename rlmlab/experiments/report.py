@@ -15,13 +15,17 @@ from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.tables import training_runs, training_summary, training_table
 
 
-def report(out: str | Path) -> Path:
-    """Write `<out>/report/` from the saved results; returns that folder."""
+def report(out: str | Path, dest: str | Path | None = None) -> Path:
+    """Write the report of `out` into `dest` (default `<out>/report/`); returns that folder.
+
+    A separate `dest` lets a committed folder be checked against its own report without
+    writing into it.
+    """
     out = Path(out)
     meta = read_meta(out)
     kind = get_kind(meta["kind"])
-    dest = out / "report"
-    dest.mkdir(exist_ok=True)
+    dest = out / "report" if dest is None else Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
     data = kind.report(out, meta, dest)
     data["training"] = [{"job": job, "view": view, **training_summary(run_dir)}
                         for job in kind.job_names(out, meta) for view, run_dir in training_runs(out, job).items()]
