@@ -37,7 +37,7 @@ def run(args) -> int:
     out = Path(args.out)
     preset = get_preset(PRESET)
     if args.retrain:
-        run_experiment("length", preset, out, views=("rm", "cot"), progress=not args.quiet)
+        run_experiment("length", preset, out, learners=("rm", "cot"), progress=not args.quiet)
     else:
         if not (RELEASED / "rm" / "best" / "checkpoint.json").exists():
             raise DataError(f"no released checkpoints in {RELEASED}; run `rlmlab demo --retrain`")
@@ -56,16 +56,16 @@ def _install_released(out: Path, threshold: int) -> None:
     experiment runner only evaluates them."""
     import shutil
 
-    for view in ("rm", "cot"):
-        run_dir = out / f"length-{threshold}" / view
+    for learner in ("rm", "cot"):
+        run_dir = out / f"length-{threshold}" / learner
         if (run_dir / "done.json").exists():
             continue
         (run_dir / "best").mkdir(parents=True, exist_ok=True)
         for name in ("checkpoint.json", "model.safetensors"):
-            shutil.copy(RELEASED / view / "best" / name, run_dir / "best" / name)
+            shutil.copy(RELEASED / learner / "best" / name, run_dir / "best" / name)
         for name in ("metrics.jsonl",):
-            if (RELEASED / view / name).exists():
-                shutil.copy(RELEASED / view / name, run_dir / name)
-        step = json.loads((RELEASED / view / "best" / "checkpoint.json").read_text())["step"]
+            if (RELEASED / learner / name).exists():
+                shutil.copy(RELEASED / learner / name, run_dir / name)
+        step = json.loads((RELEASED / learner / "best" / "checkpoint.json").read_text())["step"]
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
-                                                       "released": str(RELEASED / view)}) + "\n")
+                                                       "released": str(RELEASED / learner)}) + "\n")

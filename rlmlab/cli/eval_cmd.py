@@ -15,6 +15,7 @@ from pathlib import Path
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import learner
+from rlmlab.measuring.results import summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import add_task_option, load_task
 
@@ -105,23 +106,23 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     model, header = None, {}
     if args.oracle:
-        view, vocab = args.oracle, task.vocab
-        predictor = oracle_predictor(view, vocab, task.library)
-        out = Path(args.out or Path("runs") / f"oracle-{view}" / "eval" / stem)
+        name, vocab = args.oracle, task.vocab
+        predictor = oracle_predictor(name, vocab, task.library)
+        out = Path(args.out or Path("runs") / f"oracle-{name}" / "eval" / stem)
         header = {"predictor": "oracle"}
     else:
-        view, vocab, model = run_.view, run_.vocab, run_.model
+        name, vocab, model = run_.learner, run_.vocab, run_.model
         predictor = ModelPredictor(model)
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
     limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
-    _refuse_another_evaluation(out, {"view": view, **header})
+    _refuse_another_evaluation(out, {"learner": name, **header})
 
     with stages(args.quiet) as stage:
-        results, summary = evaluate_file(out, predictor, view, args.data, vocab, limits=limits, limit=args.limit,
+        results, summary = evaluate_file(out, predictor, name, args.data, vocab, limits=limits, limit=args.limit,
                                          batch_size=args.batch_size, model=None if args.no_per_token else model,
                                          traces=True if args.traces else "inexact",
-                                         progress=stage and stage(f"eval {view}", len(exprs), "expr"), header=header,
+                                         progress=stage and stage(f"eval {name}", len(exprs), "expr"), header=header,
                                          task=task)
     print(render(summary))
     if args.by:
@@ -137,7 +138,9 @@ def _refuse_another_evaluation(out: Path, header: dict) -> None:
     if folder_kind(out) != "evaluation":
         return
     saved = read_json(out / "summary.json", DataError, "summary.json")
-    same = isinstance(saved, dict) and all(saved.get(k) == header.get(k) for k in ("predictor", "view")) and (
+    # Compared without encodings: an experiment's "cot@rope" is the run `rlmlab eval` calls "cot".
+    same = isinstance(saved, dict) and saved.get("predictor") == header.get("predictor") and (
+        (summary_learner(saved) or "").partition("@")[0] == header["learner"].partition("@")[0]) and (
         header["predictor"] == "oracle" or isinstance(saved.get("run_dir"), str)
         and Path(saved["run_dir"]).resolve() == Path(header["run_dir"]).resolve())
     if not same:
@@ -149,7 +152,7 @@ def _refuse_another_evaluation(out: Path, header: dict) -> None:
 def render(s: dict) -> str:
     who = "oracle" if s["predictor"] == "oracle" else f"{s['run_dir']} ({s['which']}, step {s['step']})"
     lo, hi = s["ci95"]
-    lines = [f"{s['n']} expressions from {s['data']}, view {s['view']}, {who}",
+    lines = [f"{s['n']} expressions from {s['data']}, learner {summary_learner(s)}, {who}",
              f"  final-answer accuracy  {100 * s['accuracy']:6.2f}%  95% CI [{100 * lo:.2f}, {100 * hi:.2f}]"
              f"  ({s['correct']}/{s['n']})",
              f"  valid traces           {100 * s['valid']:6.2f}%",

@@ -76,19 +76,19 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     with stages(args.quiet) as stage:
-        records = frame_records(run_.model, run_.vocab, run_.view, [execute(e, library) for e in exprs], seen, extra,
+        records = frame_records(run_.model, run_.vocab, run_.learner, [execute(e, library) for e in exprs], seen, extra,
                                 progress=stage and stage("frames: teacher-forced examples", None, "row"))
     rows = summarize_frames(records, by)
     table = render_frames(rows, args.top)
     out = Path(args.out or Path(args.run_dir) / "frames" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records), out / "frames.parquet")
-    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "view": run_.view,
+    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "learner": run_.learner,
                "data": str(args.data), "train": args.train, "expressions": len(exprs),
                "per_group": args.per_group, "limit": args.limit, "rows": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "table.md").write_text(table + "\n")
-    print(f"teacher-forced frame errors of {args.run_dir} ({args.which}, step {run_.step}, view {run_.view}) "
+    print(f"teacher-forced frame errors of {args.run_dir} ({args.which}, step {run_.step}, learner {run_.learner}) "
           f"on {len(exprs)} expressions of {args.data}")
     print(table)
     print(f"wrote {out / 'frames.parquet'}, {out / 'summary.json'} and {out / 'table.md'}")

@@ -62,7 +62,7 @@ def run(args) -> int:
     if args.oracle is not None:
         from rlmlab.learning.observe import observer
 
-        observer(args.oracle)  # one-line error for an unknown view, before any data is read
+        observer(args.oracle)  # one-line error for an unknown learner, before any data is read
         if args.out is None:
             raise ConfigError("--oracle needs --out (there is no run folder to write into)")
     task = load_task(args.task) if args.oracle is not None or args.task else None
@@ -76,14 +76,14 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.oracle is not None:
-        vocab, view, step, source, which = task.vocab, args.oracle, None, f"oracle:{args.oracle}", "exact"
-        predictor = oracle_predictor(view, vocab, task.library)
+        vocab, learner, step, source, which = task.vocab, args.oracle, None, f"oracle:{args.oracle}", "exact"
+        predictor = oracle_predictor(learner, vocab, task.library)
     else:
-        vocab, view, step, source, which = run_.vocab, run_.view, run_.step, str(args.run_dir), args.which
+        vocab, learner, step, source, which = run_.vocab, run_.learner, run_.step, str(args.run_dir), args.which
         predictor = ModelPredictor(run_.model)
     limits = Limits(max_new_tokens=args.max_new_tokens) if args.max_new_tokens else Limits()
     with stages(args.quiet) as stage:
-        rows = probe(predictor, view, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
+        rows = probe(predictor, learner, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
                      stage=stage, library=task.library)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
@@ -91,7 +91,7 @@ def run(args) -> int:
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    summary = {"run_dir": source, "which": which, "step": step, "view": view,
+    summary = {"run_dir": source, "which": which, "step": step, "learner": learner,
                "data": str(args.data), "groups": groups}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(render(summary))
@@ -106,7 +106,8 @@ def _pct(rate, ci) -> str:
 
 
 def render(s: dict) -> str:
-    model = f"{s['which']}, view {s['view']}" if s["step"] is None else f"{s['which']}, step {s['step']}, view {s['view']}"
+    model = f"{s['which']}, learner {s['learner']}" if s["step"] is None else \
+        f"{s['which']}, step {s['step']}, learner {s['learner']}"
     lines = [f"invariance probe of {s['run_dir']} ({model}) on {s['data']}",
              f"  {'group':>22}  {'exprs':>5}  {'position non-inv.':>26}  {'answer non-inv.':>26}  subproblems"]
     for g in s["groups"]:

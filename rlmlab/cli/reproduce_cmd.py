@@ -29,8 +29,8 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="a results folder (experiment.json, commands.jsonl, report/)")
     p.add_argument("--out", default=None, help="folder of the fresh run (default runs/reproduce/<name>)")
-    p.add_argument("--views", dest="views", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
-    p.add_argument("--learners", dest="views", default=None, metavar="LEARNERS",
+    p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument("--learners", dest="learners", default=None, metavar="LEARNERS",
                    help="only these learners, comma-separated (default: all stored)")
     p.add_argument("--sample", type=int, default=None,
                    help="evaluate only this many expressions per bin (per set for the IID and shortcut kinds)")
@@ -48,7 +48,7 @@ def run(args) -> int:
     results = Path(args.results)
     if args.sample is not None and args.sample < 1:
         raise ConfigError("--sample must be at least 1")
-    views = [v.strip() for v in args.views.split(",") if v.strip()] if args.views else None
+    learners = [v.strip() for v in args.learners.split(",") if v.strip()] if args.learners else None
     out = Path(args.out) if args.out else Path("runs") / "reproduce" / results.resolve().name
     budgeted = rp.time_budgeted(results)
     if budgeted and args.checkpoints is None:
@@ -62,7 +62,7 @@ def run(args) -> int:
                   f"prediction and first divergence; correct: committed {a['committed_correct']}, "
                   f"fresh {a['fresh_correct']}")
     else:
-        rp.rerun(results, out, views, args.sample, dry_run=args.dry_run)
+        rp.rerun(results, out, learners, args.sample, dry_run=args.dry_run)
         if args.dry_run:
             return 0
     checks, missing = rp.compare(results, out)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
-from rlmlab.experiments.presets import PRESETS, ExperimentPreset, get_preset, settable_fields
+from rlmlab.experiments.presets import EXPERIMENT_PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
@@ -28,7 +28,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run one of the paper's experiments end to end", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
-    p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="experiment preset: data "
+    p.add_argument("--preset", default="small", choices=tuple(EXPERIMENT_PRESETS), help="experiment preset: data "
                    "sizes, model preset, budgets and evaluation sizes (default small); not the model presets of "
                    "`rlmlab train --preset`")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
@@ -88,10 +88,10 @@ def register(sub) -> None:
         group.add_argument(f"--preset.{name}", dest=f"{PRESET_SETTING}{name}", metavar="V", default=argparse.SUPPRESS,
                            help=docs.get(name, "").replace("%", "%%"))
     p.add_argument("--learner-setting", action="append", default=[], metavar="TABLE.LEARNER.SECTION.KEY=V",
-                   help="set one learner's entry of a per-learner table of the preset (per_view, "
-                        "shortcut_per_view, iid_per_view, iid_per_size.N: the IID runs from N training "
+                   help="set one learner's entry of a per-learner table of the preset (per_learner, "
+                        "shortcut_per_learner, iid_per_learner, iid_per_size.N: the IID runs from N training "
                         "expressions on), over --minutes/--max-steps; repeatable, e.g. "
-                        "--learner-setting shortcut_per_view.cot.train.batch_size=4")
+                        "--learner-setting shortcut_per_learner.cot.train.batch_size=4")
     p.set_defaults(handler=run)
 
 
@@ -109,11 +109,11 @@ def _integers(flag: str, text: str | None, least: int) -> list[int] | None:
 
 
 def run(args) -> int:
-    views = tuple(v.strip() for v in args.learners.split(",") if v.strip())
-    if not views:
+    names = tuple(v.strip() for v in args.learners.split(",") if v.strip())
+    if not names:
         raise ConfigError("--learners: no learner given")
-    for v in views:
-        learner(v)  # one-line ConfigError naming an unknown view or encoding
+    for v in names:
+        learner(v)  # one-line ConfigError naming an unknown learner or encoding
         if "/" in v:
             raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
@@ -157,7 +157,7 @@ def run(args) -> int:
     if args.plan:
         from rlmlab.experiments.sizing import plan_sweep
 
-        print(plan_sweep(preset, out, views, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet))
+        print(plan_sweep(preset, out, names, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet))
         return 0
 
     def record() -> None:  # once the command is checked and planned: a refused one leaves no trace
@@ -171,7 +171,7 @@ def run(args) -> int:
                                 + [f"--preset.{k}={v}" for k, v in settings.items()]
                                 + [f"--learner-setting={item}" for item in args.learner_setting]
                                 + (["--extend"] if args.extend else [])}) + "\n")
-    run_experiment(args.kind, preset, out, threshold=args.threshold, views=views, constructions=constructions,
+    run_experiment(args.kind, preset, out, threshold=args.threshold, learners=names, constructions=constructions,
                    lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
                    progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job, on_planned=record)
     return 0

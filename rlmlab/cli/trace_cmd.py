@@ -41,9 +41,9 @@ def render(ex: Execution, color: bool) -> str:
 
     lines = [f"{bold}{ex.text}{z} = {ex.value_token}   trace {ex.trace_len} tokens, max depth "
              f"{ex.max_depth}, {ex.n_frame_examples} active-frame examples, widest {ex.max_frame_width}",
-             "", f"{bold}(A) flattened trace (CoT view){z}",
+             "", f"{bold}(A) flattened trace (what CoT reads){z}",
              paint(ex.tokens[:ex.prompt_len]) + " " + paint(ex.tokens[ex.prompt_len:]),
-             "", f"{bold}(B) active frames (RM view): context | targets{z}"]
+             "", f"{bold}(B) active frames (what RM reads): context | targets{z}"]
     for i, f in enumerate(ex.frames, 1):
         ctx = f"{b}{paint(f.context, b)}{z}" if color else paint(f.context)
         lines.append(f"F{i:<3} d={f.depth:<2} m={f.m:<3} {ctx} | {paint(f.targets)}")

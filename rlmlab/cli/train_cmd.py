@@ -25,7 +25,7 @@ from rlmlab.learning.config import (
     field_docs,
     load_config_file,
 )
-from rlmlab.learning.views import VIEWS
+from rlmlab.learning.examples import PACKINGS
 from rlmlab.errors import ConfigError
 from rlmlab.safeio import refuse_other_folder
 
@@ -37,8 +37,8 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--view", dest="learner", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--learner", metavar="LEARNER",
-                   help="what the model reads and how it is trained to (data.view; default rm): "
-                   f"{', '.join(VIEWS)}, or an observation function with its parameter: window:K (the last "
+                   help="what the model reads and how it is trained to (data.learner; default rm): "
+                   f"{', '.join(PACKINGS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
     p.add_argument("--preset", choices=tuple(MODEL_PRESETS), help="model preset: the model's size, "
                    "the same for every learner (model.preset; default small); not the experiment presets of "
@@ -82,7 +82,7 @@ def resolve_config(args) -> RunConfig:
         from rlmlab.task.taskfile import load_task
 
         task = load_task(args.task).spec
-    flags = {"data": {"view": args.learner, "train": args.data, "val": args.val, "task": task},
+    flags = {"data": {"learner": args.learner, "train": args.data, "val": args.val, "task": task},
              "model": {"preset": args.preset},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}

@@ -1,9 +1,9 @@
 """Greedy decoding for every learner: one driver, any observation function.
 
-`generate(predictor, exprs, vocab, view)` runs many expressions at once. Each expression is a
+`generate(predictor, exprs, vocab, learner)` runs many expressions at once. Each expression is a
 *row*: its flattened trace grows one token per step, and a `StackReplay` keeps the frame
 stack, decides legality and notices when the root's return block closes. What the row shows
-the predictor is the view's observation of that trace:
+the predictor is the learner's observation of that trace:
 
 - CoT: the whole flattened trace so far;
 - RM: the active (top) frame only. On `</call>` the payload q becomes a new frame; on
@@ -171,7 +171,7 @@ class KVCache:
 
 
 class ModelPredictor:
-    """Greedy next tokens from a Transformer, for either view (the feeds carry the view).
+    """Greedy next tokens from a Transformer, for any learner (the feeds carry what it reads).
 
     With `use_cache` each step feeds only what is new, all in one forward. Most rows have one
     new token, which attends to its slot's cached frame. Rows that start a frame (a new
@@ -629,13 +629,13 @@ class _EachFrame:
         return [self.fn(tuple(f.seq)) for f in feeds]
 
 
-def oracle_predictor(view: str, vocab: Vocab, library=None) -> Predictor:
-    """The oracle for a view: g* on the active frame (RM), or g* o Pi_rec of whatever the view
+def oracle_predictor(learner: str, vocab: Vocab, library=None) -> Predictor:
+    """The oracle for a learner: g* on the active frame (RM), or g* o Pi_rec of whatever the learner
     shows (CoT, reduction: Pi_rec of the observation is Pi_rec of the trace, so it reproduces
     canonical traces; a window shorter than the trace hides the frame's start, so there it is
     g* o Pi_rec of the window, not the true rule)."""
     oracle = Oracle(vocab, library)
-    return oracle if observer(view).shows_active_frame else OnActiveFrame(oracle, vocab)
+    return oracle if observer(learner).shows_active_frame else OnActiveFrame(oracle, vocab)
 
 
 class TeacherForced:
@@ -662,7 +662,7 @@ class TeacherForced:
 
 @dataclass(frozen=True)
 class Limits:
-    """When a row stops as invalid. Apply to the produced trace whatever the view, so that the
+    """When a row stops as invalid. Apply to the produced trace whatever the learner, so that the
     two learners' outputs end for the same reasons."""
 
     max_depth: int = 64
@@ -674,7 +674,7 @@ class Limits:
     """Generated trace tokens. None: scaled to each expression, `RUNAWAY_FACTOR` times the tokens
     its canonical trace generates plus `RUNAWAY_SLACK`, so that a model that never closes the
     root stops after a few times the work a right answer takes (the driver writes the flattened
-    trace in every view, so the bound is the same for RM and CoT)."""
+    trace whatever the learner, so the bound is the same for RM and CoT)."""
 
 
 RUNAWAY_FACTOR, RUNAWAY_SLACK = 8, 64
@@ -711,15 +711,15 @@ class _Row:
         self.replay = StackReplay(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
-        self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the view
+        self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the observation
         self.fed = 0
 
 
-def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, view: str,
+def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, learner: str,
              limits: Limits = Limits(), batch_size: int | None = None,
              progress: Callable[[int], None] | None = None, longest_first: bool = True,
              library=None) -> list[Generation]:
-    """Greedy-decode every expression in `view`, `batch_size` rows at a time (default: the
+    """Greedy-decode every expression as `learner` reads it, `batch_size` rows at a time (default: the
     predictor's `default_slots`, 256 for a model on CUDA, else 64); results in input order.
 
     `exprs` are written expressions (text or parsed) of `library`'s task (default: the paper's);
@@ -728,7 +728,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, vi
     first: rows are independent, so this changes no result, only shortens the run's tail (a
     long trace started last would decode alone at the end).
     """
-    obs = observer(view)
+    obs = observer(learner)
     calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:

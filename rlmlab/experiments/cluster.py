@@ -2,7 +2,7 @@
 
 The experiment folder (`--out`) lives on a filesystem that every node mounts at the same path.
 The driver builds the data there before dispatching; each task runs `run_job` on a node, in the
-driver's working directory, and writes only its own `<job>/<view>/` folder; Ray carries nothing
+driver's working directory, and writes only its own `<job>/<learner>/` folder; Ray carries nothing
 but the job's description out and its evaluation summaries back. So a cluster run leaves the
 very files of a local run, and resumes the same way, on the cluster or locally: a re-run of the
 command skips what is done and continues the rest from their `last` checkpoints.
@@ -71,7 +71,7 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
         _refuse_unschedulable(ray, jobs, share)
         task = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
         refs = [task.options(num_cpus=_threads(job), num_gpus=_gpus(job, share),
-                             name=f"{job.name}/{job.view}").remote(job, str(out), extend, cwd)
+                             name=f"{job.name}/{job.learner}").remote(job, str(out), extend, cwd)
                 for job in jobs]
         print(f"{len(jobs)} jobs on the Ray cluster at {address}: {_describe(ray)}", file=sys.stderr)
         return _gather(ray, refs, jobs)
@@ -186,7 +186,7 @@ def _gather(ray, refs: list, jobs: list[Job]) -> list[dict]:
             try:
                 results[ref] = ray.get(ref)
             except RayTaskError as e:
-                print(f"{job.name}/{job.view} failed" + ("; stopping the other jobs" if pending else ""),
+                print(f"{job.name}/{job.learner} failed" + ("; stopping the other jobs" if pending else ""),
                       file=sys.stderr)
                 _stop(ray, pending)
                 if isinstance(e.cause, (RlmlabError, OSError)):
@@ -195,9 +195,9 @@ def _gather(ray, refs: list, jobs: list[Job]) -> list[dict]:
             except RayError as e:  # the worker or node died once more than Ray restarts it
                 _stop(ray, pending)
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ClusterError(f"{job.name}/{job.view}: {reason} (restarted up to {LOST_WORKER_RETRIES} times); "
+                raise ClusterError(f"{job.name}/{job.learner}: {reason} (restarted up to {LOST_WORKER_RETRIES} times); "
                                    "run the same command again to resume it from its last checkpoint") from None
-            print(f"{job.name}/{job.view}: done ({len(results)}/{len(refs)})", file=sys.stderr)
+            print(f"{job.name}/{job.learner}: done ({len(results)}/{len(refs)})", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupt: stopping the jobs; each saves its last checkpoint", file=sys.stderr)
         _stop(ray, pending)

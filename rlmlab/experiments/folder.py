@@ -3,8 +3,8 @@
     experiment.json               kind, preset, parameters (what `rlmlab report` reads)
     commands.jsonl                every `rlmlab run` that wrote into the folder
     data/                         the pool, the split or the shortcut data sets (parquet + JSON)
-    <job>/<view>/                 a training run (rlmlab train's run folder)
-    <job>/<view>/eval/<set>/      results.jsonl + summary.json of one evaluation set
+    <job>/<learner>/              a training run (rlmlab train's run folder)
+    <job>/<learner>/eval/<set>/   results.jsonl + summary.json of one evaluation set
     report/                       tables and figures (`rlmlab report`), pure functions of the above
 
 The checks here keep a re-run from mixing data built under other settings, or one experiment's
@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.presets import ExperimentPreset, preset_record
 
 
 # Lock files (empty, held with flock while a run plans or trains; `rlmlab export` leaves them out).
@@ -97,8 +97,9 @@ def refuse_another_experiment(out: Path, identity: dict, identity_of: Callable[[
 
 
 def read_meta(out: Path) -> dict:
-    """An experiment folder's `experiment.json`: a JSON object naming its kind. Its fields are
-    checked against that kind by `rlmlab.experiments.kinds.read_meta`."""
+    """An experiment folder's `experiment.json`: a JSON object naming its kind, its preset's
+    tables under their current names (`preset_record`). Its fields are checked against that kind
+    by `rlmlab.experiments.kinds.read_meta`."""
     path = out / "experiment.json"
     try:
         meta = json.loads(path.read_text())
@@ -108,6 +109,11 @@ def read_meta(out: Path) -> dict:
         raise DataError(f"{path}: not valid JSON") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("kind"), str):
         raise DataError(f"{path}: not an experiment description (it names no experiment 'kind')")
+    if isinstance(meta.get("preset"), dict):
+        try:
+            meta["preset"] = preset_record(meta["preset"])
+        except ConfigError as e:
+            raise DataError(f"{path}: {e}") from None
     return meta
 
 

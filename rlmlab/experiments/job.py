@@ -13,7 +13,7 @@ class Job:
 
     name: str
     """Folder of the job inside the experiment folder (e.g. "length-197", "iid-N1000-s0")."""
-    view: str
+    learner: str
     """The learner: "rm", "cot" or any learner of `rlmlab train --learner`, optionally with a
     position encoding ("cot@rope": learner cot, `model.positions=rope`); also its folder's name."""
     train: str
@@ -29,4 +29,4 @@ class Job:
     """Expressions decoded at once."""
 
     def run_dir(self, out: Path) -> Path:
-        return out / self.name / self.view
+        return out / self.name / self.learner

@@ -1,7 +1,7 @@
 """Jobs: the unit an experiment is split into.
 
-A job trains one learner (a view) on one data set and evaluates it on the experiment's
-evaluation sets, in its own folder `<experiment>/<job>/<view>/`. It skips what is already there
+A job trains one learner on one data set and evaluates it on the experiment's
+evaluation sets, in its own folder `<experiment>/<job>/<learner>/`. It skips what is already there
 (a finished run has `done.json`; an evaluation `results.jsonl` + `summary.json`), so re-running
 an experiment resumes it. Jobs run one after another here, or on a Ray cluster.
 """
@@ -98,7 +98,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     finished run continues when the job now asks for a larger budget than the one it ran out
     of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
-    views and subset twice) is refused rather than trained twice at once."""
+    learners and subset twice) is refused rather than trained twice at once."""
     from rlmlab.experiments.folder import folder_lock
 
     with folder_lock(job.run_dir(Path(out)), wait=False, busy="another process is training or evaluating this run"):
@@ -122,10 +122,10 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
         stays = reopen_to_extend(run_dir, job.settings)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
-    who = learner(job.view)
+    who = learner(job.learner)
     positions = {"model.positions": who.positions} if who.positions else {}
     if not done.exists():
-        cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.view": who.view,
+        cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.learner": who.base,
                                             "data.train": job.train, "data.val": job.val})
         cfg.require_stop_rule()
         result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress)
@@ -155,10 +155,10 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
                                     task=job.settings.get("data.task"))
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
-            eval_dir, ModelPredictor(loaded.model), loaded.view, path, loaded.vocab, model=loaded.model,
+            eval_dir, ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
-                    "set": set_name, **({"learner": job.view} if job.view != who.view else {})},
+                    "set": set_name},
             task=loaded.task)
     return summaries
 

@@ -46,7 +46,7 @@ class ExperimentPreset:
     """Steps between validations."""
     train: dict = field(default_factory=dict)
     """Extra `train.*` settings for both learners, e.g. {"warmup_steps": 200}."""
-    per_view: dict = field(default_factory=dict)
+    per_learner: dict = field(default_factory=dict)
     """Settings per learner: {"cot": {"train.batch_size": 32}, ...} (dotted keys)."""
     iid_sizes: tuple[int, ...] = IID_SIZES
     """Nested training-set sizes of the IID sweep."""
@@ -67,11 +67,11 @@ class ExperimentPreset:
     iid_max_trace: int | None = None
     """Draw the IID split from the pool's expressions whose complete trace has at most this many
     tokens (paper: None, the whole generator: ~540 tokens on average, up to ~6,900)."""
-    iid_per_view: dict = field(default_factory=dict)
-    """Settings per learner for the IID runs only, over `per_view`, `iid_minutes` and
+    iid_per_learner: dict = field(default_factory=dict)
+    """Settings per learner for the IID runs only, over `per_learner`, `iid_minutes` and
     `iid_patience` (e.g. each learner's budget per run)."""
     iid_per_size: dict = field(default_factory=dict)
-    """Settings per learner for the IID runs from a training-set size on, over `iid_per_view`:
+    """Settings per learner for the IID runs from a training-set size on, over `iid_per_learner`:
     {10_000: {"cot": {"train.max_steps": 24_000}}} gives CoT 24,000 steps at every N >= 10,000
     (every size threshold at or below N applies, the larger over the smaller). A larger training
     set takes more steps to fit, while a small one is memorized early."""
@@ -84,8 +84,8 @@ class ExperimentPreset:
     """Training expressions per shortcut construction."""
     shortcut_n_eval: int = 300
     """IID and OOD evaluation expressions per construction (paper: 300 each)."""
-    shortcut_per_view: dict = field(default_factory=dict)
-    """Settings per learner for the shortcut runs only, over `per_view` (their traces are several
+    shortcut_per_learner: dict = field(default_factory=dict)
+    """Settings per learner for the shortcut runs only, over `per_learner` (their traces are several
     times longer than those of the threshold splits, so a batch of traces holds more tokens)."""
     shortcut_max_trace: int = 2048
     """Longest complete trace of the shortcut data sets (`ShortcutConfig.max_trace_len`; the
@@ -128,7 +128,7 @@ class ExperimentPreset:
                 owned = sorted(JOB_OWNED.intersection(settings))
                 if owned:  # each job sets these itself: a table's value would be silently replaced
                     raise ConfigError(f"{where}: {', '.join(owned)} cannot be set per learner (each job sets "
-                                      "its own data and view; the seed comes from --seeds)")
+                                      "its own data and learner; the seed comes from --seeds)")
                 apply_settings(RunConfig(), settings)
         check_fits(POOL_ROW_BYTES * self.pool_n, f"{where}: a pool of pool_n={self.pool_n} expressions", ConfigError)
 
@@ -136,13 +136,14 @@ class ExperimentPreset:
         """How many seeds the IID sweep trains at training-set size `n`."""
         return 1 if n >= self.iid_one_seed_from else self.iid_seeds
 
-    def iid_settings(self, n: int, view: str) -> dict:
-        """A learner's settings for the IID runs of `n` training expressions: its `iid_per_view`
-        entry, then those of every `iid_per_size` threshold at or below `n`, in increasing order."""
-        s = dict(settings_for(self.iid_per_view, view))
+    def iid_settings(self, n: int, name: str) -> dict:
+        """Learner `name`'s settings for the IID runs of `n` training expressions: its
+        `iid_per_learner` entry, then those of every `iid_per_size` threshold at or below `n`, in
+        increasing order."""
+        s = dict(settings_for(self.iid_per_learner, name))
         for size, table in sorted(self.iid_per_size.items()):
             if n >= size:
-                s.update(settings_for(table, view))
+                s.update(settings_for(table, name))
         return s
 
     def with_overrides(self, **kw) -> "ExperimentPreset":
@@ -164,24 +165,26 @@ class ExperimentPreset:
 
     def with_learner_settings(self, items: list[str]) -> "ExperimentPreset":
         """The preset with single entries of its per-learner tables set from command-line text,
-        each `TABLE.VIEW.SECTION.KEY=VALUE` (as `rlmlab run --learner-setting
-        shortcut_per_view.cot.train.batch_size=4` gives them), over the table's entry for that
-        learner; the value is parsed as the config field's type."""
+        each `TABLE.LEARNER.SECTION.KEY=VALUE` (as `rlmlab run --learner-setting
+        shortcut_per_learner.cot.train.batch_size=4` gives them), over the table's entry for that
+        learner; the value is parsed as the config field's type. A table may be named by its old
+        name (`OLD_TABLES`: per_view, ...), as commands stored before the rename do."""
         from rlmlab.learning.config import parse_setting
         from rlmlab.learning.learner import learner
 
-        tables = {name: {view: dict(settings) for view, settings in getattr(self, name).items()}
+        tables = {name: {who: dict(settings) for who, settings in getattr(self, name).items()}
                   for name in PER_LEARNER_TABLES}
-        sized = {n: {view: dict(settings) for view, settings in table.items()}
+        sized = {n: {who: dict(settings) for who, settings in table.items()}
                  for n, table in self.iid_per_size.items()}
         for item in items:
             where = f"--learner-setting {item}"
             path, eq, text = item.partition("=")
             table, _, rest = path.partition(".")
+            table = OLD_TABLES.get(table, table)
             if table == "iid_per_size":
                 size, _, rest = rest.partition(".")
                 if not size.isdigit() or int(size) < 1:
-                    raise ConfigError(f"{where}: expected iid_per_size.N.VIEW.SECTION.KEY=VALUE with N a "
+                    raise ConfigError(f"{where}: expected iid_per_size.N.LEARNER.SECTION.KEY=VALUE with N a "
                                       "training-set size, e.g. iid_per_size.10000.cot.train.max_minutes=120")
                 target = sized.setdefault(int(size), {})
             elif table in PER_LEARNER_TABLES:
@@ -189,12 +192,12 @@ class ExperimentPreset:
             else:
                 raise ConfigError(f"{where}: unknown table {table!r} (have: "
                                   f"{', '.join(PER_LEARNER_TABLES)}, iid_per_size.N)")
-            view, _, key = rest.partition(".")
+            who, _, key = rest.partition(".")
             if not eq or not key:
-                raise ConfigError(f"{where}: expected TABLE.VIEW.SECTION.KEY=VALUE, e.g. "
-                                  "shortcut_per_view.cot.train.batch_size=4")
-            learner(view)  # one-line ConfigError naming an unknown view or encoding
-            entry = target.setdefault(view, dict(settings_for(target, view)))
+                raise ConfigError(f"{where}: expected TABLE.LEARNER.SECTION.KEY=VALUE, e.g. "
+                                  "shortcut_per_learner.cot.train.batch_size=4")
+            learner(who)  # one-line ConfigError naming an unknown learner or encoding
+            entry = target.setdefault(who, dict(settings_for(target, who)))
             entry[key] = parse_setting(key, text, where)
         return replace(self, **tables, iid_per_size=sized)
 
@@ -205,16 +208,16 @@ class ExperimentPreset:
                 if value is not None}
 
         def without(table: dict) -> dict:
-            return {view: {k: v for k, v in settings.items() if k not in drop} for view, settings in table.items()}
+            return {who: {k: v for k, v in settings.items() if k not in drop} for who, settings in table.items()}
 
         return replace(self.with_overrides(minutes=minutes, iid_minutes=minutes, max_steps=max_steps,
                                            iid_max_steps=max_steps),
                        **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES},
                        iid_per_size={n: without(table) for n, table in self.iid_per_size.items()})
 
-    def job_settings(self, view: str, seed: int = 1337, per_view: dict | None = None) -> dict:
-        """The typed `rlmlab train` settings (dotted keys) of one learner's job: the preset's
-        budgets and `train` settings, then its settings for that learner, then `per_view`."""
+    def job_settings(self, name: str, seed: int = 1337, per_learner: dict | None = None) -> dict:
+        """The typed `rlmlab train` settings (dotted keys) of learner `name`'s job: the preset's
+        budgets and `train` settings, then its settings for that learner, then `per_learner`."""
         s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
              "train.answer_eval": self.answer_eval}
         if self.minutes is not None:
@@ -226,15 +229,18 @@ class ExperimentPreset:
         s.update({f"train.{k}": v for k, v in self.train.items()})
         if self.task != "paper":
             s["data.task"] = self.task
-        for table in (self.per_view, per_view or {}):
-            s.update(settings_for(table, view))
+        for table in (self.per_learner, per_learner or {}):
+            s.update(settings_for(table, name))
         return s
 
 
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
-PER_LEARNER_TABLES = ("per_view", "shortcut_per_view", "iid_per_view")
-# Settings a job sets for itself (`Job` and `job_settings`), never taken from a per-learner table.
-JOB_OWNED = frozenset({"data.view", "data.train", "data.val", "train.seed"})
+PER_LEARNER_TABLES = ("per_learner", "shortcut_per_learner", "iid_per_learner")
+# Their old names, still read from `--learner-setting` (stored commands) and experiment.json.
+OLD_TABLES = {"per_view": "per_learner", "shortcut_per_view": "shortcut_per_learner", "iid_per_view": "iid_per_learner"}
+# Settings a job sets for itself (`Job` and `job_settings`), never taken from a per-learner table
+# (`data.view` is the old name of `data.learner`).
+JOB_OWNED = frozenset({"data.learner", "data.view", "data.train", "data.val", "train.seed"})
 # A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
 POOL_ROW_BYTES = 256
 
@@ -253,16 +259,29 @@ def settable_fields() -> dict[str, object]:
     return out
 
 
-def settings_for(table: dict, view: str) -> dict:
-    """A learner's entry of a per-learner settings table. A view without settings of its own
-    (rm-frames, a new observation function) takes those of the learner whose driver it decodes
-    with."""
+def settings_for(table: dict, name: str) -> dict:
+    """Learner `name`'s entry of a per-learner settings table. A learner without settings of its
+    own (rm-frames, a new observation function) takes those of the learner whose driver it
+    decodes with."""
     from rlmlab.learning.learner import learner
 
-    return table.get(view, table.get(learner(view).driver, {}))
+    return table.get(name, table.get(learner(name).driver, {}))
 
 
-PRESETS: dict[str, ExperimentPreset] = {
+def preset_record(d: dict) -> dict:
+    """A preset as an experiment.json records it (`asdict`), its per-learner tables under their
+    current names: a folder written before the rename names them `OLD_TABLES`. Both names of
+    one table is a ConfigError."""
+    out = dict(d)
+    for old, new in OLD_TABLES.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"experiment preset: '{old}' is the old name of '{new}'; give one of them")
+            out[new] = out.pop(old)
+    return out
+
+
+EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
     # CI and tests: every stage of every experiment in seconds; the numbers mean nothing.
     "smoke": ExperimentPreset(
         name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
@@ -274,16 +293,16 @@ PRESETS: dict[str, ExperimentPreset] = {
     "small": ExperimentPreset(
         name="small", model="small", length=197, depth=5, patience=12, eval_every=300,
         answer_eval=300, train={"warmup_steps": 300},
-        per_view={"rm": {"train.batch_size": 256, "train.max_steps": 9_000},
-                  "cot": {"train.batch_size": 128, "train.max_steps": 3_000}},
+        per_learner={"rm": {"train.batch_size": 256, "train.max_steps": 9_000},
+                     "cot": {"train.batch_size": 128, "train.max_steps": 3_000}},
         # Shortcut traces are several times longer than the split's: 32 of them already make a
         # step of ~15k positions (the paper's CoT batch is 32 too).
-        shortcut_per_view={"rm": {"train.max_steps": 3_000}, "cot": {"train.batch_size": 32, "train.max_steps": 4_500}},
+        shortcut_per_learner={"rm": {"train.max_steps": 3_000}, "cot": {"train.batch_size": 32, "train.max_steps": 4_500}},
         # The IID sweep draws from the length split's training distribution (traces of at most
         # L tokens) rather than the whole generator's, so that a run's budget measures samples
         # rather than budget; a run that memorizes its set stops after five flat validations.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=1, iid_n_test=1_000, iid_max_trace=197,
-        iid_patience=5, iid_per_view={"rm": {"train.max_steps": 4_500}, "cot": {"train.max_steps": 2_600}},
+        iid_patience=5, iid_per_learner={"rm": {"train.max_steps": 4_500}, "cot": {"train.max_steps": 2_600}},
         shortcut_n_train=10_000,
         # Shortcut traces of up to 600 tokens instead of 2,048: a third of the training cost per example.
         shortcut_max_trace=600),
@@ -293,19 +312,19 @@ PRESETS: dict[str, ExperimentPreset] = {
     # trains the same steps at the same learning rates on any machine.
     "paper-cpu": ExperimentPreset(
         name="paper-cpu", model="cpu", length=595, depth=10, patience=12, answer_eval=300,
-        per_view={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
-                         "train.eval_every": 300, "train.max_steps": 6_000},
-                  "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
-                          "train.eval_every": 1000, "train.max_steps": 30_000}},
+        per_learner={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
+                            "train.eval_every": 300, "train.max_steps": 6_000},
+                     "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
+                             "train.eval_every": 1000, "train.max_steps": 30_000}},
         # Shortcut traces capped at 600 tokens, as `small`'s (the paper's CoT context is 4,096;
         # --preset.shortcut_max_trace=4096 lifts the cap). CoT's traces average ~460 tokens, twice
         # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. CoT has no early
         # stop: while its learning rate is high its validation accuracy swings by tens of points
         # between validations, and its plateau comes with the cosine's decay.
         shortcut_max_trace=600,
-        shortcut_per_view={"rm": {"train.max_steps": 5_000, "train.eval_every": 300, "train.patience": 6},
-                           "cot": {"train.batch_size": 8, "train.max_steps": 14_000, "train.eval_every": 500,
-                                   "train.patience": None}},
+        shortcut_per_learner={"rm": {"train.max_steps": 5_000, "train.eval_every": 300, "train.patience": 6},
+                              "cot": {"train.batch_size": 8, "train.max_steps": 14_000, "train.eval_every": 500,
+                                      "train.patience": None}},
         # The paper's IID protocol (three seeds up to N = 10,000, one above, 5,000 test
         # expressions) on the length split's training distribution (traces of at most 595
         # tokens) rather than the whole generator's: a third of the tokens per expression.
@@ -313,8 +332,8 @@ PRESETS: dict[str, ExperimentPreset] = {
         # training set takes more steps to fit.
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
         iid_max_trace=595,
-        iid_per_view={"rm": {"train.max_steps": 3_500, "train.eval_every": 300, "train.patience": None},
-                      "cot": {"train.max_steps": 9_000, "train.eval_every": 500, "train.patience": None}},
+        iid_per_learner={"rm": {"train.max_steps": 3_500, "train.eval_every": 300, "train.patience": None},
+                         "cot": {"train.max_steps": 9_000, "train.eval_every": 500, "train.patience": None}},
         iid_per_size={10_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 24_000}},
                       30_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 30_000}}}),
     # The paper's recipe for a GPU (appendix "Models and optimization"): 6L/6H/384, AdamW at
@@ -325,15 +344,15 @@ PRESETS: dict[str, ExperimentPreset] = {
     "paper": ExperimentPreset(
         name="paper", model="paper", length=595, depth=10, patience=None, eval_every=1000, answer_eval=1000,
         train={"warmup_steps": 2000},
-        per_view={"rm": {"train.max_steps": 20_000}, "cot": {"train.batch_size": 32, "train.max_steps": 30_000}},
-        shortcut_per_view={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 20_000}},
-        iid_per_view={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 10_000}},
+        per_learner={"rm": {"train.max_steps": 20_000}, "cot": {"train.batch_size": 32, "train.max_steps": 30_000}},
+        shortcut_per_learner={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 20_000}},
+        iid_per_learner={"rm": {"train.max_steps": 10_000}, "cot": {"train.max_steps": 10_000}},
         iid_per_size={10_000: {"rm": {"train.max_steps": 20_000}, "cot": {"train.max_steps": 20_000}},
                       100_000: {"rm": {"train.max_steps": 40_000}, "cot": {"train.max_steps": 40_000}}}),
 }
 
 
 def get_preset(name: str) -> ExperimentPreset:
-    if name not in PRESETS:
-        raise ConfigError(f"unknown experiment preset {name!r} (have: {', '.join(PRESETS)})")
-    return PRESETS[name]
+    if name not in EXPERIMENT_PRESETS:
+        raise ConfigError(f"unknown experiment preset {name!r} (have: {', '.join(EXPERIMENT_PRESETS)})")
+    return EXPERIMENT_PRESETS[name]

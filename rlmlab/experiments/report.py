@@ -27,8 +27,8 @@ def report(out: str | Path, dest: str | Path | None = None) -> Path:
     dest = out / "report" if dest is None else Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     data = kind.report(out, meta, dest)
-    data["training"] = [{"job": job, "view": view, **training_summary(run_dir)}
-                        for job in kind.job_names(out, meta) for view, run_dir in training_runs(out, job).items()]
+    data["training"] = [{"job": job, "learner": name, **training_summary(run_dir)}
+                        for job in kind.job_names(out, meta) for name, run_dir in training_runs(out, job).items()]
     if data["training"]:
         (dest / "table-training.md").write_text(training_table(data["training"]))
     else:

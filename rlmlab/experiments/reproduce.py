@@ -28,7 +28,9 @@ from rlmlab.measuring.results import read_results
 
 CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 # Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
-ID_KEYS = ("job", "construction", "N", "view", "bin", "group")
+ID_KEYS = ("job", "construction", "N", "learner", "bin", "group")
+# Their old names in reports written before the rename: a learner was its "view".
+OLD_ID_KEYS = {"view": "learner"}
 # The preset field that sets how many expressions each kind evaluates (per bin, per set).
 SAMPLE_FIELD = {"length": "per_bin_cap", "depth": "per_bin_cap", "sweep": "per_bin_cap", "iid": "iid_n_test",
                 "shortcuts": "shortcut_n_eval"}
@@ -69,6 +71,8 @@ def report_cells(report_json: dict) -> dict[str, dict]:
                     walk(value, f"{path}.{key}" if path else str(key))
         elif isinstance(x, list):
             for i, item in enumerate(x):
+                if isinstance(item, dict):
+                    item = {OLD_ID_KEYS.get(k, k): v for k, v in item.items()}
                 ident = ",".join(f"{k}={item[k]}" for k in ID_KEYS
                                  if isinstance(item, dict) and isinstance(item.get(k), (str, int, float)))
                 walk(item, f"{path}[{ident or i}]")
@@ -181,17 +185,17 @@ def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
     return kept + [f"{name}={value}"]
 
 
-def rerun_command(argv: list[str], out: Path, views: list[str] | None = None, sample: int | None = None
+def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None, sample: int | None = None
                   ) -> list[str] | None:
-    """A stored command with its folder replaced by `out`, its learners restricted to `views`
+    """A stored command with its folder replaced by `out`, its learners restricted to `learners`
     and its evaluation sets cut to `sample` expressions (per bin, per set); None when none of
     its learners is asked for."""
     kind = argv[2]
     new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
-    if views is not None:
+    if learners is not None:
         # Commands stored before `--learners` name the learners `--views`.
         have = (_flag(argv, "--learners") or _flag(argv, "--views") or "rm,cot").split(",")
-        keep = [v for v in have if v in views]
+        keep = [v for v in have if v in learners]
         if not keep:
             return None
         new = _set_flag(_set_flag(new, "--views", "")[:-1], "--learners", ",".join(keep))
@@ -203,7 +207,7 @@ def rerun_command(argv: list[str], out: Path, views: list[str] | None = None, sa
     return new + ["--quiet"]
 
 
-def rerun(results: Path, out: Path, views: list[str] | None = None, sample: int | None = None,
+def rerun(results: Path, out: Path, learners: list[str] | None = None, sample: int | None = None,
           dry_run: bool = False, echo=print) -> list[list[str]]:
     """Re-run the stored commands of `results` into `out` (see `rerun_command`), then report
     `out`. Returns the command lines run."""
@@ -211,9 +215,9 @@ def rerun(results: Path, out: Path, views: list[str] | None = None, sample: int 
 
     results, out = Path(results), Path(out)
     _check_out(results, out)
-    commands = [c for c in (rerun_command(a, out, views, sample) for a in stored_commands(results)) if c]
+    commands = [c for c in (rerun_command(a, out, learners, sample) for a in stored_commands(results)) if c]
     if not commands:
-        raise DataError(f"--learners {','.join(views or [])}: no stored command of {results} trains those learners")
+        raise DataError(f"--learners {','.join(learners or [])}: no stored command of {results} trains those learners")
     for argv in commands:
         echo("$ " + " ".join(argv))
         if not dry_run and main(argv[1:]) != 0:
@@ -276,38 +280,38 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
     meta = read_meta(results)
     kind = get_kind(meta["kind"])
     runs = _released_runs(checkpoints, results, kind.job_names(results, meta))
-    taken = [str(out / job / view) for job, view in runs if (out / job / view).exists()]
+    taken = [str(out / job / learner) for job, learner in runs if (out / job / learner).exists()]
     if taken:
         raise DataError(f"{taken[0]} exists already: re-evaluate into a new --out")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(results / "experiment.json", out / "experiment.json")
     agreement = {}
-    for (job, view), src in runs.items():
-        run_dir = out / job / view
+    for (job, learner), src in runs.items():
+        run_dir = out / job / learner
         (run_dir / "best").mkdir(parents=True, exist_ok=True)
         for name in ("checkpoint.json", "model.safetensors"):
             shutil.copyfile(src / "best" / name, run_dir / "best" / name)
         for name in ("metrics.jsonl", "config.json"):  # the committed training log: whether it fitted
-            if (results / job / view / name).exists():
-                shutil.copyfile(results / job / view / name, run_dir / name)
+            if (results / job / learner / name).exists():
+                shutil.copyfile(results / job / learner / name, run_dir / name)
         step = json.loads((src / "best" / "checkpoint.json").read_text()).get("step")
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
                                                        "released": str(src)}) + "\n")
         evals, committed = {}, {}
-        for set_dir in sorted(p for p in (results / job / view / "eval").iterdir() if p.is_dir()):
+        for set_dir in sorted(p for p in (results / job / learner / "eval").iterdir() if p.is_dir()):
             rows = _sampled(read_results(set_dir), sample)
             columns = ["expr"] + [c for c in RESULT_COLUMNS if rows and all(c in r for r in rows)]
-            path = out / "data" / f"{job}-{view}-{set_dir.name}.parquet"
+            path = out / "data" / f"{job}-{learner}-{set_dir.name}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.table({c: [r[c] for r in rows] for c in columns}), path)
             evals[set_dir.name], committed[set_dir.name] = str(path), rows
-        echo(f"{job} {view}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
-        run_job(Job(job, view, "", "", evals, {}, meta.get("preset", {}).get("eval_batch", 64)), out, progress=False)
+        echo(f"{job} {learner}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
+        run_job(Job(job, learner, "", "", evals, {}, meta.get("preset", {}).get("eval_batch", 64)), out, progress=False)
         for set_name, rows in committed.items():
             fresh = read_results(run_dir / "eval" / set_name)
             same = [(a.get("prediction"), a.get("diverge_at")) == (b.get("prediction"), b.get("diverge_at"))
                     for a, b in zip(rows, fresh)]
-            agreement[f"{job}/{view}/{set_name}"] = {"n": len(rows), "same_prediction_and_divergence": sum(same),
+            agreement[f"{job}/{learner}/{set_name}"] = {"n": len(rows), "same_prediction_and_divergence": sum(same),
                                                      "committed_correct": sum(r["correct"] for r in rows),
                                                      "fresh_correct": sum(r["correct"] for r in fresh)}
     report(out)

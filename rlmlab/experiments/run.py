@@ -32,11 +32,11 @@ def _identity_of(meta: dict) -> dict:
     return kind.identity(meta) if kind is not None else {"kind": meta["kind"]}
 
 
-def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, views=PAPER_LEARNERS,
+def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, learners=PAPER_LEARNERS,
                    ray_address: str | None = None, progress: bool = True, extend: bool = False,
                    ray_gpus: float | None = None, on_planned: Callable[[], None] | None = None,
                    **options) -> list[Job]:
-    """Build the data, train the learners `views`, evaluate; resumable. Returns the jobs it ran.
+    """Build the data, train the learners `learners`, evaluate; resumable. Returns the jobs it ran.
 
     `options` are the kind's own (`ExperimentKind.options`): `threshold` for length and depth
     (default: the preset's), `sizes` and `seeds` for the IID sweep (default: the preset's),
@@ -62,7 +62,7 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     with folder_lock(out, busy="another run is building data or recording its plan here"):
         # before any data is built
         refuse_another_experiment(out, experiment.planned_identity(p, **options), _identity_of)
-        jobs = experiment.plan(p, out, tuple(views), progress, **options)
+        jobs = experiment.plan(p, out, tuple(learners), progress, **options)
         if on_planned is not None:
             on_planned()
     run_jobs(jobs, out, ray_address, progress, extend, ray_gpus)

@@ -1,6 +1,6 @@
 """Sizing a threshold sweep before running it (`rlmlab run sweep --plan`).
 
-Per threshold, from the pool's columns and per-call statistics (no view is built, no model
+Per threshold, from the pool's columns and per-call statistics (no example is built, no model
 run): training expressions, examples and positions per epoch for both learners, what a step
 holds and how many epochs the step budget is, the widest frame and the longest trace against
 the model's positional tables, and the tokens each evaluation set makes a learner generate.
@@ -8,9 +8,9 @@ CPU hours are estimates scaled from the committed `paper-cpu` runs at L = 595 (d
 
 What a learner trains on, in positions (an example of n tokens takes n - 1 positions):
 - CoT: one example per expression, its whole trace: trace_len - 1;
-- RM (lane-packed, `rlmlab.learning.views.rm_lanes_view`): one example per frame instance,
+- RM (lane-packed, `rlmlab.learning.examples.rm_lanes_packing`): one example per frame instance,
   holding the frame's call payload, everything the frame writes (its call blocks included) and
-  one returned value per child it calls (`lane_stats`; tests check it against the views).
+  one returned value per child it calls (`lane_stats`; tests check it against the built examples).
 """
 
 from __future__ import annotations
@@ -138,16 +138,16 @@ REFERENCE = {"rm": {"cpu_s_per_step": 0.60, "threshold": ("length", 595)},
 REFERENCE_DECODE_S = {"rm": 427.0, "cot": 326.0}
 
 
-def step_work(positions: np.ndarray, batch: int, view: str) -> float:
+def step_work(positions: np.ndarray, batch: int, learner: str) -> float:
     """Relative work of one step of `batch` examples drawn from examples of these positions."""
-    span = positions / 2 if view == "cot" else np.full(len(positions), float(DENSE_ROW["rm"]))
+    span = positions / 2 if learner == "cot" else np.full(len(positions), float(DENSE_ROW["rm"]))
     return batch * float((positions * (CPU_MODEL_KEYS + span)).mean())
 
 
-def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, view: str) -> float:
+def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, learner: str) -> float:
     """Relative work of decoding canonical traces: per generated token the model's own work plus
     its context, the prefix for CoT (cached keys) and the active frame for RM."""
-    if view == "cot":
+    if learner == "cot":
         context = prompt + generated / 2
     else:
         context = widest / 2
@@ -175,7 +175,7 @@ def _threshold_rows(pool, ids: dict[int, int], kind: str, t: int, p) -> dict:
     return take
 
 
-def size_threshold(cols: dict, rows: dict, preset, views, kind: str, t: int) -> dict:
+def size_threshold(cols: dict, rows: dict, preset, learners, kind: str, t: int) -> dict:
     """Every number of one threshold's plan row (see `plan_sweep`)."""
     tables = _model_tables(preset)
     tr, ev = rows["train"], rows["eval"]
@@ -191,9 +191,9 @@ def size_threshold(cols: dict, rows: dict, preset, views, kind: str, t: int) -> 
            "learners": {}}
     generated = (trace[ev] - cols["prompt"][ev]).astype(np.int64)
     out["eval_generated"] = int(generated.sum())
-    for view in views:
-        family = "cot" if view == "cot" else "rm"
-        settings = preset.job_settings(view)
+    for learner in learners:
+        family = "cot" if learner == "cot" else "rm"
+        settings = preset.job_settings(learner)
         batch = int(settings.get("train.batch_size", 64))
         steps = settings.get("train.max_steps")
         if family == "cot":
@@ -214,7 +214,7 @@ def size_threshold(cols: dict, rows: dict, preset, views, kind: str, t: int) -> 
         else:
             # Lanes are ~30 positions, inside RM's dense 128-position rows: work per position is flat.
             work = step_positions * (CPU_MODEL_KEYS + DENSE_ROW["rm"])
-        out["learners"][view] = {"batch": batch, "steps": steps, "examples": examples, "tokens": tokens,
+        out["learners"][learner] = {"batch": batch, "steps": steps, "examples": examples, "tokens": tokens,
                                  "positions": total_positions, "step_positions": round(step_positions),
                                  "steps_per_epoch": steps_per_epoch,
                                  "epochs": None if steps is None else steps / steps_per_epoch,
@@ -228,9 +228,9 @@ def calibrate(rows: list[dict], reference: dict) -> None:
     costs with the relative work of a step and of the evaluation set; `reference` holds the
     sized row of the reference threshold."""
     for r in rows:
-        for view, lv in r["learners"].items():
-            family = "cot" if view == "cot" else "rm"
-            ref = reference["learners"].get(view) or reference["learners"].get(family)
+        for learner, lv in r["learners"].items():
+            family = "cot" if learner == "cot" else "rm"
+            ref = reference["learners"].get(learner) or reference["learners"].get(family)
             if ref is None:
                 continue
             lv["cpu_s_per_step"] = REFERENCE[family]["cpu_s_per_step"] * lv["step_work"] / ref["step_work"]
@@ -264,7 +264,7 @@ def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
     return table
 
 
-def size_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | None = None,
+def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
                progress: bool = False) -> list[dict]:
     """The sized rows of every threshold asked for (default: the paper's), with CPU estimates."""
     from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
@@ -284,7 +284,7 @@ def size_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | 
         raise DataError(f"{pool or out}: the pool's ids are not distinct")
     sized = {}
     for kind, t in wanted + ([] if (ref_kind, ref_t) in wanted else [(ref_kind, ref_t)]):
-        sized[(kind, t)] = size_threshold(cols, _threshold_rows(table, ids, kind, t, preset), preset, views, kind, t)
+        sized[(kind, t)] = size_threshold(cols, _threshold_rows(table, ids, kind, t, preset), preset, learners, kind, t)
     rows = [sized[k] for k in wanted]
     calibrate(rows, sized[(ref_kind, ref_t)])
     return rows
@@ -306,12 +306,12 @@ def plan_table(rows: list[dict], preset) -> str:
                   f"{r['train_longest_trace']:,} | "
                   f"{r['eval_n']:,} ({r['eval_ood']:,}) | {r['eval_widest_frame']} | {r['eval_longest_trace']:,} | "
                   f"{r['eval_beyond']['rm']} / {r['eval_beyond']['cot']} | {_m(r['eval_generated'])} |")
-    views = list(dict.fromkeys(v for r in rows for v in r["learners"]))
+    learners = list(dict.fromkeys(v for r in rows for v in r["learners"]))
     md += ["", "| split | threshold | learner | examples / epoch | tokens / epoch | positions / step | steps / epoch | "
            "step budget | epochs | CPU s / step | eval decoding (CPU min) | CPU hours |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        for v in views:
+        for v in learners:
             lv = r["learners"][v]
             dropped = r["train_dropped"]["cot" if v == "cot" else "rm"]
             md.append(f"| {r['split']} | {r['threshold']} | {v} | {lv['examples']:,} | {_m(lv['tokens'])} | "
@@ -324,7 +324,7 @@ def plan_table(rows: list[dict], preset) -> str:
     return "\n".join(md) + "\n"
 
 
-def plan_sweep(preset, out: Path, views, lengths=None, depths=None, pool: str | None = None,
+def plan_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
                progress: bool = False) -> str:
     """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
-    return plan_table(size_sweep(preset, out, views, lengths, depths, pool, progress), preset)
+    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress), preset)

@@ -16,23 +16,23 @@ from rlmlab.safeio import parse_json, read_json
 FIT_THRESHOLD = 0.99
 
 # The paper's two learners in the same colours on the accuracy figures of every kind; other
-# views take matplotlib's cycle.
+# learners take matplotlib's cycle.
 LEARNER_COLORS = {"rm": "#1f5fa8", "cot": "#c0392b"}
 
 
-# A learner with its own position encoding ("cot@rope") is drawn in its view's colour, dashed.
+# A learner with its own position encoding ("cot@rope") is drawn in its base learner's colour, dashed.
 ENCODING_LINES = {"none": ":", "rope": "--", "alibi": "-."}
 
 
-def learner_line(view: str) -> tuple[str | None, str]:
+def learner_line(name: str) -> tuple[str | None, str]:
     """(colour, line style) of a learner on the accuracy figures: the paper's learners in their
-    colours, a learner with another encoding in its view's colour and a style of its own, any
-    other view in matplotlib's cycle (None)."""
+    colours, a learner with another encoding in its base learner's colour and a style of its own,
+    any other learner in matplotlib's cycle (None)."""
     try:
-        who = learner(view)
+        who = learner(name)
     except ConfigError:
         return None, "-"
-    return LEARNER_COLORS.get(who.view), ENCODING_LINES.get(who.positions, "-")
+    return LEARNER_COLORS.get(who.base), ENCODING_LINES.get(who.positions, "-")
 
 
 def fitted(best_validation: float | None) -> bool:
@@ -40,18 +40,18 @@ def fitted(best_validation: float | None) -> bool:
     return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
 
 
-def learner_name(view: str) -> str:
-    """Table label of a learner: "RM", "CoT", or the view name (also for a folder whose name
-    this version does not know)."""
+def learner_name(name: str) -> str:
+    """Table label of a learner: "RM", "CoT", or its name (also for a folder whose name this
+    version does not know)."""
     try:
-        return learner(view).label
+        return learner(name).label
     except ConfigError:
-        return view
+        return name
 
 
 def learners(out: Path, jobs: list[str]) -> list[str]:
-    """The learners (views) with a run folder in any of `jobs`: RM and CoT first, then the rest
-    by name, so that a third view run with `rlmlab run --views` gets its own rows."""
+    """The learners with a run folder in any of `jobs`: RM and CoT first, then the rest by name,
+    so that a third learner run with `rlmlab run --learners` gets its own rows."""
     found = {d.name for job in jobs if (out / job).is_dir() for d in (out / job).iterdir()
              if (d / "eval").is_dir()}
     return paper_order(found)
@@ -63,8 +63,8 @@ def save_figure(fig, path: Path) -> None:
     fig.savefig(path, dpi=150, metadata=meta)
 
 
-def paper_order(views) -> list[str]:
-    return [v for v in PAPER_LEARNERS if v in views] + sorted(set(views) - set(PAPER_LEARNERS))
+def paper_order(names) -> list[str]:
+    return [v for v in PAPER_LEARNERS if v in names] + sorted(set(names) - set(PAPER_LEARNERS))
 
 
 def training_runs(out: Path, job: str) -> dict[str, Path]:
@@ -75,15 +75,15 @@ def training_runs(out: Path, job: str) -> dict[str, Path]:
     return {v: found[v] for v in paper_order(found)}
 
 
-def eval_results(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
-    path = out / job / view / "eval" / set_name / "results.jsonl"
+def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
+    path = out / job / name / "eval" / set_name / "results.jsonl"
     return read_results(path) if path.exists() else None
 
 
-def saved_list(out: Path, job: str, view: str, tool: str, set_name: str, key: str) -> list[dict] | None:
-    """The list under `key` of a learner's `<view>/<tool>/<set>/summary.json`, if there is one
-    (`rlmlab probe|frames <out>/<job>/<view> --data <the set's parquet>` writes it)."""
-    path = out / job / view / tool / set_name / "summary.json"
+def saved_list(out: Path, job: str, name: str, tool: str, set_name: str, key: str) -> list[dict] | None:
+    """The list under `key` of a learner's `<learner>/<tool>/<set>/summary.json`, if there is one
+    (`rlmlab probe|frames <out>/<job>/<learner> --data <the set's parquet>` writes it)."""
+    path = out / job / name / tool / set_name / "summary.json"
     if not path.exists():
         return None
     what = f"{path}: not an `rlmlab {tool}` summary"
@@ -96,9 +96,9 @@ def saved_list(out: Path, job: str, view: str, tool: str, set_name: str, key: st
     return items
 
 
-def probe_groups(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+def probe_groups(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
     """The groups of `rlmlab probe`'s summary for a learner's evaluation set, if it was probed."""
-    return saved_list(out, job, view, "probe", set_name, "groups")
+    return saved_list(out, job, name, "probe", set_name, "groups")
 
 
 def pct(x: float | None) -> str:
@@ -151,7 +151,7 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
-    for i, (view, run_dir) in enumerate(runs.items()):
+    for i, (name, run_dir) in enumerate(runs.items()):
         recs = metrics_records(run_dir)
         val = [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
         if not val:
@@ -160,8 +160,8 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
         color = f"C{i}"  # one colour per learner on both panels
         x = [r["elapsed_s"] / 60 for r in val]
         if any("answer_acc" in r for r in val):
-            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(view), color=color)
-        a2.plot(x, [r["loss"] for r in val], label=learner_name(view), color=color)
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(name), color=color)
+        a2.plot(x, [r["loss"] for r in val], label=learner_name(name), color=color)
         for ext in extensions(recs):
             for a in (a1, a2):
                 a.axvline(ext.get("elapsed_s", 0) / 60, color=color, linestyle=":", linewidth=1)
@@ -228,19 +228,19 @@ def _epochs(e: float) -> str:
 
 
 def training_table(summaries: list[dict]) -> str:
-    """Markdown table of `training_summary` records (each with its `job` and `view`)."""
+    """Markdown table of `training_summary` records (each with its `job` and `learner`)."""
     md = ["| run | learner | steps | training tokens | epochs | minutes | of which validating | "
           "best val final answer (%) | at step | stop |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     for t in summaries:
         validating = ("≥ " if t["validations_untimed"] else "") + f"{t['validation_minutes']:.0f}"
-        md.append(f"| {t['job']} | {learner_name(t['view'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
+        md.append(f"| {t['job']} | {learner_name(t['learner'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
                   f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {validating} | {pct(t['best'])} | "
                   f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
-    curves = [f"- {t['job']} {learner_name(t['view'])}: " + ", ".join(
+    curves = [f"- {t['job']} {learner_name(t['learner'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
-    resumed = [f"- {t['job']} {learner_name(t['view'])}: at step " + ", ".join(
+    resumed = [f"- {t['job']} {learner_name(t['learner'])}: at step " + ", ".join(
         f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ())
                     else " (after a plateau stop, with a larger patience)" if s in t.get("patience_lifted_at", ())
                     else "") for s in t["resumed_at"])

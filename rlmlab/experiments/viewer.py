@@ -31,6 +31,7 @@ from rlmlab.experiments.tables import learner_name
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
 from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.learning.learner import learner
+from rlmlab.measuring.results import summary_learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.taskfile import load_task
@@ -314,14 +315,14 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progr
         }
         rows.append([row[c] for c in COLUMNS])
     return {"columns": list(COLUMNS), "alphabet": ALPHABET, "width": table.width, "tokens": table.tokens,
-            "bins": bins, "categories": categories, "view": str(es.summary.get("view", "")),
-            "driver": _driver(str(es.summary.get("view", ""))), "rows": rows}
+            "bins": bins, "categories": categories, "learner": summary_learner(es.summary) or "",
+            "driver": _driver(summary_learner(es.summary) or ""), "rows": rows}
 
 
-def _driver(view: str) -> str:
+def _driver(name: str) -> str:
     """What the learner reads ("rm", "cot", ...), so that the page marks its side; "" if unknown."""
     try:
-        return learner(view).driver
+        return learner(name).driver
     except RlmlabError:
         return ""
 
@@ -361,10 +362,8 @@ def _header(es: EvalSet, title: str, back: str | None) -> str:
     parts = [f'<p class="back"><a href="{_esc(back)}">&larr; experiment index</a></p>' if back else "",
              f"<h1>{_esc(title)}</h1>"]
     who = []
-    if s.get("view"):
-        # An experiment's learner with its own encoding ("cot@rope") is recorded beside its view.
-        who.append(f"learner <b>{_esc(learner_name(s.get('learner') or s['view']))}</b> "
-                   f"(view <code>{_esc(s['view'])}</code>)")
+    if summary_learner(s):
+        who.append(f"learner <b>{_esc(learner_name(summary_learner(s)))}</b> (<code>{_esc(summary_learner(s))}</code>)")
     if s.get("predictor") == "oracle":
         who.append("oracle predictor")
     elif s.get("run_dir"):
@@ -522,15 +521,15 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     executions: dict[str, Execution] = {}  # the learners of a job share their expressions
     pages, rows = [], []
     for set_dir in eval_sets(folder):
-        job, view, set_name = set_dir.parts[-4], set_dir.parts[-3], set_dir.parts[-1]
-        rel = Path(job) / view / f"{set_name}.html"
+        job, name, set_name = set_dir.parts[-4], set_dir.parts[-3], set_dir.parts[-1]
+        rel = Path(job) / name / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
-        title = f"{job} · {learner_name(view)} · {set_name}"
+        title = f"{job} · {learner_name(name)} · {set_name}"
         page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions, stage, task),
                           len(es.results))
         pages.append(page)
         n = len(es.results)
-        rows.append((job, learner_name(view), set_name, rel.as_posix(), n,
+        rows.append((job, learner_name(name), set_name, rel.as_posix(), n,
                      sum(r["correct"] for r in es.results) / n,
                      sum(bool(r.get("valid", r["correct"])) for r in es.results) / n,
                      sum(bool(r.get("trace_exact")) for r in es.results) / n))

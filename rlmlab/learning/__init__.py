@@ -1,1 +1,1 @@
-"""rlmlab, learning: observations, learners, training views and packing, the model, training, checkpoints, configs."""
+"""rlmlab, learning: observations, learners, training examples and packing, the model, training, checkpoints, configs."""

@@ -11,11 +11,11 @@ and a checkpoint folder holds
 
     model.safetensors      weights (the tied output embedding stored once)
     optimizer.safetensors  AdamW moments and step counts (last/ only)
-    checkpoint.json        format, step, view, model config, run config, vocabulary, metrics,
+    checkpoint.json        format, step, learner, model config, run config, vocabulary, metrics,
                            optimizer hyper-parameters, trainer state (RNG, data cursor, clock)
                            the SHA-256 of each tensor file, and `digest`: the SHA-256 of
                            all of the above (`meta_digest`), so that an edit to the
-                           vocabulary, the view or the model config is refused on load
+                           vocabulary, the learner or the model config is refused on load
 
 A checkpoint is written into a temporary folder next to its final place, synced, then
 renamed into place; the previous one is moved aside first and deleted last. A save killed at
@@ -43,13 +43,17 @@ from rlmlab.learning.model import ModelConfig, Transformer
 from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.vocab import Vocab
 
-FORMAT = "rlmlab-checkpoint/2"
-# Checkpoints written before the metadata digest: their tensor files are still checked, their
-# metadata cannot be. They load as before (runs in progress resume across the upgrade).
+FORMAT = "rlmlab-checkpoint/3"
+# Earlier formats, which load as before (released checkpoints, runs in progress resume across
+# the upgrade): /2 names the learner "view" (under its digest, so it is read, never rewritten);
+# /1 also predates the metadata digest: its tensor files are still checked, its metadata cannot be.
+VIEW_FORMAT = "rlmlab-checkpoint/2"
 LEGACY_FORMAT = "rlmlab-checkpoint/1"
+READABLE = (FORMAT, VIEW_FORMAT, LEGACY_FORMAT)
 MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
-# What checkpoint.json must hold, and the JSON type of each entry.
-META_TYPES = {"step": int, "view": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
+# What checkpoint.json must hold, and the JSON type of each entry (formats /1 and /2 hold the
+# learner as "view": `read_meta` hands it on as "learner").
+META_TYPES = {"step": int, "learner": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
               "files": dict, "optimizer": dict, "trainer": dict}
 JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 WHICH = ("best", "last")
@@ -61,7 +65,7 @@ class LoadedRun:
 
     model: Transformer  # eval mode
     vocab: Vocab
-    view: str  # "cot" or "rm"
+    learner: str  # the learner it was trained as, without encoding: "cot", "rm", ...
     config: dict  # the run configuration: {"model": ..., "data": ..., "train": ...}
     step: int
     metrics: dict  # validation (and training) metrics at that step
@@ -158,7 +162,7 @@ def set_rng_state(state: dict) -> None:
         raise CheckpointError(f"saved random-number state is malformed ({type(e).__name__})") from None
 
 
-def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, view: str,
+def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, learner: str,
                     config: dict, step: int, metrics: dict, optimizer: torch.optim.Optimizer | None = None,
                     trainer: dict | None = None, task: Task | None = None) -> Path:
     """Write `run_dir/<which>/` atomically; returns its path. `task` is recorded (name, digest
@@ -171,7 +175,7 @@ def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, voca
         shutil.rmtree(stale, ignore_errors=True)
     tmp = run_dir / f".{which}.tmp-{os.getpid()}"
     tmp.mkdir()
-    meta = {"format": FORMAT, "step": step, "view": view, "model_config": model.cfg.to_dict(), "config": config,
+    meta = {"format": FORMAT, "step": step, "learner": learner, "model_config": model.cfg.to_dict(), "config": config,
             "vocab": list(vocab.tokens), "metrics": metrics, "files": {}}
     save_model(model, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
     files = [MODEL_FILE]
@@ -219,13 +223,21 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
 
 def read_meta(ckpt: Path) -> dict:
     """checkpoint.json, checked against its digest, with the tensor files it names (the weights
-    at least) checked against their SHA-256."""
+    at least) checked against their SHA-256. The learner is under "learner" whatever the format
+    (formats before /3 name it "view" on disk)."""
     try:
         meta = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
     except CheckpointError as e:
         raise CheckpointError(f"{ckpt}: {META_FILE} is missing or not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, LEGACY_FORMAT):
+    if not isinstance(meta, dict) or meta.get("format") not in READABLE:
         raise CheckpointError(f"{ckpt}: not an {FORMAT} checkpoint")
+    sealed = meta["format"] != LEGACY_FORMAT
+    sealed_as = meta_digest(meta)  # of the file as written, before the old name is read as the new one
+    if meta["format"] != FORMAT:
+        if "learner" in meta:
+            raise CheckpointError(f"{ckpt}: {META_FILE}: 'learner' in a {meta['format']} checkpoint (it says 'view')")
+        if "view" in meta:
+            meta["learner"] = meta.pop("view")
     for key, kind in META_TYPES.items():
         if key not in meta:
             if key in ("optimizer", "trainer"):  # only in 'last' checkpoints
@@ -241,7 +253,7 @@ def read_meta(ckpt: Path) -> dict:
             raise CheckpointError(f"{ckpt}: {META_FILE} names an unexpected file {shorten(repr(name))}")
     if MODEL_FILE not in meta["files"]:  # an empty 'files' would switch the weight check off
         raise CheckpointError(f"{ckpt}: {META_FILE}: 'files' lacks the SHA-256 of {MODEL_FILE}")
-    if meta["format"] == FORMAT and meta.get("digest") != meta_digest(meta):
+    if sealed and meta.get("digest") != sealed_as:
         raise CheckpointError(f"{ckpt}: {META_FILE} was edited after it was saved (its digest does not match)")
     for name, digest in meta["files"].items():
         path = ckpt / name
@@ -352,4 +364,4 @@ def load_run(run_dir: str | Path, which: str = "best", device: str | torch.devic
     model = build_model(meta, ckpt, device, positions).eval()
     if model.cfg.vocab_size != len(vocab):
         raise CheckpointError(f"{ckpt}: model has {model.cfg.vocab_size} token ids, vocabulary {len(vocab)}")
-    return LoadedRun(model, vocab, meta["view"], meta["config"], int(meta["step"]), meta["metrics"], task)
+    return LoadedRun(model, vocab, meta["learner"], meta["config"], int(meta["step"]), meta["metrics"], task)

@@ -2,14 +2,16 @@
 
 Every field has a docstring (shown by `rlmlab train --help`). A run's settings come from, in
 order: the defaults below, a config file (JSON or TOML, with sections `model`, `data`,
-`train`), `--section.key=value` overrides, then the dedicated flags (`--view`, `--max-steps`, ...).
-Unknown keys and values of the wrong type raise a one-line `ConfigError` naming the key.
+`train`), `--section.key=value` overrides, then the dedicated flags (`--learner`, `--max-steps`, ...).
+Unknown keys and values of the wrong type raise a one-line `ConfigError` naming the key. Keys
+renamed since (`OLD_KEYS`: `data.view` is now `data.learner`) are still read under their old
+name, so that saved `config.json` files and old command lines keep working.
 
 What "batch" means with packing: `train.batch_size` is the paper's 64 examples, turned into
 a token budget per optimizer step of batch_size x (mean positions per training example),
 filled with whole packed rows. A step therefore holds about batch_size examples (exactly that
 many tokens' worth) and every step costs the same compute, which keeps shapes static and
-steps comparable between the views; the loss is the mean over the step's target tokens.
+steps comparable between the learners; the loss is the mean over the step's target tokens.
 """
 
 from __future__ import annotations
@@ -96,14 +98,14 @@ MODEL_PRESETS: dict[str, dict[str, dict]] = {
 }
 
 
-def preset(name: str, view: str, vocab_size: int, **overrides) -> ModelConfig:
-    """The preset's sizes for a view: the "rm" column for views with short contexts (active
+def preset(name: str, learner: str, vocab_size: int, **overrides) -> ModelConfig:
+    """The preset's sizes for a learner: the "rm" column for learners with short contexts (active
     frames, windows, widened to hold a window), the "cot" column for whole traces and reductions."""
     if name not in MODEL_PRESETS:
         raise ConfigError(f"unknown model preset {name!r} (have: {', '.join(MODEL_PRESETS)})")
     from rlmlab.learning.observe import observer
 
-    obs = observer(view)
+    obs = observer(learner)
     base = dict(MODEL_PRESETS[name][obs.family])
     if obs.context_bound is not None:
         # A window of K tokens must fit the positional table whatever the preset.
@@ -136,18 +138,19 @@ class ModelSettings:
         if self.preset not in MODEL_PRESETS:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(MODEL_PRESETS)})")
 
-    def build(self, view: str, vocab_size: int) -> ModelConfig:
+    def build(self, learner: str, vocab_size: int) -> ModelConfig:
         overrides = {f.name: getattr(self, f.name) for f in fields(self)
                      if f.name != "preset" and getattr(self, f.name) is not None}
-        return preset(self.preset, view, vocab_size, **overrides)
+        return preset(self.preset, learner, vocab_size, **overrides)
 
 
 @dataclass(frozen=True)
 class DataSettings:
-    view: str = "rm"
-    """What the model reads: "rm" (active frames, lane-packed), "rm-frames" (active frames one by
-    one: same objective, more tokens), "cot" (whole flattened trace), "window:K" (the last K
-    tokens) or "reduce" (completed calls collapsed to their values); docs/observation.md."""
+    learner: str = "rm"
+    """The learner, i.e. what the model reads: "rm" (active frames, lane-packed), "rm-frames"
+    (active frames one by one: same objective, more tokens), "cot" (whole flattened trace),
+    "window:K" (the last K tokens) or "reduce" (completed calls collapsed to their values);
+    docs/observation.md. Old name: `data.view`."""
     train: str | None = None
     """Training expressions: a pool parquet (`rlmlab data pool`) or any parquet with an `expr` column."""
     val: str | None = None
@@ -160,12 +163,12 @@ class DataSettings:
     """Use only the first N training expressions (after the split): nested subsets for sample-size sweeps."""
     row_len: int | None = None
     """Base packed-row length; a longer example gets a row of its own. Default: 128 for the RM
-    views (an active-frame example averages ~30 tokens, a frame's lanes ~35; a dense mask costs
+    learners (an active-frame example averages ~30 tokens, a frame's lanes ~35; a dense mask costs
     attention over the whole row, so short rows train ~1.5x faster than 512 on CPU), 512 for cot."""
     drop_too_long: bool = True
     """Drop examples longer than the model's positional table (counted and reported); if false, fail."""
     cache_dir: str | None = None
-    """Where encoded examples are cached as .npz (default: ~/.cache/rlmlab/views; "" disables)."""
+    """Where encoded examples are cached as .npz (default: ~/.cache/rlmlab/examples; "" disables)."""
     workers: int | None = None
     """Processes that execute expressions when building examples (default: every core)."""
     task: str = "paper"
@@ -176,12 +179,12 @@ class DataSettings:
         from rlmlab.learning.learner import learner
 
         try:
-            positions = learner(self.view).positions
+            positions = learner(self.learner).positions
         except ConfigError as e:
-            raise ConfigError(f"data.view: {e}") from None
+            raise ConfigError(f"data.learner: {e}") from None
         if positions is not None:
-            raise ConfigError(f"data.view: {self.view!r} names a learner with a position encoding; set "
-                              f"data.view={self.view.partition('@')[0]} and model.positions={positions}")
+            raise ConfigError(f"data.learner: {self.learner!r} names a learner with a position encoding; set "
+                              f"data.learner={self.learner.partition('@')[0]} and model.positions={positions}")
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
         _seed(self.val_seed, "data.val_seed")
 
@@ -189,12 +192,12 @@ class DataSettings:
     def row_length(self) -> int:
         from rlmlab.learning.learner import learner
 
-        return self.row_len or learner(self.view).row_length
+        return self.row_len or learner(self.learner).row_length
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":
             return None
-        return Path(self.cache_dir) if self.cache_dir else Path.home() / ".cache" / "rlmlab" / "views"
+        return Path(self.cache_dir) if self.cache_dir else Path.home() / ".cache" / "rlmlab" / "examples"
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,9 @@ class RunConfig:
 
 
 SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainConfig}
+# Keys renamed since, by section: {old name: new name}. Config files, `--section.key` overrides,
+# typed settings and every saved config.json may still use the old name; naming both is refused.
+OLD_KEYS: dict[str, dict[str, str]] = {"data": {"view": "learner"}}
 
 # Fields a resumed run may change: when and how it stops, logs and runs, never what it learns.
 RESUMABLE = frozenset({"train.max_steps", "train.max_minutes", "train.patience", "train.min_delta",
@@ -433,12 +439,32 @@ def apply_dict(cfg: RunConfig, d: dict, where: str = "config") -> RunConfig:
                               f"{_closest(name, SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: section {name!r} must be an object")
+        values = _new_keys(name, values, where)
         known = {f.name for f in fields(SECTIONS[name])}
         for key in values:
             if key not in known:
                 raise ConfigError(f"{where}: unknown config key '{name}.{key}'{_closest(key, known, name + '.')}")
         sections[name] = replace(getattr(cfg, name), **values)
     return replace(cfg, **sections)
+
+
+def _new_keys(section: str, values: dict, where: str) -> dict:
+    """A section's {key: value} with its old key names (`OLD_KEYS`) replaced by the new ones."""
+    renamed = OLD_KEYS.get(section, {})
+    if not renamed.keys() & values.keys():
+        return values
+    out = {}
+    for key, value in values.items():
+        new = renamed.get(key, key)
+        if new in out or (new != key and new in values):
+            raise ConfigError(f"{where}: '{section}.{key}' is the old name of '{section}.{new}'; give one of them")
+        out[new] = value
+    return out
+
+
+def _field_name(section: str, name: str) -> str:
+    """The field a key of `section` names: itself, or the new name of an old one (`OLD_KEYS`)."""
+    return OLD_KEYS.get(section, {}).get(name, name)
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, str]) -> RunConfig:
@@ -455,6 +481,7 @@ def parse_setting(key: str, text: str, where: str | None = None):
     """The value of command-line text for config key `key` ("train.batch_size"), parsed as that
     field's type; `where` names the option in errors (default: the key)."""
     section, _, name = key.partition(".")
+    name = _field_name(section, name)
     if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
         raise ConfigError(f"{where + ': ' if where else ''}unknown config key '{key}'{_closest(key, config_keys())}")
     return parse_value(text, _hints(SECTIONS[section])[name], where or key)
@@ -466,7 +493,7 @@ def apply_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
     nested: dict[str, dict] = {}
     for key, value in settings.items():
         section, _, name = key.partition(".")
-        if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
+        if section not in SECTIONS or _field_name(section, name) not in {f.name for f in fields(SECTIONS[section])}:
             raise ConfigError(f"unknown config key '{key}'{_closest(key, config_keys())}")
         nested.setdefault(section, {})[name] = value
     return apply_dict(cfg, nested, where="settings")

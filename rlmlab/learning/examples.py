@@ -1,8 +1,8 @@
-"""Training views: what each learner reads of the same executions (paper appendix "Training formats").
+"""Training examples: what each learner reads of the same executions (paper appendix "Training formats").
 
-A view is a function `Execution -> list[Example]`; CoT and RM differ only here, never in the
+A learner's packing is a function `Execution -> list[Example]`; CoT and RM differ only here, never in the
 model or the trainer. An `Example` is a token sequence plus a per-token loss mask: `loss[i]`
-says that token i is a target, predicted from tokens[:i]. Neither view adds <bos>/<eos>: a
+says that token i is a target, predicted from tokens[:i]. No packing adds <bos>/<eos>: a
 CoT example starts with the written expression, an RM example with its frame, and a trace
 ends when the root's `</return>` closes it, which the inference driver detects by itself.
 
@@ -18,10 +18,10 @@ ends when the root's `</return>` closes it, which the inference driver detects b
   "window:K" (the last K tokens), "reduce" (PENCIL-style reduction): the examples that
   `Observation.examples` cuts, plain causal (docs/observation.md).
 
-Packings with a layout register in `VIEWS`; `get_view` resolves every name. `build_view_data`,
-the packer and the trainer only see ids and masks.
+Packings with a layout register in `PACKINGS`; `get_packing` resolves every learner name.
+`build_examples`, the row packer (`rlmlab.learning.packing`) and the trainer only see ids and masks.
 
-`ViewData` is a view's examples for a whole expression list, flattened into numpy arrays
+`ExampleSet` is a learner's examples for a whole expression list, flattened into numpy arrays
 (ids, loss mask, offsets, source expression), cached as .npz (never pickle).
 """
 
@@ -49,7 +49,7 @@ from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
-VIEWDATA_FORMAT = "rlmlab-viewdata/2"
+EXAMPLES_FORMAT = "rlmlab-examples/1"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Example:
     loss: tuple[bool, ...]
     layout: tuple[tuple[int, int, int], ...] | None = None
     """Per token (position, frame, branch) for sequences that are not one causal example (the
-    lane-packed RM view): token i attends to j <= i of the same frame that is on the trunk
+    lane-packed RM packing): token i attends to j <= i of the same frame that is on the trunk
     (branch -1) or on i's branch, at position `position`. None: plain causal, positions 0..n-1."""
 
     def __post_init__(self):
@@ -85,19 +85,19 @@ def _suffix_example(tokens: Sequence[str], boundary: int) -> Example:
     return Example(tuple(tokens), (False,) * boundary + (True,) * (len(tokens) - boundary))
 
 
-def cot_view(ex: Execution) -> list[Example]:
+def cot_packing(ex: Execution) -> list[Example]:
     return [_suffix_example(ex.tokens, ex.prompt_len)]
 
 
-def rm_frames_view(ex: Execution) -> list[Example]:
-    """The active-frame examples one by one: the reference form of the RM view."""
+def rm_frames_packing(ex: Execution) -> list[Example]:
+    """The active-frame examples one by one: the reference form of the RM packing."""
     return [_suffix_example(f.tokens, f.m) for f in ex.frames]
 
 
-def rm_lanes_view(ex: Execution) -> list[Example]:
+def rm_lanes_packing(ex: Execution) -> list[Example]:
     """The active-frame examples of a trace lane-packed (`rlmlab.learning.lanes`): one example per frame
     instance, holding its trunk once and each pending call block once. Same targets and,
-    exactly, the same logits as `rm_frames_view`, in ~1.5x instead of ~2.6x the CoT view's
+    exactly, the same logits as `rm_frames_packing`, in ~1.5x instead of ~2.6x the CoT packing's
     tokens.
 
     A frame's tokens never attend to another frame's, so each frame's lane is its own example:
@@ -118,39 +118,39 @@ def rm_lanes_view(ex: Execution) -> list[Example]:
     return out
 
 
-View = Callable[[Execution], list[Example]]
-VIEWS: dict[str, View] = {"cot": cot_view, "rm": rm_lanes_view, "rm-frames": rm_frames_view}
+Packing = Callable[[Execution], list[Example]]
+PACKINGS: dict[str, Packing] = {"cot": cot_packing, "rm": rm_lanes_packing, "rm-frames": rm_frames_packing}
 
 
-def observation_view(obs: Observation) -> View:
-    """The training view of an observation function: its examples, loss on the targets."""
+def observation_packing(obs: Observation) -> Packing:
+    """The packing of an observation function: its plain examples, loss on the targets."""
 
-    def view(ex: Execution) -> list[Example]:
+    def packing(ex: Execution) -> list[Example]:
         return [_suffix_example(toks, m) for toks, m in obs.examples(ex.tokens, ex.prompt_len)]
 
-    view.__name__ = view.__qualname__ = f"{obs.name}_view"
-    return view
+    packing.__name__ = packing.__qualname__ = f"{obs.name}_packing"
+    return packing
 
 
-def get_view(name: str) -> View:
-    """The training view called `name`: a registered packing (`VIEWS`) or an observation
+def get_packing(name: str) -> Packing:
+    """The packing of the learner called `name`: a registered one (`PACKINGS`) or an observation
     function with its parameter ("window:256", "reduce"). Unknown: a one-line ConfigError."""
-    if name in VIEWS:
-        return VIEWS[name]
+    if name in PACKINGS:
+        return PACKINGS[name]
     if isinstance(name, str) and name.startswith("rm-"):
-        raise ConfigError(f"unknown view {name!r}: the RM packings are {', '.join(v for v in VIEWS if v.startswith('rm'))}")
-    return observation_view(observer(name))
+        raise ConfigError(f"unknown learner {name!r}: the RM packings are {', '.join(v for v in PACKINGS if v.startswith('rm'))}")
+    return observation_packing(observer(name))
 
 
 @dataclass(frozen=True)
-class ViewData:
-    """A view's examples for a list of expressions, as flat arrays.
+class ExampleSet:
+    """A learner's training examples for a list of expressions, as flat arrays.
 
     Example i is ids[offsets[i]:offsets[i+1]] with loss mask loss[same slice]; it comes from
     expression number source[i] of the list it was built from.
     """
 
-    view: str
+    learner: str  # the learner (without encoding) whose packing built them: "rm", "cot", ...
     vocab: Vocab
     ids: np.ndarray  # (N_tokens,) uint16 token ids
     loss: np.ndarray  # (N_tokens,) bool, True = target
@@ -193,7 +193,7 @@ class ViewData:
             return self.lengths - 1
         return np.maximum.reduceat(self.layout[:, 0], self.offsets[:-1]) + 1
 
-    def select(self, keep: np.ndarray) -> "ViewData":
+    def select(self, keep: np.ndarray) -> "ExampleSet":
         """The examples where `keep` (bool, one per example) is True, in their order."""
         keep = np.asarray(keep, dtype=bool)
         if keep.all():
@@ -202,7 +202,7 @@ class ViewData:
         token_keep = np.repeat(keep, self.lengths)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return ViewData(self.view, self.vocab, self.ids[token_keep], self.loss[token_keep], offsets,
+        return ExampleSet(self.learner, self.vocab, self.ids[token_keep], self.loss[token_keep], offsets,
                         self.source[keep], self.n_expressions,
                         None if self.layout is None else self.layout[token_keep])
 
@@ -210,7 +210,7 @@ class ViewData:
         """Write to .npz atomically (a temporary file renamed into place)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = json.dumps({"format": VIEWDATA_FORMAT, "view": self.view, "vocab": list(self.vocab.tokens),
+        meta = json.dumps({"format": EXAMPLES_FORMAT, "learner": self.learner, "vocab": list(self.vocab.tokens),
                            "n_expressions": self.n_expressions, "sha256": self._digest()})
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
@@ -230,7 +230,7 @@ class ViewData:
         return h.hexdigest()
 
     @classmethod
-    def load(cls, path: str | Path) -> "ViewData":
+    def load(cls, path: str | Path) -> "ExampleSet":
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
@@ -244,10 +244,10 @@ class ViewData:
         # parser cannot read (SyntaxError, tokenize.TokenError, RecursionError).
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error,
                 SyntaxError, tokenize.TokenError, RecursionError) as e:
-            raise DataError(f"{path}: not a view-data file ({type(e).__name__})") from None
-        if not isinstance(meta, dict) or meta.get("format") != VIEWDATA_FORMAT:
+            raise DataError(f"{path}: not a training-examples file ({type(e).__name__})") from None
+        if not isinstance(meta, dict) or meta.get("format") != EXAMPLES_FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
-            raise DataError(f"{path}: format {found!r}, expected {VIEWDATA_FORMAT!r}")
+            raise DataError(f"{path}: format {found!r}, expected {EXAMPLES_FORMAT!r}")
         offsets = arrays["offsets"]
         # Shapes and types first: every check below indexes or compares these arrays.
         if any(a.ndim != 1 for a in arrays.values()) or len(offsets) == 0 \
@@ -269,10 +269,10 @@ class ViewData:
                 or (len(offsets) and offsets[0] != 0):
             raise DataError(f"{path}: token ids outside the vocabulary or offsets out of order")
         try:
-            data = cls(str(meta["view"]), vocab, arrays["ids"], arrays["loss"], offsets, arrays["source"],
+            data = cls(str(meta["learner"]), vocab, arrays["ids"], arrays["loss"], offsets, arrays["source"],
                        int(meta["n_expressions"]), layout)
         except (KeyError, TypeError, ValueError, OverflowError):
-            raise DataError(f"{path}: no view name or expression count") from None
+            raise DataError(f"{path}: no learner name or expression count") from None
         if meta.get("sha256") != data._digest():
             raise DataError(f"{path}: its arrays do not match their SHA-256 (damaged)")
         if data.loss.dtype != np.bool_ or offsets.dtype != np.int64 or data.source.dtype != np.int64 \
@@ -288,8 +288,8 @@ MAX_ECHO = 160  # characters of a user's expression quoted in an error
 def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library | None]
                   ) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
-    view_name, vocab_tokens, first, texts, where, library = args
-    view, vocab = get_view(view_name), Vocab(vocab_tokens)
+    name, vocab_tokens, first, texts, where, library = args
+    packing, vocab = get_packing(name), Vocab(vocab_tokens)
     ids: list[int] = []
     loss: list[bool] = []
     lengths: list[int] = []
@@ -297,7 +297,7 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
     layout: list[tuple[int, int, int]] = []
     for k, text in enumerate(texts):
         try:
-            examples = view(execute(text, library))
+            examples = packing(execute(text, library))
         except RlmlabError as e:
             shown = text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
             place = where[k] if where is not None else f"expression {first + k}"
@@ -310,13 +310,13 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
             if ex.layout is not None:
                 layout.extend(ex.layout)
     if layout and len(layout) != len(ids):
-        raise ValueError(f"view {view_name!r} gives a layout for some examples only")
+        raise ValueError(f"the packing of {name!r} gives a layout for some examples only")
     return (np.array(ids, dtype=np.uint16), np.array(loss, dtype=bool), np.array(lengths, dtype=np.int64),
             np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
-def cache_key(exprs: Sequence[str], view: str, vocab: Vocab, task: Task | None = None) -> str:
-    key = {"format": VIEWDATA_FORMAT, "view": view, "vocab": list(vocab.tokens)}
+def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task | None = None) -> str:
+    key = {"format": EXAMPLES_FORMAT, "learner": learner, "vocab": list(vocab.tokens)}
     if task is not None and not task.is_paper:  # the paper's keys stay those written before tasks existed
         key["task"] = task.digest
     h = hashlib.sha256(json.dumps(key).encode())
@@ -326,28 +326,28 @@ def cache_key(exprs: Sequence[str], view: str, vocab: Vocab, task: Task | None =
     return h.hexdigest()[:24]
 
 
-def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int = 1,
+def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
-                    where: Sequence[str] | None = None, task: Task | str | None = None) -> ViewData:
-    """Execute every expression of `task` (default: the paper's) and return the view's examples
-    as one `ViewData`. `where` names each expression's place in the user's file for errors
+                    where: Sequence[str] | None = None, task: Task | str | None = None) -> ExampleSet:
+    """Execute every expression of `task` (default: the paper's) and return the training
+    examples of `learner` (a name without encoding: "rm", "cot", "window:64") as one `ExampleSet`. `where` names each expression's place in the user's file for errors
     (default: its index in `exprs`).
 
-    With `cache_dir`, the result is stored as `<view>-<hash>.npz` keyed by the expressions,
-    view and vocabulary, and read back on the next call instead of being rebuilt.
+    With `cache_dir`, the result is stored as `<learner>-<hash>.npz` keyed by the expressions,
+    learner and vocabulary, and read back on the next call instead of being rebuilt.
     """
-    get_view(view)
+    get_packing(learner)
     task = load_task(task)
     if len(vocab) > np.iinfo(np.uint16).max:
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)
-    cache_path = Path(cache_dir) / f"{view}-{cache_key(exprs, view, vocab, task)}.npz" if cache_dir else None
+    cache_path = Path(cache_dir) / f"{learner}-{cache_key(exprs, learner, vocab, task)}.npz" if cache_dir else None
     if cache_path is not None and cache_path.exists():
         try:
-            return ViewData.load(cache_path)
+            return ExampleSet.load(cache_path)
         except DataError:
             pass  # a stale or damaged cache entry is rebuilt below and overwritten
-    jobs = [(view, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]),
+    jobs = [(learner, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]),
              task.library)
             for i in range(0, len(exprs), chunk)]
     if workers > 1 and len(jobs) > 1:
@@ -360,7 +360,7 @@ def build_view_data(exprs: Sequence[str], view: str, vocab: Vocab, workers: int 
     ids, loss, lengths, source, layout = (np.concatenate(p) for p in zip(*parts))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = ViewData(view, vocab, ids, loss, offsets, source, len(exprs), layout if len(layout) else None)
+    data = ExampleSet(learner, vocab, ids, loss, offsets, source, len(exprs), layout if len(layout) else None)
     if cache_path is not None:
         data.save(cache_path)
     return data

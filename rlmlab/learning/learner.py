@@ -6,20 +6,20 @@ function. A `Learner` bundles what follows from a name such as "rm", "rm-frames"
 
 - `observation`: the observation function (`rlmlab.learning.observe`), which decides what the model
   reads at every step, how training examples are cut and how the decoding driver moves;
-- `packing`: how those examples become training sequences (`rlmlab.learning.views`: RM's examples are
+- `packing`: how those examples become training sequences (`rlmlab.learning.examples`: RM's examples are
   lane-packed, "rm-frames" keeps them one by one, any other observation trains on its plain
   examples);
 - `row_length`: the base packed-row length of its training batches;
 - `label`: its name in tables ("RM", "CoT", else the name itself);
 - `positions`: the position encoding its model uses when the name asks for one, as in
-  "cot@rope" (`rlmlab.learning.positions`); the view it trains on is `view`, "cot". Only
-  experiments name learners this way (their run folders, tables and figures): `data.view` is
-  always the plain view and `model.positions` the encoding.
+  "cot@rope" (`rlmlab.learning.positions`); the name without it is `base`, "cot". Only
+  experiments name learners this way (their run folders, tables and figures): `data.learner` is
+  always the base name and `model.positions` the encoding.
 
 The command line and the configs resolve a name with `learner(name)` (an unknown name is a
 one-line ConfigError) and pass the object down; `as_learner` lets library functions take
 either. Which learner is which is known only to `rlmlab.learning.observe` (the observations) and
-`rlmlab.learning.views` (the packings registered by name).
+`rlmlab.learning.examples` (the packings registered by name).
 """
 
 from __future__ import annotations
@@ -38,17 +38,18 @@ PAPER_LEARNERS = ("rm", "cot")
 @dataclass(frozen=True)
 class Learner:
     name: str
-    """The name it was resolved from: `--learner`, `data.view`, run folders and result files use it."""
+    """The name it was resolved from: `--learner`, run folders and result files use it."""
     observation: Observation
     """What the model reads (decides the training examples and the decoding driver)."""
     packing: object
-    """`Execution -> list[Example]`: its training sequences (`rlmlab.learning.views.View`)."""
+    """`Execution -> list[Example]`: its training sequences (`rlmlab.learning.examples.Packing`)."""
     positions: str | None = None
     """The position encoding the name asks for ("cot@rope": "rope"); None: the run's `model.positions`."""
 
     @property
-    def view(self) -> str:
-        """The training view it reads (`data.view`): the name without its encoding."""
+    def base(self) -> str:
+        """The name without its encoding (`data.learner`): what its packing and observation are
+        resolved from."""
         return self.name.partition("@")[0]
 
     @property
@@ -62,7 +63,7 @@ class Learner:
         """Its name in tables: the observation's label for the observation's own packing
         ("RM", "CoT"), the name itself for any other packing ("rm-frames"); an encoding the name
         asks for follows in parentheses ("CoT (RoPE)")."""
-        base = self.observation.label if self.view == self.observation.name else self.view
+        base = self.observation.label if self.base == self.observation.name else self.base
         return base if self.positions is None else f"{base} ({POSITION_LABELS[self.positions]})"
 
     @property
@@ -76,18 +77,19 @@ class Learner:
 
 @cache
 def learner(name: str) -> Learner:
-    """The learner called `name`: a view, optionally with a position encoding after "@"
-    ("cot@rope", "rm@alibi"); an unknown name or a bad parameter is a one-line ConfigError."""
-    from rlmlab.learning.views import (
-        get_view,  # the packings import the executor; resolve lazily
+    """The learner called `name`: a base name ("rm", "cot", "window:64"), optionally with a
+    position encoding after "@" ("cot@rope", "rm@alibi"); an unknown name or a bad parameter is
+    a one-line ConfigError."""
+    from rlmlab.learning.examples import (
+        get_packing,  # the packings import the executor; resolve lazily
     )
 
     if not isinstance(name, str):
-        raise ConfigError(f"a learner is named by its view, got {name!r}")
-    view, at, positions = name.partition("@")
+        raise ConfigError(f"a learner is named by a string, got {name!r}")
+    base, at, positions = name.partition("@")
     if at:
         check_encoding(positions, f"learner {name!r}: the encoding after '@'")
-    return Learner(name, observer(view), get_view(view), positions if at else None)
+    return Learner(name, observer(base), get_packing(base), positions if at else None)
 
 
 def as_learner(x: Learner | str) -> Learner:

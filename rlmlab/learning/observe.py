@@ -14,7 +14,7 @@ follows from it and is tested against it:
 - the driver (`Observation.tracker`): how the observation `seq` and the reusable cache prefix
   `keep` of an inference row evolve token by token (see `rlmlab.decoding.infer.Feed`).
 
-Shipped observations (names as `--view` takes them):
+Shipped observations (names as `--learner` takes them):
 
 - "cot": the identity. One example per trace; the driver appends, the KV cache only grows.
 - "rm" (also its training packings "rm-frames", "rm-..."): the active-frame map Pi_rec. One
@@ -75,7 +75,7 @@ class Tracker(ABC):
 
 class Observation(ABC):
     """An observation function Pi and what follows from it. Subclasses define `observe`,
-    `examples` and `tracker`; `name` is the canonical `--view` spelling."""
+    `examples` and `tracker`; `name` is the canonical `--learner` spelling."""
 
     name: str
     family: str = "cot"
@@ -376,25 +376,25 @@ OBSERVATIONS = ("cot", "rm", "window:K", "reduce")
 _WINDOW = re.compile(r"window:([1-9][0-9]*)")
 
 
-def observer(view) -> Observation:
-    """The observation a view name reads: "cot", "rm" (and its packings "rm-..."), "window:K"
+def observer(name) -> Observation:
+    """The observation a learner name reads: "cot", "rm" (and its packings "rm-..."), "window:K"
     (K >= 1) or "reduce". An unknown name or a bad parameter is a one-line ConfigError. An
     observation, or a resolved `rlmlab.learning.learner.Learner`, is taken as it is."""
-    if isinstance(view, Observation):
-        return view
-    if isinstance(getattr(view, "observation", None), Observation):  # a Learner
-        return view.observation
-    if not isinstance(view, str):
-        raise ConfigError(f"a view is a name, got {view!r}")
-    if view == "cot":
+    if isinstance(name, Observation):
+        return name
+    if isinstance(getattr(name, "observation", None), Observation):  # a Learner
+        return name.observation
+    if not isinstance(name, str):
+        raise ConfigError(f"a learner is named by a string, got {name!r}")
+    if name == "cot":
         return Identity()
-    if view == "rm" or view.startswith("rm-"):
+    if name == "rm" or name.startswith("rm-"):
         return ActiveFrame()
-    if view == "reduce":
+    if name == "reduce":
         return Reduce()
-    if view.startswith("window"):
-        m = _WINDOW.fullmatch(view)
+    if name.startswith("window"):
+        m = _WINDOW.fullmatch(name)
         if m is None:
-            raise ConfigError(f"unknown view {view!r}: a window takes its size in tokens, e.g. window:256")
+            raise ConfigError(f"unknown learner {name!r}: a window takes its size in tokens, e.g. window:256")
         return Window(int(m.group(1)))
-    raise ConfigError(f"unknown view {view!r} (have: {', '.join(OBSERVATIONS)}, and the RM packing rm-frames)")
+    raise ConfigError(f"unknown learner {name!r} (have: {', '.join(OBSERVATIONS)}, and the RM packing rm-frames)")

@@ -1,6 +1,6 @@
-"""The training loop both learners share; the view is only in the data it is given.
+"""The training loop both learners share; the learner is only in the data it is given.
 
-    split = prepare_data(cfg.data)                       # pool -> train/val examples of one view
+    split = prepare_data(cfg.data)                       # pool -> train/val examples of one learner
     result = train(cfg, split.train, split.val, "runs/x", validate_fn=...)
 
 One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
@@ -13,7 +13,7 @@ any machine, thread count or load. A wall-clock limit (`train.max_minutes`) only
 
 Validation every `eval_every` steps: teacher-forced loss, per-token accuracy (argmax at every
 target position) and example accuracy (every target of an example right) on held-out examples
-of the same view, plus whatever `validate_fn(model, vocab, view) -> dict` returns (greedy
+of the same learner, plus whatever `validate_fn(model, vocab, learner) -> dict` returns (greedy
 final-answer accuracy: name it "answer_acc" and "auto" selection picks it). The best
 checkpoint follows `train.select_metric`; training stops on max steps, a validation
 plateau, the wall-clock limit, or Ctrl-C or SIGTERM (a scheduler's preemption, a shutdown).
@@ -86,7 +86,7 @@ from rlmlab.learning.packing import (
     padding_fraction,
 )
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
-from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.vocab import Vocab
@@ -98,11 +98,11 @@ ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
 
 @dataclass
 class DataSplit:
-    """A view's training and validation examples, and the validation expressions themselves
+    """A learner's training and validation examples, and the validation expressions themselves
     (for greedy final-answer validation)."""
 
-    train: ViewData
-    val: ViewData
+    train: ExampleSet
+    val: ExampleSet
     val_exprs: list[str]
 
 
@@ -113,7 +113,7 @@ def read_expr_column(path: str | Path, task=None) -> list[str]:
 
 def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
     """Read the expressions, split off validation unless a file gives it, and build the
-    configured view's training and validation examples (cached, see `build_view_data`)."""
+    configured learner's training and validation examples (cached, see `build_examples`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     task = load_task(data.task)
@@ -139,12 +139,12 @@ def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_view_data(train_exprs, data.view, vocab, workers, cache, where=train_rows, task=task),
-                     build_view_data(val_exprs, data.view, vocab, workers, cache, where=val_rows, task=task),
+    return DataSplit(build_examples(train_exprs, data.learner, vocab, workers, cache, where=train_rows, task=task),
+                     build_examples(val_exprs, data.learner, vocab, workers, cache, where=val_rows, task=task),
                      val_exprs)
 
 
-def fit_to_block(data: ViewData, block_size: int | None, drop: bool, what: str) -> tuple[ViewData, int]:
+def fit_to_block(data: ExampleSet, block_size: int | None, drop: bool, what: str) -> tuple[ExampleSet, int]:
     """Remove examples that read beyond the positional table (an example of n tokens reads n-1);
     `block_size` None (an encoding without a table) keeps every example."""
     if block_size is None:
@@ -215,7 +215,7 @@ def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -
     return -(-n // 128) * 128
 
 
-def step_batches(data: ViewData, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
+def step_batches(data: ExampleSet, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
                  attention: str, block_size: int | None, flat_len: int | None = None) -> list[PackedBatch]:
     """`rows` as micro-batches on `device`, masks included, all built on the host. On the
     "flex" path every micro-batch is one row of `flat_len` positions (default:
@@ -407,7 +407,7 @@ def _better(score: float, best: float | None, metric: str, margin: float = 0.0) 
     return score < best - margin if metric.endswith("loss") else score > best + margin
 
 
-def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+def train(cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
           resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
           echo: Callable[[str], None] = print) -> TrainResult:
     """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
@@ -418,7 +418,7 @@ def train(cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str
 class Trainer:
     """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
 
-    def __init__(self, cfg: RunConfig, train_data: ViewData, val_data: ViewData, run_dir: str | Path, *,
+    def __init__(self, cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
                  resume: bool, validate_fn: ValidateFn | None, progress: bool, echo: Callable[[str], None]):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
@@ -426,14 +426,14 @@ class Trainer:
         cfg.require_stop_rule()
         if tc.tensorboard:
             require_tensorboard()  # before anything is written
-        self.vocab, self.view = train_data.vocab, train_data.view
-        if (val_data.vocab, val_data.view) != (self.vocab, self.view):
-            raise DataError("training and validation examples differ in view or vocabulary")
+        self.vocab, self.learner = train_data.vocab, train_data.learner
+        if (val_data.vocab, val_data.learner) != (self.vocab, self.learner):
+            raise DataError("training and validation examples differ in learner or vocabulary")
         self.task = load_task(cfg.data.task)
         if self.vocab != self.task.vocab:
             raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
-        if self.view != cfg.data.view:
-            raise ConfigError(f"data.view={cfg.data.view} but the examples are of view {self.view}")
+        if self.learner != cfg.data.learner:
+            raise ConfigError(f"data.learner={cfg.data.learner} but the examples are of learner {self.learner}")
         self.device = device = resolve_device(tc.device)
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -441,7 +441,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        model_cfg = cfg.model.build(self.view, len(self.vocab))
+        model_cfg = cfg.model.build(self.learner, len(self.vocab))
         self.state = TrainerState()
         dropped = {}
         limit = context_limit(model_cfg)
@@ -457,8 +457,8 @@ class Trainer:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
             run_task(meta, ckpt, self.task)  # a run continues on its own task only
-            if meta["vocab"] != list(self.vocab.tokens) or meta["view"] != self.view:
-                raise DataError(f"{ckpt}: trained on another view or vocabulary than the given data")
+            if meta["vocab"] != list(self.vocab.tokens) or meta["learner"] != self.learner:
+                raise DataError(f"{ckpt}: trained as another learner or on another vocabulary than the given data")
             if "trainer" not in meta:
                 raise CheckpointError(f"{ckpt}: no trainer state to resume from")
             self.model = build_model(meta, ckpt, device)
@@ -514,7 +514,7 @@ class Trainer:
     def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
         cfg, tc, st = self.cfg, self.tc, self.state
         tr, va = self.train_data, self.val_data
-        self.echo(f"model: {cfg.model.preset} ({self.view}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
+        self.echo(f"model: {cfg.model.preset} ({self.learner}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
                   f"width {model_cfg.n_embd}, "
                   + (f"{model_cfg.block_size} positions: " if context_limit(model_cfg) is not None else
                      f"{POSITION_LABELS[model_cfg.positions]} positions (no table, no context limit): ")
@@ -524,7 +524,7 @@ class Trainer:
         padding = padding_fraction(self.stream.epoch_rows(0), positions)
         dropped = (f"; dropped {st.dropped['train']} training / {st.dropped['val']} validation examples longer "
                    f"than {model_cfg.block_size}" if st.dropped.get("train") or st.dropped.get("val") else "")
-        self.echo(f"data: {self.view} view, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
+        self.echo(f"data: learner {self.learner}, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
@@ -570,7 +570,7 @@ class Trainer:
             self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
             self._read_losses()
             self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
-        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, view=self.view, config=self.cfg.to_dict(),
+        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, learner=self.learner, config=self.cfg.to_dict(),
                         task=self.task,
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
@@ -603,7 +603,7 @@ class Trainer:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.no_grad():
-                extra = self.validate_fn(model, self.vocab, learner(self.view).driver)
+                extra = self.validate_fn(model, self.vocab, learner(self.learner).driver)
             metrics.update({k: float(v) for k, v in extra.items()})
         model.train()
         if st.select_metric is None:
@@ -632,7 +632,7 @@ class Trainer:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.view}",
+            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.learner}",
                        dynamic_ncols=True)
         # Losses carry over a resume; tok/s is this session's own and counts training steps only,
         # so that a validation or a checkpoint save inside the window does not read as a slowdown.
@@ -739,7 +739,7 @@ class FiniteGuard:
                                "or resume from it")
 
 
-def train_step(fwd, model: Transformer, optimizer, data: ViewData, rows: list[Row], pad_id: int,
+def train_step(fwd, model: Transformer, optimizer, data: ExampleSet, rows: list[Row], pad_id: int,
                tc: TrainConfig, device: torch.device, attention: str = "blocks",
                guard: FiniteGuard | None = None, flat_len: int | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One optimizer step over `rows`: (mean target loss, example positions, gradient norm),

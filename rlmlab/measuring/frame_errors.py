@@ -2,7 +2,7 @@
 was one the training split showed.
 
 Every generated token of a canonical trace is the target of exactly one active-frame example
-(one per push, one per pop, one at the end: `rlmlab.task.frames.cut_examples`), so any view's
+(one per push, one per pop, one at the end: `rlmlab.task.frames.cut_examples`), so any learner's
 teacher-forced predictions can be scored frame example by frame example: RM reads the example
 itself, CoT the whole prefix up to it. An example is *wrong* when any of its targets is
 mispredicted. Grouped by the frame's function and by whether the frame's call (the text at the
@@ -42,7 +42,7 @@ def training_calls(exprs: Iterable, library=None) -> set[str]:
     return {frame_call(f.context) for e in exprs for f in execute(e, library).frames}
 
 
-def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+def frame_records(model, vocab: Vocab, learner: str, executions: Sequence[Execution],
                   seen: set[str] | None = None, extra: Sequence[dict] | None = None,
                   max_tokens: int = 16384, progress=None) -> list[dict]:
     """One dict per active-frame example of every execution: its expression (`expr_index`), its
@@ -54,7 +54,7 @@ def frame_records(model, vocab: Vocab, view: str, executions: Sequence[Execution
         per_token_hits,  # the model pass; the tables below need no torch
     )
 
-    hits = per_token_hits(model, vocab, view, executions, max_tokens, progress)
+    hits = per_token_hits(model, vocab, learner, executions, max_tokens, progress)
     out = []
     for i, (ex, h) in enumerate(zip(executions, hits)):
         offset = 0

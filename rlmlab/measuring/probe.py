@@ -1,13 +1,13 @@
 """The invariance probe (paper, "Invariance Under an Observation Function", theorem "Shortcut
 Forces Non-Invariance"): does a learner's behaviour depend on more than the active frame?
 
-Two levels, for a predictor run through its own view (CoT: the whole sequence; RM: the active
+Two levels, for a predictor run through its own observation (CoT: the whole sequence; RM: the active
 frame; any observation of `rlmlab.learning.observe`):
 
 - position level: at every prediction point t of every canonical trace x, the greedy next
   token on the complete prefix x_t against the one on Pi_rec(x_t) posed alone, the theorem's
-  witness x_te := Pi_rec(x_t). (Through a view V the predictor reads V(x_t) and
-  V(Pi_rec(x_t)).) Both sides are teacher-forced: the view's examples of the trace once,
+  witness x_te := Pi_rec(x_t). (Through an observation V the predictor reads V(x_t) and
+  V(Pi_rec(x_t)).) Both sides are teacher-forced: the learner's examples of the trace once,
   and each active-frame example once (the points of one frame segment read prefixes of it).
   A point is *non-invariant* if the two tokens differ; a *witness* if in addition the
   prediction in context is the true next token (the theorem's x with f(x) = g*(Pi(x))).
@@ -17,7 +17,7 @@ frame; any observation of `rlmlab.learning.observe`):
   as a root problem (all such decodings batched through `generate`). Payloads that do not
   parse as a call are counted (`unparsed`) and skipped.
 
-For RM both rates are zero by construction: its view of x_t *is* Pi_rec(x_t), and a child
+For RM both rates are zero by construction: its observation of x_t *is* Pi_rec(x_t), and a child
 frame decodes exactly as the same call decodes as a root.
 
 `probe(...)` returns one dict per expression; `summarize_probe(rows, by)` the rates overall and
@@ -112,11 +112,11 @@ def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: i
 # --- position level -------------------------------------------------------------------------
 
 
-def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
+def position_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], vocab: Vocab,
                    batch_size: int = 64, stage: Stage | None = None, library=None) -> list[dict]:
     """Per expression: prediction points, how many are non-invariant, how many of those are
     witnesses (right in context), and how many are right in context."""
-    obs = observer(view)
+    obs = observer(learner)
     left: list[Row] = []
     right: list[Row] = []
     spans = []  # per expression: (left rows [a, b), right rows [c, d), canonical targets)
@@ -133,7 +133,7 @@ def position_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab
     for a, b, c, d, truth in spans:
         p = [t for r in range(a, b) for t in in_context[r]]
         q = [t for r in range(c, d) for t in alone[r]]
-        assert len(p) == len(q) == len(truth), "a view's examples must cover every prediction point once"
+        assert len(p) == len(q) == len(truth), "a learner's examples must cover every prediction point once"
         differ = [x != y for x, y in zip(p, q)]
         right_ = [x == y for x, y in zip(p, truth)]
         out.append({"positions": len(truth), "position_differ": sum(differ),
@@ -170,13 +170,13 @@ def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, s
     return out
 
 
-def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: Vocab,
+def answer_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], vocab: Vocab,
                  limits: Limits = Limits(), batch_size: int = 64, stage: Stage | None = None,
                  library=None) -> list[dict]:
     """Per expression: completed subproblems of the predictor's greedy trace, how many return
     another value when posed alone, how many payloads did not parse, and how often the value
     was right in context and alone."""
-    gens = generate(predictor, exprs, vocab, view, limits, batch_size,
+    gens = generate(predictor, exprs, vocab, learner, limits, batch_size,
                     progress=_bar(stage, "probe: greedy traces", len(exprs), "expr"), library=library)
     calls_per_expr = [completed_calls(g.tokens, g.prompt_len) for g in gens]
     standalone: dict[str, Call | None] = {}
@@ -189,7 +189,7 @@ def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: 
                     e = None
                 standalone[q] = e if isinstance(e, Call) else None
     posed = [q for q, e in standalone.items() if e is not None]
-    alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, view, limits, batch_size,
+    alone_gens = generate(predictor, [standalone[q] for q in posed], vocab, learner, limits, batch_size,
                           progress=_bar(stage, "probe: subproblems alone", len(posed), "expr"),
                           library=library) if posed else []
     alone = {q: g.answer for q, g in zip(posed, alone_gens)}
@@ -207,7 +207,7 @@ def answer_probe(predictor: Predictor, view: str, exprs: Sequence[Call], vocab: 
 # --- both, and summaries --------------------------------------------------------------------
 
 
-def probe(predictor: Predictor, view: str, exprs: Sequence[Call | str], vocab: Vocab,
+def probe(predictor: Predictor, learner: str, exprs: Sequence[Call | str], vocab: Vocab,
           extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
           positions: bool = True, answers: bool = True, stage: Stage | None = None, library=None) -> list[dict]:
     """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
@@ -216,10 +216,10 @@ def probe(predictor: Predictor, view: str, exprs: Sequence[Call | str], vocab: V
     calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
     if positions:
-        for row, p in zip(rows, position_probe(predictor, view, calls, vocab, batch_size, stage, library)):
+        for row, p in zip(rows, position_probe(predictor, learner, calls, vocab, batch_size, stage, library)):
             row.update(p)
     if answers:
-        for row, a in zip(rows, answer_probe(predictor, view, calls, vocab, limits, batch_size, stage, library)):
+        for row, a in zip(rows, answer_probe(predictor, learner, calls, vocab, limits, batch_size, stage, library)):
             row.update(a)
     return rows
 

@@ -23,6 +23,14 @@ def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict) -
     return res, summ
 
 
+def summary_learner(summary) -> str | None:
+    """The learner a summary.json names ("cot", "rm", "cot@rope"), or None: "learner", or in
+    summaries written before the rename "view" (beside which "learner", where present, named the
+    learner with its encoding)."""
+    who = summary.get("learner", summary.get("view")) if isinstance(summary, dict) else None
+    return who if isinstance(who, str) else None
+
+
 def read_results(path: str | Path, required: tuple[str, ...] = ("expr", "correct")) -> list[dict]:
     """The records of a results.jsonl (or of a folder holding one), each checked for the fields
     `required` (a probe's per-expression rows have no `correct`)."""

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
 from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.learning.learner import as_learner
 from rlmlab.learning.observe import observer
 from rlmlab.measuring.results import write_results
 from rlmlab.measuring.stats import summarize
@@ -42,17 +43,17 @@ PLAIN_COLUMN = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, 
 MAX_EXPRESSION_FILE = 1 << 30  # a text file of expressions; bigger ones belong in parquet
 
 
-def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+def per_token_hits(model, vocab: Vocab, learner: str, executions: Sequence[Execution],
                    max_tokens: int = 16384, progress=None) -> list[np.ndarray]:
-    """Teacher-forced hits for `view`: per expression a boolean array over its generated tokens
+    """Teacher-forced hits for `learner`: per expression a boolean array over its generated tokens
     (the trace after the written expression), in trace order.
 
-    Every generated token is the target of exactly one of the view's examples (CoT: one per
+    Every generated token is the target of exactly one of the learner's examples (CoT: one per
     trace; RM: one per active-frame example), and the examples cover the trace in order, so
     their targets concatenate to the generated tokens. An eligible position the model cannot
     read (beyond its block size) counts as wrong, as it would be in generation.
     """
-    obs = observer(view)
+    obs = observer(learner)
     rows, owner = [], []
     for i, ex in enumerate(executions):
         for toks, m in obs.examples(ex.tokens, ex.prompt_len):
@@ -65,10 +66,10 @@ def per_token_hits(model, vocab: Vocab, view: str, executions: Sequence[Executio
     return [np.concatenate(p) if p else np.zeros(0, dtype=bool) for p in parts]
 
 
-def per_token_counts(model, vocab: Vocab, view: str, executions: Sequence[Execution],
+def per_token_counts(model, vocab: Vocab, learner: str, executions: Sequence[Execution],
                      max_tokens: int = 16384) -> list[tuple[int, int]]:
-    """Teacher-forced (correct, eligible) per expression for `view` (`per_token_hits` summed)."""
-    return [(int(h.sum()), len(h)) for h in per_token_hits(model, vocab, view, executions, max_tokens)]
+    """Teacher-forced (correct, eligible) per expression for `learner` (`per_token_hits` summed)."""
+    return [(int(h.sum()), len(h)) for h in per_token_hits(model, vocab, learner, executions, max_tokens)]
 
 
 # The fields of every result dict (plus tf_correct/tf_total with per-token counts, trace when
@@ -195,27 +196,28 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
     return exprs, extra, by
 
 
-def decode_and_score(predictor, view: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
+def decode_and_score(predictor, learner: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
                      batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None,
                      traces: bool | str = False, progress=None, n_boot: int = 2000,
                      task=None) -> tuple[list[dict], dict]:
-    """Greedy-decode `exprs` (of `task`, default the paper's) with `predictor` in `view` and score
+    """Greedy-decode `exprs` (of `task`, default the paper's) with `predictor` as `learner` reads them and score
     them; with `model`, add teacher-forced per-token accuracy. Returns (per-expression results in
     input order, summary)."""
     library = load_task(task).library
     executions = [execute(e, library) for e in exprs]
     t0 = time.perf_counter()
-    gens = generate(predictor, exprs, vocab, view, limits or Limits(), batch_size, progress, library=library)
+    who = as_learner(learner)  # a learner with its own encoding ("cot@rope") reads as its base learner
+    gens = generate(predictor, exprs, vocab, who, limits or Limits(), batch_size, progress, library=library)
     seconds = time.perf_counter() - t0
-    tf = per_token_counts(model, vocab, view, executions) if model is not None else None
+    tf = per_token_counts(model, vocab, who, executions) if model is not None else None
     results = expression_results(gens, executions, tf, extra, traces)
     summary = summarize(results, n_boot)
-    summary.update(view=view, seconds=seconds, expr_per_s=len(exprs) / seconds if seconds else None,
+    summary.update(learner=who.name, seconds=seconds, expr_per_s=len(exprs) / seconds if seconds else None,
                    tokens_per_s=summary["generated_tokens"] / seconds if seconds else None)
     return results, summary
 
 
-def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, vocab: Vocab, *,
+def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path, vocab: Vocab, *,
                   model=None, limits: Limits | None = None, batch_size: int | None = None, limit: int | None = None,
                   columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
                   header: dict | None = None, task=None) -> tuple[list[dict], dict]:
@@ -230,7 +232,7 @@ def evaluate_file(out_dir: str | Path, predictor, view: str, data: str | Path, v
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
         extra = picked if any(picked) else extra
     limits = limits or Limits()
-    results, summary = decode_and_score(predictor, view, exprs, vocab, limits, batch_size, model=model,
+    results, summary = decode_and_score(predictor, learner, exprs, vocab, limits, batch_size, model=model,
                                         extra=extra, traces=traces, progress=progress, task=task)
     task = load_task(task)
     if not task.is_paper:  # a paper summary keeps the form it had before tasks were recorded
@@ -254,8 +256,8 @@ def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int | None = Non
     values = [value_token(s.value) for s in stats]
     limits = limits or Limits(max_new_tokens=2 * max(s.trace_len for s in stats))
 
-    def validate(model, vocab: Vocab, view: str) -> dict:
-        gens = generate(ModelPredictor(model), exprs, vocab, view, limits, batch_size, library=library)
+    def validate(model, vocab: Vocab, learner: str) -> dict:
+        gens = generate(ModelPredictor(model), exprs, vocab, learner, limits, batch_size, library=library)
         right = sum(g.valid and g.answer == v for g, v in zip(gens, values))
         return {"answer_acc": right / len(exprs), "answer_valid": sum(g.valid for g in gens) / len(exprs)}
 

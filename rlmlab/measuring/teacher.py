@@ -2,7 +2,7 @@
 target position of a set of rows, each row read once.
 
 Scores (`rlmlab.measuring.score.per_token_hits`), the invariance probe and the frame-error tables all
-measure a model through this function; they differ only in which rows they build (the view's
+measure a model through this function; they differ only in which rows they build (the learner's
 examples of a trace, or each active-frame example alone).
 """
 

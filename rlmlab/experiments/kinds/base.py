@@ -52,7 +52,7 @@ class ExperimentKind(ABC):
         return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed],
                 "task": preset_task_digest(preset)}
 
-    def plan(self, preset, out: Path, views: tuple[str, ...], progress: bool = True, **options) -> list:
+    def plan(self, preset, out: Path, learners: tuple[str, ...], progress: bool = True, **options) -> list:
         """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""
         raise ConfigError(f"`rlmlab run` does not plan {self.name} experiments")
 

@@ -25,15 +25,15 @@ from rlmlab.experiments.tables import (
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
-def _iid_settings(p: ExperimentPreset, n: int, view: str, seed: int) -> dict:
-    s = p.job_settings(view, seed=1337 + seed)
+def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
+    s = p.job_settings(name, seed=1337 + seed)
     if p.iid_minutes is not None:
         s["train.max_minutes"] = p.iid_minutes
     if p.iid_max_steps is not None:
         s["train.max_steps"] = p.iid_max_steps
     if p.iid_patience is not None:
         s["train.patience"] = p.iid_patience
-    s.update(p.iid_settings(n, view))
+    s.update(p.iid_settings(n, name))
     # The paper's IID sweep uses no weight decay.
     return {**s, "train.weight_decay": 0.0}
 
@@ -46,20 +46,20 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     bootstrap over test expressions that keeps each expression's seeds together."""
     points = []
     jobs = iid_runs(out)
-    views = learners(out, list(jobs))
+    names = learners(out, list(jobs))
     for n in sizes:
-        for view in views:
+        for name in names:
             per_seed = [res for job, (size, _) in jobs.items() if size == n
-                        if (res := eval_results(out, job, view, "test")) is not None]
+                        if (res := eval_results(out, job, name, "test")) is not None]
             if not per_seed:
                 continue
             exprs = [r["expr"] for r in per_seed[0]]
             if any([r["expr"] for r in res] != exprs for res in per_seed[1:]):
-                raise DataError(f"{out}: the seeds of N={n} ({learner_name(view)}) were tested on "
+                raise DataError(f"{out}: the seeds of N={n} ({learner_name(name)}) were tested on "
                                 "different expressions")
             by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
-            p = {"N": n, "view": view, "seeds": k, **accuracy([r for res in per_seed for r in res]),
+            p = {"N": n, "learner": name, "seeds": k, **accuracy([r for res in per_seed for r in res]),
                  "seed_accuracy": [accuracy(res)["accuracy"] for res in per_seed]}
             if k > 1:
                 p["ci95"] = list(bootstrap_ratio([sum(r["correct"] for r in rs) for rs in by_expr], [k] * len(by_expr)))
@@ -102,11 +102,11 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         ci = p["ci95"]
         tok = p.get("per_token")
         tci = p.get("per_token_ci95")
-        md.append(f"| {p['N']} | {learner_name(p['view'])} | {p['seeds']} | {pct(p['accuracy'])} | "
+        md.append(f"| {p['N']} | {learner_name(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
                   f"{pct(ci[0])}–{pct(ci[1])} | {' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(tok)} | "
                   f"{'–' if tci is None else pct(tci[0]) + '–' + pct(tci[1])} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
-           r"\midrule"] + [f"{p['N']} & {learner_name(p['view'])} & {p['seeds']} & {pct(p['accuracy'])} & "
+           r"\midrule"] + [f"{p['N']} & {learner_name(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
                            f"{pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
     skipped = meta.get("skipped_sizes")
     if skipped:
@@ -118,19 +118,19 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     (dest / "table-iid.md").write_text("\n".join(md) + "\n")
     (dest / "table-iid.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for view in dict.fromkeys(p["view"] for p in points):
-        color, style = learner_line(view)
-        ps = [p for p in points if p["view"] == view]
+    for name in dict.fromkeys(p["learner"] for p in points):
+        color, style = learner_line(name)
+        ps = [p for p in points if p["learner"] == name]
         if not ps:
             continue
         x = [p["N"] for p in ps]
         line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o", linestyle=style, color=color,
-                        label=learner_name(view))
+                        label=learner_name(name))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         _scatter_seeds(a1, ps, "seed_accuracy", color)
         if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_name(view))
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_name(name))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
             _scatter_seeds(a2, ps, "seed_per_token", color)
@@ -172,7 +172,7 @@ class IIDSweep(ExperimentKind):
         """Folder of the run at training-set size `n` and seed index `seed` (read back by `iid_runs`)."""
         return f"iid-N{n}-s{seed}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, sizes=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, sizes=None,
              seeds=None) -> list[Job]:
         """Jobs of the IID sweep over `sizes` (default: the preset's) and the seed indices `seeds`
         (default: every seed of each size; a size with fewer seeds runs those it has). Runs on
@@ -223,7 +223,7 @@ class IIDSweep(ExperimentKind):
             for seed in range(p.iid_seeds_at(n)):
                 if seeds is not None and seed not in seeds:
                     continue
-                for v in views:
+                for v in learners:
                     jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
                                     {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), p.eval_batch))
         return jobs

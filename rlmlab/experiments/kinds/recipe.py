@@ -22,11 +22,11 @@ def _clock_s(record: dict) -> float:
     return record.get("cpu_s", record["elapsed_s"])
 
 
-def _model_shape(model: dict, view: str) -> str:
+def _model_shape(model: dict, name: str) -> str:
     from rlmlab.learning.config import MODEL_PRESETS
 
     try:
-        family = learner(view).observation.family
+        family = learner(name).observation.family
     except ConfigError:
         family = "cot"
     base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
@@ -47,10 +47,10 @@ def recipe_row(name: str, run_dir: Path) -> dict:
     steps = [r for r in recs if r.get("kind") == "train" and r.get("step")]
     summary = training_summary(run_dir)
     reached = next((r for r in val if r["answer_acc"] >= 0.99), None)
-    view = data.get("view")
-    if isinstance(view, str) and model.get("positions", "learned") != "learned":
-        view = f"{view}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
-    return {"run": name, "view": view, "shape": _model_shape(model, view),
+    who = data.get("learner", data.get("view"))  # "view": its name in configs saved before the rename
+    if isinstance(who, str) and model.get("positions", "learned") != "learned":
+        who = f"{who}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
+    return {"run": name, "learner": who, "shape": _model_shape(model, who),
             "batch": train.get("batch_size"), "lr": train.get("lr"), "warmup": train.get("warmup_steps"),
             "positions_per_step": round(steps[-1]["tokens"] / steps[-1]["step"]) if steps else None,
             "step": summary["step"], "tokens": summary["tokens"], "minutes": summary["minutes"],
@@ -70,7 +70,7 @@ def recipe_table(rows: list[dict]) -> str:
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         pos = "–" if r["positions_per_step"] is None else f"{r['positions_per_step']:,}"
-        cells = [r["run"], learner_name(r["view"]), r["shape"], f"{r['batch']} ({pos})", f"{r['lr']:g}",
+        cells = [r["run"], learner_name(r["learner"]), r["shape"], f"{r['batch']} ({pos})", f"{r['lr']:g}",
                  str(r["warmup"]), f"{r['step']:,}", f"{r['minutes']:.0f} ({r['cpu_minutes']:.0f})",
                  *(pct(r["at"].get(m)) for m in marks), pct(r["best"]),
                  "–" if r["minutes_to_99"] is None else f"{r['minutes_to_99']:.0f}", pct(r["last_token_acc"])]
@@ -92,7 +92,7 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
         if not r["curve"]:
             continue
         x = [_clock_s(c) / 60 for c in r["curve"]]
-        style = "-" if r["view"] == "cot" else "--"
+        style = "-" if r["learner"] == "cot" else "--"
         line, = axes[0].plot(x, [100 * c["answer_acc"] for c in r["curve"]], style, label=r["run"])
         axes[1].plot(x, [100 * (1 - c["token_acc"]) for c in r["curve"]], style, color=line.get_color())
         axes[2].plot(x, [c["loss"] for c in r["curve"]], style, color=line.get_color())

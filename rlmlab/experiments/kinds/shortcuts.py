@@ -40,22 +40,22 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     from rlmlab.experiments.shortcuts import shortcut_rate
 
     rows = []
-    views = learners(out, kind.job_names(out, meta))
+    present = learners(out, kind.job_names(out, meta))
     for name in meta["constructions"]:
         job = kind.job_name(name)
         row = {"construction": name}
-        for view in views:
-            iid, ood = eval_results(out, job, view, "iid"), eval_results(out, job, view, "ood")
+        for v in present:
+            iid, ood = eval_results(out, job, v, "iid"), eval_results(out, job, v, "ood")
             if iid is not None:
-                row[f"{view}_iid"] = accuracy(iid)
+                row[f"{v}_iid"] = accuracy(iid)
             if ood is not None:
-                row[f"{view}_ood"] = accuracy(ood)
-                row[f"{view}_shortcut_rate"] = shortcut_rate(ood)
-                row[f"{view}_ood_valid"] = sum(bool(r.get("valid")) for r in ood) / len(ood)
+                row[f"{v}_ood"] = accuracy(ood)
+                row[f"{v}_shortcut_rate"] = shortcut_rate(ood)
+                row[f"{v}_ood_valid"] = sum(bool(r.get("valid")) for r in ood) / len(ood)
             for set_name in ("iid", "ood"):
-                probed = probe_groups(out, job, view, set_name)
+                probed = probe_groups(out, job, v, set_name)
                 if probed:
-                    row[f"{view}_probe_{set_name}"] = probed[0]
+                    row[f"{v}_probe_{set_name}"] = probed[0]
         rows.append(row)
     if not any(len(r) > 1 for r in rows):
         raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
@@ -65,14 +65,14 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
 
     # One column per probed learner: the theorem's quantity, non-invariant prediction points,
     # on the training distribution (IID) and where S stops agreeing with the answer (OOD).
-    probed = [v for v in views if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
+    probed = [v for v in present if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
     probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed]
 
     def probe_cell(r, v):
         return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
 
     def unfit(r):  # the paper's reading needs a learner that fits its training distribution
-        names = [learner_name(v) for v in views if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
+        names = [learner_name(v) for v in present if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
         return ", ".join(names) or "–"
 
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
@@ -95,7 +95,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
            "| Construction | Learner | IID correct / n | OOD correct / n | OOD answers = S | OOD well-formed (%) |",
            "|---|---|---|---|---|---|"]
     for r in rows:
-        for v in views:
+        for v in present:
             if f"{v}_iid" not in r and f"{v}_ood" not in r:
                 continue
             ood = r.get(f"{v}_ood")
@@ -132,7 +132,7 @@ def paper_side_by_side(rows: list[dict], preset: str, acc, unfit, probe_cell) ->
     return "\n".join(md) + "\n"
 
 
-def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
+def shortcut_probe_table(rows: list[dict], learners: list[str]) -> str:
     """The invariance probe per construction, learner and set, with 95% intervals, next to the
     learner's accuracy on the whole set (the probe may take its first expressions only) and
     (OOD) its shortcut rate."""
@@ -147,7 +147,7 @@ def shortcut_probe_table(rows: list[dict], views: list[str]) -> str:
           "| Non-invariant answers (%) | Subproblems | Accuracy, whole set (%) | Shortcut rate, whole set (%) |",
           "|---" * 10 + "|"]
     for r in rows:
-        for v in views:
+        for v in learners:
             for s in ("iid", "ood"):
                 p = r.get(f"{v}_probe_{s}")
                 if p is None:
@@ -169,7 +169,7 @@ class ShortcutSuite(ExperimentKind):
     def job_name(self, construction: str) -> str:
         return f"shortcut-{construction}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
              constructions=None) -> list[Job]:
         """Jobs of `constructions` (default: all six). Runs on subsets share the folder: the
         experiment lists every construction any of them planned, in the table's order."""
@@ -210,10 +210,10 @@ class ShortcutSuite(ExperimentKind):
             for part in ("iid", "ood"):
                 if not (data / f"{part}.parquet").exists():
                     pq.write_table(getattr(ds, part), data / f"{part}.parquet")
-            for v in views:
+            for v in learners:
                 jobs.append(Job(self.job_name(name), v, str(data / "train.parquet"), str(data / "val.parquet"),
                                 {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
-                                p.job_settings(v, per_view=p.shortcut_per_view),
+                                p.job_settings(v, per_learner=p.shortcut_per_learner),
                                 p.eval_batch))
         return jobs
 

@@ -72,11 +72,11 @@ def sweep_points(out: Path, meta: dict) -> list[dict]:
         kind, threshold = parse_job(job)
         split = meta["splits"][job]
         runs = training_runs(out, job)
-        for view in learners(out, [job]):
-            res = eval_results(out, job, view, "eval")
+        for name in learners(out, [job]):
+            res = eval_results(out, job, name, "eval")
             if res is None:
                 continue
-            best = training_summary(runs[view])["best"] if view in runs else None
+            best = training_summary(runs[name])["best"] if name in runs else None
             ok = fitted(best)
             ood = {}
             for b in split["bins"]:
@@ -85,15 +85,15 @@ def sweep_points(out: Path, meta: dict) -> list[dict]:
                 in_bin = [r for r in res if r.get("bin") == b["label"]]
                 ood[b["label"]] = accuracy(in_bin) if in_bin and ok else None
             below = [r for r in res if r.get("ood") is False]
-            points.append({"split": kind, "threshold": threshold, "job": job, "view": view, "best_validation": best,
+            points.append({"split": kind, "threshold": threshold, "job": job, "learner": name, "best_validation": best,
                            "fitted": ok, "t_max": split.get("t_max"), "n_train": split.get("n_train"),
                            "below": accuracy(below) if below else None, "ood": ood,
                            "n": {b["label"]: b["sampled"] for b in split["bins"]},
-                           "beyond_table": beyond_table(res, view, runs.get(view))})
+                           "beyond_table": beyond_table(res, name, runs.get(name))})
     return points
 
 
-def beyond_table(results: list[dict], view: str, run_dir: Path | None) -> dict[str, int]:
+def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[str, int]:
     """Per bin, the expressions whose canonical trace needs a longer context than the learner's
     positional table: CoT reads the trace before its last token, RM the active frame before its
     last token. Such an expression cannot be answered, whatever the model learned."""
@@ -106,12 +106,12 @@ def beyond_table(results: list[dict], view: str, run_dir: Path | None) -> dict[s
         return {}
     try:
         model = json.loads((run_dir / "config.json").read_text())["model"]
-        block = model.get("block_size") or preset(model["preset"], view, 1).block_size
+        block = model.get("block_size") or preset(model["preset"], name, 1).block_size
     except (ValueError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
     except ConfigError:
         return {}
-    column = "trace_len" if view == "cot" else "max_frame_width" if learner(view).driver == "rm" else None
+    column = "trace_len" if name == "cot" else "max_frame_width" if learner(name).driver == "rm" else None
     counts: dict[str, int] = {}
     for r in results:
         if column is not None and isinstance(r.get(column), int) and r[column] - 1 > block:
@@ -135,11 +135,11 @@ def sweep_table(kind: str, points: list[dict]) -> str:
         last = p["threshold"]
         cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None
                  else pct(p["ood"][lab]["accuracy"]) for lab in labels]
-        md.append(f"| {p['threshold']} | {learner_name(p['view'])} | {p['n_train']:,} | {p['t_max']} | "
+        md.append(f"| {p['threshold']} | {learner_name(p['learner'])} | {p['n_train']:,} | {p['t_max']} | "
                   f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
                   + " | ".join(cells) + " |")
     md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
-    notes = [f"- {unit} = {p['threshold']}, {learner_name(p['view'])}: "
+    notes = [f"- {unit} = {p['threshold']}, {learner_name(p['learner'])}: "
              + ", ".join(f"{k} of {p['n'][lab]} in ×{lab}" for lab, k in p["beyond_table"].items())
              for p in points if p["beyond_table"]]
     if notes:
@@ -164,7 +164,7 @@ def sweep_tex(kind: str, points: list[dict]) -> str:
     for p in points:
         cells = [("n.f." if not p["fitted"] else "--") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
                  for lab in labels]
-        tex.append(f"{p['threshold']} & {learner_name(p['view'])} & {pct(p['below'] and p['below']['accuracy'])} & "
+        tex.append(f"{p['threshold']} & {learner_name(p['learner'])} & {pct(p['below'] and p['below']['accuracy'])} & "
                    + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(tex).replace("–", "--") + "\n"
@@ -190,14 +190,14 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
     for ax, kind in zip(axes[0], kinds):
         ps = [p for p in points if p["split"] == kind]
         labels = list(ps[0]["ood"])
-        views = list(dict.fromkeys(p["view"] for p in ps))
+        names = list(dict.fromkeys(p["learner"] for p in ps))
         handles = []
-        for i, view in enumerate(views):
-            ls, marker = LEARNER_STYLES.get(view, (":", "s"))
-            mine = [p for p in ps if p["view"] == view]
+        for i, name in enumerate(names):
+            ls, marker = LEARNER_STYLES.get(name, (":", "s"))
+            mine = [p for p in ps if p["learner"] == name]
             xs = [p["threshold"] for p in mine if p["below"]]
             ys = [100 * p["below"]["accuracy"] for p in mine if p["below"]]
-            color = LEARNER_COLORS.get(view, f"C{i}")
+            color = LEARNER_COLORS.get(name, f"C{i}")
             ax.plot(xs, ys, ls=ls, marker=marker, color=color, lw=2.4, ms=6)
             for j, lab in enumerate(labels):
                 pts = [(p["threshold"], 100 * p["ood"][lab]["accuracy"]) for p in mine if p["ood"][lab]]
@@ -206,7 +206,7 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
                             ms=4, alpha=0.9)
             unfit = [p["threshold"] for p in mine if not p["fitted"]]
             handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
-                                  label=learner_name(view) + (f" (not fitted at {', '.join(map(str, unfit))})"
+                                  label=learner_name(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
                                                               if unfit else "")))
         handles.append(Line2D([], [], color="grey", lw=2.4, label=f"below {UNIT[kind]} (learner's colour)"))
         handles += [Line2D([], [], color=cmap(j / max(1, len(labels) - 1)), lw=1.2, label=f"×{lab}")
@@ -267,7 +267,7 @@ class ThresholdSweep(ExperimentKind):
     def planned_identity(self, preset, lengths=None, depths=None) -> dict:
         return {"kind": self.name, "shared": shared(preset), "task": preset_task_digest(preset)}
 
-    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True, lengths=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, lengths=None,
              depths=None) -> list[Job]:
         """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths). Runs on
         other thresholds or learners may share the folder: its experiment.json lists the split of
@@ -303,7 +303,7 @@ class ThresholdSweep(ExperimentKind):
             check_split(data, split.params, p, asked)
             splits[name] = split.params
             jobs += [Job(name, v, str(data / "train.parquet"), str(data / "val.parquet"),
-                         {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in views]
+                         {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
         write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))})
         return jobs
 

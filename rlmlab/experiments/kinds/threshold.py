@@ -42,11 +42,11 @@ PAPER_TABLE2 = {
 FRAME_TABLE_FUNCTIONS = 12  # the most frequent functions out of domain, in `rlmlab frames` tables
 
 
-def _frame_errors(out: Path, job: str, views: list[str]) -> str:
+def _frame_errors(out: Path, job: str, learners: list[str]) -> str:
     """Markdown sections with `rlmlab frames`' table of each learner whose evaluation set was
-    scored frame by frame (`<view>/frames/eval/`); empty when none was."""
+    scored frame by frame (`<learner>/frames/eval/`); empty when none was."""
     md = ""
-    for v in views:
+    for v in learners:
         rows = saved_list(out, job, v, "frames", "eval", "rows")
         if not rows:
             continue
@@ -63,26 +63,26 @@ def _frame_errors(out: Path, job: str, views: list[str]) -> str:
 def threshold_rows(meta: dict, results: dict[str, list[dict] | None],
                    probes: dict[str, list[dict] | None] | None = None) -> list[dict]:
     """One dict per bin: label, IID/OOD, and per learner n, accuracy and Wilson interval, plus
-    the learner's probe figures for the bin (`<view>_probe`) where it was probed."""
+    the learner's probe figures for the bin (`<learner>_probe`) where it was probed."""
     by_bin = {v: {g["group"]: g for g in groups if g.get("group_by") == "bin"}
               for v, groups in (probes or {}).items() if groups}
     rows = []
     for b in meta["split"]["bins"]:
         row = {"bin": b["label"], "ood": b["ood"], "available": b["available"]}
-        for view, res in results.items():
+        for name, res in results.items():
             if res is None:
                 continue
             in_bin = [r for r in res if r.get("bin") == b["label"]]
-            row[view] = accuracy(in_bin) if in_bin else None
+            row[name] = accuracy(in_bin) if in_bin else None
             within = [r for r in in_bin if r.get("within_tmax")]
-            row[f"{view}_within_tmax"] = accuracy(within) if within else None
-        for view, groups in by_bin.items():
-            row[f"{view}_probe"] = groups.get(b["label"])
+            row[f"{name}_within_tmax"] = accuracy(within) if within else None
+        for name, groups in by_bin.items():
+            row[f"{name}_probe"] = groups.get(b["label"])
         rows.append(row)
     return rows
 
 
-def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[str],
+def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list[str],
                      fits: dict[str, float | None] | None = None) -> tuple[str, str]:
     """The paper's Table 2 for one split (Markdown and LaTeX). `fits` gives a learner's best
     validation final-answer accuracy; a learner below `FIT_THRESHOLD` is *not fitted*: its
@@ -90,13 +90,13 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
     unit = "L" if kind == "length" else "K"
     labels = [r["bin"] for r in rows]
     n_iid = sum(not r["ood"] for r in rows)
-    unfit = {v: (fits or {}).get(v) for v in views if not fitted((fits or {}).get(v, FIT_THRESHOLD))}
+    unfit = {v: (fits or {}).get(v) for v in learners if not fitted((fits or {}).get(v, FIT_THRESHOLD))}
     acc = {v: [r[v]["accuracy"] if r.get(v) and not (r["ood"] and v in unfit) else None for r in rows]
-           for v in views}
+           for v in learners}
     md = [f"| **{kind.capitalize()}** bin (×{unit}, {unit}={threshold}) | "
           + " | ".join(f"{lab}{' (IID)' if i < n_iid else ''}" for i, lab in enumerate(labels)) + " |",
           "|---" * (len(labels) + 1) + "|"]
-    for v in views:
+    for v in learners:
         if v in unfit:
             md.append(f"| {learner_name(v)} acc. (%), not fitted (best validation {pct(unfit[v])}) | "
                       + " | ".join("not fitted" if r["ood"] else pct(a) for r, a in zip(rows, acc[v])) + " |")
@@ -104,9 +104,9 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
             md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(pct(a) for a in acc[v]) + " |")
     if "rm" in acc and "cot" in acc:
         md.append("| Gap (pt) | " + " | ".join(gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
-    n = [max((r[v]["n"] for v in views if r.get(v)), default=0) for r in rows]
+    n = [max((r[v]["n"] for v in learners if r.get(v)), default=0) for r in rows]
     md.append("| n | " + " | ".join(str(k) for k in n) + " |")
-    for v in views:  # the invariance probe (rlmlab probe), where it was run
+    for v in learners:  # the invariance probe (rlmlab probe), where it was run
         probed = [r.get(f"{v}_probe") for r in rows]
         if not any(probed):
             continue
@@ -117,7 +117,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
                   + " | ".join(str(p["n_expressions"]) if p else "–" for p in probed) + " |")
     paper = PAPER_TABLE2.get((kind, threshold))
     if paper:
-        for v in (v for v in views if v in paper):  # the paper has rows for RM and CoT only
+        for v in (v for v in learners if v in paper):  # the paper has rows for RM and CoT only
             md.append(f"| paper {learner_name(v)} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
 
     tex = [r"\begin{tabular}{@{}l*{%d}{c}!{\vrule}*{%d}{c}@{}}" % (n_iid, len(labels) - n_iid), r"\toprule",
@@ -125,7 +125,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], views: list[st
            rf"\multicolumn{{{len(labels) - n_iid}}}{{c}}{{\textbf{{OOD}}}} \\",
            rf"\textbf{{Bin ($\times {unit}$)}} & " + " & ".join(_tex_label(x) for x in labels) + r" \\",
            r"\midrule"]
-    for v in views:
+    for v in learners:
         cells = ["n.f." if r["ood"] and v in unfit else f"${pct(a)}$" for r, a in zip(rows, acc[v])]
         tex.append(rf"\textbf{{{learner_name(v)} acc. (\%)}} & " + " & ".join(cells) + r" \\")
     if "rm" in acc and "cot" in acc:
@@ -139,7 +139,7 @@ def _tex_label(label: str) -> str:
     return "$" + label.replace("<=", r"\le").replace(">=", r"\ge").replace("-", "$--$") + "$"
 
 
-def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: list[str],
+def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners: list[str],
               unfit: frozenset = frozenset()) -> None:
     """Accuracy per bin with Wilson bands; a learner in `unfit` is drawn in domain only."""
     import matplotlib
@@ -149,7 +149,7 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     xs = list(range(len(rows)))
-    for v in views:
+    for v in learners:
         pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v) and not (r["ood"] and v in unfit)]
         if not pts:
             continue
@@ -178,15 +178,15 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], views: li
 def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     kind, threshold = meta["kind"], int(meta["threshold"])
     results = {v: eval_results(out, job, v, "eval") for v in learners(out, [job])}
-    views = [v for v, r in results.items() if r is not None]
-    if not views:
+    names = [v for v, r in results.items() if r is not None]
+    if not names:
         raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
-    probes = {v: probe_groups(out, job, v, "eval") for v in views}
+    probes = {v: probe_groups(out, job, v, "eval") for v in names}
     rows = threshold_rows(meta, results, probes)
     runs = training_runs(out, job)
-    fits = {v: training_summary(runs[v])["best"] if v in runs else None for v in views}
-    unfit = frozenset(v for v in views if not fitted(fits[v]))
-    md, tex = threshold_tables(kind, threshold, rows, views, fits)
+    fits = {v: training_summary(runs[v])["best"] if v in runs else None for v in names}
+    unfit = frozenset(v for v in names if not fitted(fits[v]))
+    md, tex = threshold_tables(kind, threshold, rows, names, fits)
     t_max = meta["split"].get("t_max")
     diag = []
     for r in rows:
@@ -197,21 +197,21 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
         md += (f"\nFrame-width diagnostic: T_max = {t_max} (widest active frame on the training side); "
                "RM accuracy on all OOD expressions of a bin vs those whose widest frame is within T_max:\n\n"
                "| bin | RM, all | RM, w_max ≤ T_max |\n|---|---|---|\n" + "\n".join(diag) + "\n")
-    probed = {v: _probe_rows(out, job, v, "eval") for v in views if v not in unfit}
+    probed = {v: _probe_rows(out, job, v, "eval") for v in names if v not in unfit}
     predictors = {v: f for v, p in probed.items() if p and (f := failure_predictors(results[v], p))}
     md += failure_prediction_table(predictors)
-    md += _frame_errors(out, job, views)
+    md += _frame_errors(out, job, names)
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
-    plot_bins(dest / f"bins-{job}", kind, threshold, rows, views, unfit)
+    plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit)
     plot_learning_curves(dest / f"curves-{job}", runs)
     return {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
             "failure_prediction": predictors}
 
 
-def _probe_rows(out: Path, job: str, view: str, set_name: str) -> list[dict] | None:
+def _probe_rows(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
     """`rlmlab probe`'s per-expression rows of a learner's evaluation set, if it was probed."""
-    path = out / job / view / "probe" / set_name / "results.jsonl"
+    path = out / job / name / "probe" / set_name / "results.jsonl"
     return read_results(path, required=("expr", "positions", "position_differ")) if path.exists() else None
 
 
@@ -277,7 +277,7 @@ class ThresholdSplit(ExperimentKind):
     def planned_identity(self, preset, threshold: int | None = None) -> dict:
         return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
 
-    def plan(self, preset: ExperimentPreset, out: Path, views, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
              threshold: int | None = None) -> list[Job]:
         from rlmlab.experiments.splits import Split, threshold_split
 
@@ -292,7 +292,7 @@ class ThresholdSplit(ExperimentKind):
                                             "n_train_requested": p.n_train})
         write_meta(out, self, p, {"threshold": threshold, "split": split.params})
         return [Job(self.job_name(threshold), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                    {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in views]
+                    {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
         return [self.job_name(int(meta["threshold"]))]
