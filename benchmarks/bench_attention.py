@@ -29,7 +29,7 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.attention import BlockDiagonal  # noqa: E402
 from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
-from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> None:
           + " | pairs dense / blocks c=128 / useful |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|")
     for view, T, kind in cases:
-        data = build_view_data(exprs, view, default_vocab())
+        data = build_examples(exprs, view, default_vocab())
         rows = [r for r in pack_rows(data.lengths - 1, T if kind == "packed" else 128) if r.length == T]
         rows = [r for r in rows if (len(r.examples) == 1) == (kind == "solo")][:args.rows]
         if not rows:

@@ -52,7 +52,7 @@ from rlmlab.learning.train import (  # noqa: E402
     resolve_device,
     train_step,
 )
-from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
@@ -216,7 +216,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         for view in args.views.split(","):
-            data = build_view_data(exprs, view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+            data = build_examples(exprs, view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
             r = bench(view, data, name, device, tc, compile_model, seconds, warmup, args.kernels)
             results.append(r)
             print(f"  {view:3s} {r['params'] / 1e6:5.2f}M {r['attention']:6s} {r['step_s'] * 1e3:8.1f} ms/step "

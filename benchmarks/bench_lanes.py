@@ -23,11 +23,11 @@ from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import pack_rows  # noqa: E402
 from rlmlab.learning.train import configure_optimizer, train_step  # noqa: E402
-from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
-VIEWS = ("rm", "rm-frames", "cot")
+PACKINGS = ("rm", "rm-frames", "cot")
 
 
 def epoch_seconds(model, optimizer, data, rows, tc) -> float:
@@ -59,26 +59,26 @@ def main() -> None:
     pool = build_pool(20_000, 42, workers=1).to_pylist()
     texts = [r["expr"] for r in pool if r["trace_len"] <= args.max_trace][:args.n]
     vocab = default_vocab()
-    data = {v: build_view_data(texts, v, vocab) for v in VIEWS}
+    data = {v: build_examples(texts, v, vocab) for v in PACKINGS}
     print(f"{len(texts)} expressions, trace length <= {args.max_trace}")
     for name in args.presets.split(","):
         tc = TrainConfig(max_steps=1)
         setups = {}
-        for v in VIEWS:
+        for v in PACKINGS:
             torch.manual_seed(0)
             model = Transformer(preset(name, v, len(vocab)))
             rows = pack_rows(data[v].lengths - 1, DataSettings(view=v).row_length)
             processed = sum(r.length for r in rows)
             setups[v] = (model, configure_optimizer(model, tc), rows, processed)
-        times = {v: [] for v in VIEWS}
+        times = {v: [] for v in PACKINGS}
         for _ in range(args.rounds):
-            for v in VIEWS:
+            for v in PACKINGS:
                 model, opt, rows, _ = setups[v]
                 times[v].append(epoch_seconds(model, opt, data[v], rows, tc))
         cot_pos, cot_s = setups["cot"][3], min(times["cot"])
         print(f"\npreset {name}: per training expression (best of {args.rounds} epochs)")
         print(f"{'view':<11}{'positions':>11}{'x CoT':>8}{'ms':>9}{'x CoT':>8}{'targets':>9}")
-        for v in VIEWS:
+        for v in PACKINGS:
             pos, s = setups[v][3], min(times[v])
             print(f"{v:<11}{pos / len(texts):>11.1f}{pos / cot_pos:>8.2f}{1e3 * s / len(texts):>9.2f}"
                   f"{s / cot_s:>8.2f}{data[v].n_targets / len(texts):>9.1f}")

@@ -28,13 +28,13 @@ from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream  # noqa: E402
 from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
-from rlmlab.learning.views import build_view_data  # noqa: E402
+from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 assert rlmlab.__file__.startswith(os.path.abspath(root)), f"imported {rlmlab.__file__}, not the one under {root}"
 vocab = default_vocab()
-data = build_view_data(build_pool(400, 42, workers=1).column("expr").to_pylist(), view, vocab, workers=1)
+data = build_examples(build_pool(400, 42, workers=1).column("expr").to_pylist(), view, vocab, workers=1)
 torch.manual_seed(0)
 model = Transformer(preset(preset_name, view, len(vocab)))
 data, _ = fit_to_block(data, model.cfg.block_size, True, "benchmark")

@@ -48,7 +48,7 @@ from rlmlab.learning.packing import (  # noqa: E402
     padding_fraction,
 )
 from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
-from rlmlab.learning.views import ViewData, build_view_data  # noqa: E402
+from rlmlab.learning.examples import ExampleSet, build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 
@@ -86,7 +86,7 @@ def useful_flops(model: Transformer, data, rows: list[Row]) -> tuple[float, floa
     return 6.0 * N * tokens + attention, attention
 
 
-def plain_data(T: int, n: int = 512) -> ViewData:
+def plain_data(T: int, n: int = 512) -> ExampleSet:
     """The ceiling the packed views are measured against: n random sequences of exactly T
     positions, loss on every target, so each fills one row on its own (plain causal
     attention, no mask, no padding)."""
@@ -94,7 +94,7 @@ def plain_data(T: int, n: int = 512) -> ViewData:
     ids = np.random.default_rng(0).integers(0, len(vocab), size=n * (T + 1)).astype(np.uint16)
     loss = np.ones(n * (T + 1), dtype=bool)
     loss[::T + 1] = False
-    return ViewData(f"plain:{T}", vocab, ids, loss, np.arange(n + 1, dtype=np.int64) * (T + 1),
+    return ExampleSet(f"plain:{T}", vocab, ids, loss, np.arange(n + 1, dtype=np.int64) * (T + 1),
                     np.arange(n, dtype=np.int64), n)
 
 
@@ -159,7 +159,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
-                build_view_data(exprs, learner(v).view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                build_examples(exprs, learner(v).view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
                 for v in args.views.split(",")}
         for name in args.presets.split(","):
             for view in args.views.split(","):

@@ -17,7 +17,7 @@ from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.learning.train import TrainerState
-from rlmlab.learning.views import build_view_data
+from rlmlab.learning.examples import build_examples
 from rlmlab.measuring.score import data_columns
 from rlmlab.task.expr import MAX_NESTING, parse
 from rlmlab.task.pool import read_pool
@@ -44,7 +44,7 @@ def test_literals_and_runaway_nesting_are_expression_errors(capsys):
 
 
 def test_paths_the_os_refuses(tmp_path, capsys):
-    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--quiet", "--data", str(tmp_path)])
+    err = one_line_error(capsys, ["eval", "--oracle", "rm", "--quiet", "--data", str(tmp_path)])
     assert str(tmp_path) in err
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -62,17 +62,17 @@ def test_every_row_of_a_data_file_is_checked(tmp_path):
     with pytest.raises(DataError, match="holds int64, not strings"):
         read_pool(tmp_path / "ints.parquet")
     with pytest.raises(DataError, match="expression 70 .*literal"):
-        build_view_data(good + ["7"], "rm", default_vocab())
+        build_examples(good + ["7"], "rm", default_vocab())
 
 
 def test_a_damaged_view_cache_is_rebuilt(tmp_path):
     exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
-    first = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    first = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
     (cached,) = tmp_path.glob("*.npz")
     cached.write_bytes(cached.read_bytes()[:40])  # a save cut short
     with pytest.raises(zipfile.BadZipFile):
         np.load(cached)
-    again = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    again = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
     assert np.array_equal(first.ids, again.ids) and np.array_equal(first.loss, again.loss)
 
 
@@ -161,19 +161,19 @@ def test_a_closed_standard_output_is_a_one_line_error(monkeypatch, capsys):
 
 def test_an_experiment_folder_of_another_kind_is_refused(tmp_path, capsys):
     out = tmp_path / "exp"
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     before = (out / "experiment.json").read_text()
-    err = one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"])
+    err = one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"])
     assert "holds another experiment (kind 'length', not 'depth')" in err
     err = one_line_error(capsys, ["run", "length", "--threshold", "90", "--preset", "smoke", "--out", str(out),
-                                  "--quiet", "--views", "rm"])
+                                  "--quiet", "--learners", "rm"])
     assert "threshold 96, not 90" in err
     assert (out / "experiment.json").read_text() == before
 
 
 def test_damaged_finished_markers_are_not_trusted(tmp_path, capsys):
     out = tmp_path / "exp"
-    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     assert main(argv) == 0
     run = out / "length-96" / "rm"
     good = (run / "eval" / "eval" / "results.jsonl").read_text()
@@ -200,17 +200,17 @@ def test_training_data_errors_name_the_row_of_the_users_file_and_quote_it_short(
 
 
 def test_a_view_cache_with_ids_outside_the_vocabulary_is_refused_and_rebuilt(tmp_path):
-    from rlmlab.learning.views import ViewData
+    from rlmlab.learning.examples import ExampleSet
 
     exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
-    first = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    first = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
     (cached,) = tmp_path.glob("*.npz")
-    bad = ViewData(first.view, first.vocab, first.ids.copy(), first.loss, first.offsets, first.source,
+    bad = ExampleSet(first.learner, first.vocab, first.ids.copy(), first.loss, first.offsets, first.source,
                    first.n_expressions)
     bad.ids[3] = len(default_vocab()) + 7  # a token id the embedding table does not have
     bad.save(cached)
     with pytest.raises(DataError, match="outside the vocabulary"):
-        ViewData.load(cached)
-    again = build_view_data(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+        ExampleSet.load(cached)
+    again = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
     assert np.array_equal(first.ids, again.ids)
-    assert np.array_equal(ViewData.load(cached).ids, first.ids)  # the damaged entry was overwritten
+    assert np.array_equal(ExampleSet.load(cached).ids, first.ids)  # the damaged entry was overwritten

@@ -28,7 +28,7 @@ def _trained_model(seed=0):
 
 def _save(run, which="last", seed=0, step=5):
     model, opt, vocab = _trained_model(seed)
-    save_checkpoint(run, which, model, vocab=vocab, view="rm", config={"model": {"preset": "tiny"}}, step=step,
+    save_checkpoint(run, which, model, vocab=vocab, learner="rm", config={"model": {"preset": "tiny"}}, step=step,
                     metrics={"val/loss": 1.5}, optimizer=opt if which == "last" else None, trainer={"step": step})
     return model, opt
 
@@ -37,7 +37,7 @@ def test_round_trip(tmp_path):
     model, opt = _save(tmp_path, "last")
     _save(tmp_path, "best", step=3)
     r = load_run(tmp_path, "last")
-    assert (r.view, r.step, r.metrics, r.config) == ("rm", 5, {"val/loss": 1.5}, {"model": {"preset": "tiny"}})
+    assert (r.learner, r.step, r.metrics, r.config) == ("rm", 5, {"val/loss": 1.5}, {"model": {"preset": "tiny"}})
     assert r.vocab == default_vocab() and not r.model.training
     assert r.model.lm_head.weight is r.model.wte.weight  # tying survives
     for (n, a), (_, b) in zip(model.state_dict().items(), r.model.state_dict().items()):

@@ -94,7 +94,7 @@ def test_a_mistyped_config_key_names_the_closest_one(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "run"), "--config", str(cfg), "--max-steps", "1"]) == 2
     assert "unknown config key 'model.n_layr' (did you mean 'model.n_layer'?)" in capsys.readouterr().err
     assert main(["run", "iid", "--out", str(tmp_path / "exp"),
-                 "--learner-setting", "per_view.rm.train.batch_sze=4"]) == 2
+                 "--learner-setting", "per_learner.rm.train.batch_sze=4"]) == 2
     assert "did you mean 'train.batch_size'?" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "exp").exists()
 
@@ -117,7 +117,7 @@ def test_train_takes_the_learner_under_both_spellings(flag):
     from rlmlab.cli.train_cmd import resolve_config
 
     cfg = resolve_config(_parse(["train", "--out", "x", flag, "cot", "--max-steps", "1"]))
-    assert cfg.data.view == "cot"
+    assert cfg.data.learner == "cot"
 
 
 @pytest.mark.parametrize("flag", ["--learners", "--views"])  # --views: the old spelling
@@ -131,7 +131,7 @@ def test_eval_oracle_takes_the_learner_under_both_spellings(argv, tmp_path, caps
     data.write_text("add(1,2)\nsquare(double(3))\n")
     assert main(["eval", *argv, "--data", str(data), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert (summary["view"], summary["n"], summary["accuracy"]) == ("cot", 2, 1.0)
+    assert (summary["learner"], summary["n"], summary["accuracy"]) == ("cot", 2, 1.0)
 
 
 def test_eval_oracle_refuses_two_different_learners(tmp_path, capsys):
@@ -156,16 +156,21 @@ def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
 def test_every_committed_run_config_still_loads_and_resumes_under_its_keys():
     # Saved configs (results/, the released checkpoints) keep the keys they were written with;
     # `--resume` and `rlmlab train --config` read them back.
-    from rlmlab.learning.config import RunConfig, apply_dict, load_config_file
+    # A key renamed since (`OLD_KEYS`: data.view is data.learner) is read under its new name.
+    from rlmlab.learning.config import OLD_KEYS, RunConfig, apply_dict, load_config_file
 
     paths = sorted([*ROOT.glob("results/**/config.json"), *ROOT.glob("rlmlab/released/**/config.json")])
     assert len(paths) > 20
+    old = 0
     for path in paths:
         saved = json.loads(path.read_text())
         cfg = load_config_file(path)
         assert cfg == apply_dict(RunConfig(), saved, where=str(path))
+        old += "view" in saved["data"]
+        saved = {s: {OLD_KEYS.get(s, {}).get(k, k): v for k, v in d.items()} for s, d in saved.items()}
         loaded = json.loads(json.dumps(cfg.to_dict()))  # tuples as the lists JSON writes
         assert {s: {k: v for k, v in d.items() if k in saved[s]} for s, d in loaded.items()} == saved
+    assert old > 20  # the committed configs were written before the rename
 
 
 def test_the_command_list_shows_each_modules_own_help_line():

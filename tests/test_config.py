@@ -24,10 +24,10 @@ def test_defaults_are_the_papers():
 
 def test_overrides_parse_to_the_field_type():
     cfg = apply_overrides(RunConfig(), ["train.lr=3e-4", "--train.betas=0.9,0.95", "train.max_steps=100",
-                                        "train.compile=true", "model.n_layer=4", "data.view=cot",
+                                        "train.compile=true", "model.n_layer=4", "data.learner=cot",
                                         "train.patience=none", "train.weight_decay=0", "data.cache_dir="])
     assert cfg.train.lr == 3e-4 and cfg.train.betas == (0.9, 0.95) and cfg.train.max_steps == 100
-    assert cfg.train.compile is True and cfg.model.n_layer == 4 and cfg.data.view == "cot"
+    assert cfg.train.compile is True and cfg.model.n_layer == 4 and cfg.data.learner == "cot"
     assert cfg.train.patience is None and cfg.train.weight_decay == 0.0 and isinstance(cfg.train.weight_decay, float)
     assert cfg.data.cache_dir == "" and cfg.data.resolved_cache_dir() is None
     assert apply_overrides(RunConfig(), {"train.betas": "[0.8, 0.9]"}).train.betas == (0.8, 0.9)
@@ -44,7 +44,7 @@ def test_overrides_parse_to_the_field_type():
     ("train.lr=-1", "train.lr must be > 0"),
     ("train.lr", "must look like section.key=value"),
     ("model.preset=huge", "unknown preset 'huge'"),
-    ("data.view=window", "unknown view 'window'"),
+    ("data.learner=window", "unknown learner 'window'"),
     ("train.device=tpu", "train.device must be"),
 ])
 def test_bad_overrides(override, message):
@@ -60,7 +60,7 @@ def test_config_files_json_and_toml(tmp_path):
     assert cfg.train.lr == 5e-4 and cfg.train.betas == (0.9, 0.98) and cfg.model.preset == "tiny"
     (tmp_path / "b.toml").write_text('[train]\nwarmup_steps = 100\nmax_minutes = 5\n[data]\nview = "cot"\n')
     cfg = load_config_file(tmp_path / "b.toml")
-    assert cfg.train.warmup_steps == 100 and cfg.train.max_minutes == 5.0 and cfg.data.view == "cot"
+    assert cfg.train.warmup_steps == 100 and cfg.train.max_minutes == 5.0 and cfg.data.learner == "cot"
     (tmp_path / "c.json").write_text(json.dumps({"train": {"learning_rate": 1}}))
     with pytest.raises(ConfigError, match="unknown config key 'train.learning_rate'"):
         load_config_file(tmp_path / "c.json")
@@ -80,11 +80,11 @@ def test_round_trip_through_json():
 
 
 def test_cli_precedence(tmp_path):
-    (tmp_path / "f.json").write_text(json.dumps({"train": {"lr": 5e-4, "max_steps": 7}, "data": {"view": "cot"}}))
+    (tmp_path / "f.json").write_text(json.dumps({"train": {"lr": 5e-4, "max_steps": 7}, "data": {"learner": "cot"}}))
     args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--config", str(tmp_path / "f.json"),
-                                      "--train.lr=2e-4", "--view", "rm", "--train.max_steps", "9", "--max-steps", "11"])
+                                      "--train.lr=2e-4", "--learner", "rm", "--train.max_steps", "9", "--max-steps", "11"])
     cfg = resolve_config(args)
-    assert cfg.train.lr == 2e-4 and cfg.data.view == "rm" and cfg.train.max_steps == 11
+    assert cfg.train.lr == 2e-4 and cfg.data.learner == "rm" and cfg.train.max_steps == 11
     args = build_parser().parse_args(["train", "--out", str(tmp_path / "run")])
     with pytest.raises(ConfigError, match="no stopping rule"):
         resolve_config(args)

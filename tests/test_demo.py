@@ -12,8 +12,8 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--per-bin", "1", "--quiet"]) == 0
     table = capsys.readouterr().out
-    for view in ("rm", "cot"):
-        run = out / "length-595" / view
+    for learner in ("rm", "cot"):
+        run = out / "length-595" / learner
         assert json.loads((run / "done.json").read_text())["stop_reason"] == "released"
         assert not (run / "last").exists()  # nothing was trained
         results = [json.loads(line) for line in (run / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
@@ -22,14 +22,14 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
         # they give the committed prediction and first divergence (the README's demo table is
         # the committed results cut to 40 per bin, tests/test_results_readme.py).
         committed = [json.loads(line) for line in
-                     (COMMITTED / view / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
+                     (COMMITTED / learner / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
         first = {}
         for r in committed:
             first.setdefault(r["bin"], r)
         for r in results:
             expected = first[r["bin"]]
             assert (r["expr"], r["prediction"], r["diverge_at"]) == (
-                expected["expr"], expected["prediction"], expected["diverge_at"]), (view, r["bin"])
+                expected["expr"], expected["prediction"], expected["diverge_at"]), (learner, r["bin"])
     # Both released learners fitted their training distribution (99.7% validation accuracy), so
     # every bin of both rows holds a number.
     rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table.splitlines() if "acc. (%)" in line}

@@ -23,15 +23,15 @@ def _text_file(tmp_path, n=40, seed=41):
     return path
 
 
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_eval_oracle_on_a_text_file(tmp_path, capsys, view):
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_eval_oracle_on_a_text_file(tmp_path, capsys, learner):
     out = tmp_path / "out"
-    assert main(["eval", "--oracle", "--view", view, "--data", str(_text_file(tmp_path)), "--out", str(out),
+    assert main(["eval", "--oracle", learner, "--data", str(_text_file(tmp_path)), "--out", str(out),
                  "--quiet", "--by", "max_depth"]) == 0
     printed = capsys.readouterr().out
     assert "final-answer accuracy  100.00%" in printed and "max_depth" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["n"], summary["accuracy"], summary["view"], summary["predictor"]) == (40, 1.0, view, "oracle")
+    assert (summary["n"], summary["accuracy"], summary["learner"], summary["predictor"]) == (40, 1.0, learner, "oracle")
     results = read_results(out)
     assert len(results) == 40 and all(r["correct"] and r["trace_exact"] for r in results)
 
@@ -40,7 +40,7 @@ def test_eval_oracle_on_a_pool_with_limit_keeps_ids(tmp_path, monkeypatch):
     pool = tmp_path / "pool.parquet"
     write_pool(build_pool(60, 5, workers=1), pool)
     monkeypatch.chdir(tmp_path)
-    assert main(["eval", "--oracle", "--view", "rm", "--data", str(pool), "--limit", "25", "--quiet"]) == 0
+    assert main(["eval", "--oracle", "rm", "--data", str(pool), "--limit", "25", "--quiet"]) == 0
     results = read_results(tmp_path / "runs" / "oracle-rm" / "eval" / "pool")  # the default --out
     assert [r["id"] for r in results] == list(range(25))
 
@@ -50,12 +50,12 @@ def test_eval_a_saved_run(tmp_path, capsys):
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(vocab))).eval()
     run = tmp_path / "run"
-    save_checkpoint(run, "best", model, vocab=vocab, view="rm", config={}, step=7, metrics={})
+    save_checkpoint(run, "best", model, vocab=vocab, learner="rm", config={}, step=7, metrics={})
     assert main(["eval", str(run), "--data", str(_text_file(tmp_path, 20)), "--quiet", "--traces",
                  "--max-new-tokens", "50"]) == 0
     assert "per-token (teacher-f.)" in capsys.readouterr().out
     summary = json.loads((run / "eval" / "exprs" / "summary.json").read_text())
-    assert summary["step"] == 7 and summary["view"] == "rm" and summary["n"] == 20
+    assert summary["step"] == 7 and summary["learner"] == "rm" and summary["n"] == 20
     assert summary["limits"]["max_new_tokens"] == 50
     results = read_results(run / "eval" / "exprs")
     assert all(r["valid"] or r["reason"] for r in results)
@@ -63,19 +63,19 @@ def test_eval_a_saved_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--oracle", "--view", "rm", "--data", "missing.txt"], "missing.txt: no such file"),
-    (["--oracle", "--view", "rm", "--data", "{bad}"], "line 3: "),
-    (["--oracle", "--view", "rm", "--data", "{literal}"], "line 1: '7' is a literal, not a call"),
-    (["--oracle", "--view", "rm", "--data", "{empty}"], "no expressions"),
-    (["--oracle", "--view", "rm", "--data", "{noexpr}"], "no 'expr' column"),
-    (["--oracle", "--view", "rm", "--data", "{binary}"], "not a text file"),
+    (["--oracle", "rm", "--data", "missing.txt"], "missing.txt: no such file"),
+    (["--oracle", "rm", "--data", "{bad}"], "line 3: "),
+    (["--oracle", "rm", "--data", "{literal}"], "line 1: '7' is a literal, not a call"),
+    (["--oracle", "rm", "--data", "{empty}"], "no expressions"),
+    (["--oracle", "rm", "--data", "{noexpr}"], "no 'expr' column"),
+    (["--oracle", "rm", "--data", "{binary}"], "not a text file"),
     (["--oracle", "--data", "{good}"], "--oracle needs a learner"),
     (["--data", "{good}"], "give RUN_DIR"),
-    (["{run}", "--oracle", "--view", "rm", "--data", "{good}"], "not both"),
+    (["{run}", "--oracle", "rm", "--data", "{good}"], "not both"),
     (["{run}", "--view", "rm", "--data", "{good}"], "--view goes with --oracle"),
     (["{run}", "--data", "{good}"], "no such run folder"),
-    (["--oracle", "--view", "cot", "--data", "{good}", "--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--oracle", "--view", "cot", "--data", "{good}", "--by", "colour"], "--by colour: no such result field"),
+    (["--oracle", "cot", "--data", "{good}", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--oracle", "cot", "--data", "{good}", "--by", "colour"], "--by colour: no such result field"),
 ])
 def test_eval_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     import pyarrow as pa

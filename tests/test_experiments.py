@@ -12,16 +12,16 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
-from rlmlab.experiments.presets import PRESETS, get_preset
+from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
 
 
 def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     out = tmp_path / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
-    for view in ("rm", "cot"):
-        assert (out / "length-96" / view / "done.json").exists()
-        results = [json.loads(x) for x in (out / "length-96" / view / "eval" / "eval" / "results.jsonl").open()]
+    for learner in ("rm", "cot"):
+        assert (out / "length-96" / learner / "done.json").exists()
+        results = [json.loads(x) for x in (out / "length-96" / learner / "eval" / "eval" / "results.jsonl").open()]
         assert len(results) == 40 and {r["bin"] for r in results} == {b["label"] for b in
                                                                       json.loads((out / "experiment.json").read_text())
                                                                       ["split"]["bins"]}
@@ -37,12 +37,12 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert sum(r["rm"]["n"] for r in saved["rows"] if r.get("rm")) == 40
     # The training table is read from each run's metrics.jsonl: steps, best validation, stop rule.
     for t in saved["training"]:
-        done = json.loads((out / "length-96" / t["view"] / "done.json").read_text())
+        done = json.loads((out / "length-96" / t["learner"] / "done.json").read_text())
         assert (t["step"], t["best"], t["best_step"], t["stop"]) == \
             (done["step"], done["best_score"], done["best_step"], done["stop_reason"])
-    assert [t["view"] for t in saved["training"]] == ["rm", "cot"]
+    assert [t["learner"] for t in saved["training"]] == ["rm", "cot"]
     for t in saved["training"]:  # every validation logs its own time, so none is left out
-        vals = [json.loads(line) for line in (out / "length-96" / t["view"] / "metrics.jsonl").open()
+        vals = [json.loads(line) for line in (out / "length-96" / t["learner"] / "metrics.jsonl").open()
                 if '"kind": "val"' in line]
         assert t["validations_untimed"] == 0
         assert abs(t["validation_minutes"] * 60 - sum(v["val_s"] for v in vals)) < 1e-9
@@ -50,7 +50,7 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     training = (out / "report" / "table-training.md").read_text()
     for t in saved["training"]:  # each run's validation curve, one line per run
         curve = next(line for line in training.splitlines()
-                     if line.startswith(f"- length-96 {'RM' if t['view'] == 'rm' else 'CoT'}: "))
+                     if line.startswith(f"- length-96 {'RM' if t['learner'] == 'rm' else 'CoT'}: "))
         assert curve.count(" min)") == len(t["validations"]) > 0
     assert "| length-96 | CoT |" in capsys.readouterr().out  # `rlmlab report` prints it with the tables
 
@@ -90,8 +90,8 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert main(["report", str(out)]) == 2
     shutil.rmtree(frames.parent)
 
-    # A third learner (any training view) joins the same experiment and gets its own table row.
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm-frames"]) == 0
+    # A third learner (any packing) joins the same experiment and gets its own table row.
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm-frames"]) == 0
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()
     assert [line.split(" acc. (%)")[0] for line in table.splitlines() if "acc. (%)" in line] == \
@@ -102,9 +102,9 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
 
 def test_iid_and_shortcut_experiments_smoke(tmp_path):
     out = tmp_path / "iid"
-    assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     points = json.loads((report(out) / "report.json").read_text())["points"]
-    assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
+    assert [(p["N"], p["learner"]) for p in points] == [(100, "rm"), (200, "rm")]
     assert all(0 <= p["per_token"] <= 1 for p in points)
     # Each run's training is summarised in the training table and drawn as a learning curve.
     table = (out / "report" / "table-training.md").read_text()
@@ -119,7 +119,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     # A size the split cannot supply (like the paper's 450k from its 500k pool) is skipped and said so.
     from rlmlab.experiments.run import run_experiment
 
-    run_experiment("iid", get_preset("smoke").with_overrides(iid_sizes=(100, 200, 9_000)), out, views=("rm",),
+    run_experiment("iid", get_preset("smoke").with_overrides(iid_sizes=(100, 200, 9_000)), out, learners=("rm",),
                    progress=False)
     assert json.loads((out / "experiment.json").read_text())["skipped_sizes"]["sizes"] == [9_000]
     assert "Not run: N = 9000" in (report(out) / "table-iid.md").read_text()
@@ -128,14 +128,14 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
         run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), out, progress=False)
     assert "at most" not in (report(out) / "table-iid.md").read_text()
     capped = tmp_path / "iid-capped"
-    run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), capped, views=("rm",), sizes=[100],
+    run_experiment("iid", get_preset("smoke").with_overrides(iid_max_trace=60), capped, learners=("rm",), sizes=[100],
                    progress=False)
     assert max(pq.read_table(capped / "data" / "iid" / "test.parquet").column("trace_len").to_pylist()) <= 60
     assert "trace has at most 60 tokens" in (report(capped) / "table-iid.md").read_text()
 
     # Runs on different sizes share a folder; --minutes is the budget of every IID run.
     out = tmp_path / "iid-sizes"
-    smoke_iid = ["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    smoke_iid = ["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     assert main([*smoke_iid, "--sizes", "150"]) == 0
     assert main([*smoke_iid, "--sizes", "120,150", "--minutes", "7"]) == 0
     assert json.loads((out / "experiment.json").read_text())["sizes"] == [120, 150]
@@ -159,13 +159,13 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
 
     out = tmp_path / "shortcuts"
     preset = get_preset("smoke").with_overrides(shortcut_max_trace=600,
-                                                shortcut_per_view={"cot": {"train.batch_size": 3}})
+                                                shortcut_per_learner={"cot": {"train.batch_size": 3}})
     # Two runs on different constructions share the folder (as one process per core would).
     for name in ("position_parity", "copy_deep_return"):
         run_jobs(get_kind("shortcuts").plan(preset, out, ("rm", "cot"), constructions=[name]), out, progress=False)
         train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
         assert max(train.column("trace_len").to_pylist()) <= 600
-        # shortcut_per_view applies to the shortcut runs over the preset's own per-learner settings
+        # shortcut_per_learner applies to the shortcut runs over the preset's own per-learner settings
         batch = {v: json.loads((out / f"shortcut-{name}" / v / "config.json").read_text())["train"]["batch_size"]
                  for v in ("rm", "cot")}
         assert batch == {"rm": 4, "cot": 3}
@@ -224,7 +224,7 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
 def test_report_and_run_errors(tmp_path, capsys):
     with pytest.raises(DataError, match="no experiment.json"):
         report(tmp_path)
-    assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--views", "xx"]) == 2
+    assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--learners", "xx"]) == 2
     assert main(["run", "length", "--preset", "smoke", "--out", str(tmp_path), "--constructions", "x"]) == 2
     assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(tmp_path / "s"),
                  "--constructions", "copy_deep_return,copy_everything"]) == 2
@@ -265,13 +265,13 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
               for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
     assert budget == {3_000: (3_500, 9_000), 9_999: (3_500, 9_000), 10_000: (7_000, 24_000),
                       29_999: (7_000, 24_000), 30_000: (7_000, 30_000), 100_000: (7_000, 30_000)}
-    assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_view's
+    assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_learner's
     for n in (300, 30_000):
         assert _iid_settings(preset.with_budget(max_steps=7), n, "cot", seed=0)["train.max_steps"] == 7
         # a wall-clock limit is added beside the step budget, never instead of it
         limited = _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)
         assert (limited["train.max_minutes"], limited["train.max_steps"]) == (7.0, {300: 9_000, 30_000: 30_000}[n])
-    # A view without settings of its own takes those of the learner whose driver it decodes with.
+    # A learner without settings of its own takes those of the learner whose driver it decodes with.
     assert _iid_settings(preset, 300, "rm-frames", seed=0)["train.max_steps"] == 3_500
     assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_steps"] == 7_000
     # --learner-setting edits a size's entry, or adds a size.
@@ -287,7 +287,7 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     seeds = {n: preset.iid_seeds_at(n) for n in preset.iid_sizes}
     assert seeds == {300: 3, 1_000: 3, 3_000: 3, 10_000: 3, 30_000: 1}
     assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
-    shortcut = {v: preset.job_settings(v, per_view=preset.shortcut_per_view) for v in ("rm", "cot")}
+    shortcut = {v: preset.job_settings(v, per_learner=preset.shortcut_per_learner) for v in ("rm", "cot")}
     # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets
     assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 8)
     assert (shortcut["rm"]["train.max_steps"], shortcut["cot"]["train.max_steps"]) == (5_000, 14_000)
@@ -297,7 +297,7 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
 
 def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "uncapped"
-    argv = ["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+    argv = ["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm",
             "--constructions", "position_parity"]
     assert main([*argv, "--preset.shortcut_max_trace=900", "--preset.shortcut_n_train", "30"]) == 0
     data = out / "data" / "shortcut-position_parity"
@@ -312,46 +312,46 @@ def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
     for bad, message in [("--preset.shortcut_max_trace=lots", "--preset.shortcut_max_trace: expected int"),
                          ("--preset.shortcut_max_trace=0", "shortcut_max_trace must be a positive integer"),
                          ("--preset.iid_max_trace=none", None)]:
-        code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--views", "rm",
+        code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--learners", "rm",
                      "--quiet", "--sizes", "100", bad])
         if message is None:
             assert code == 0  # an optional field takes none
         else:
             assert code == 2 and message in capsys.readouterr().err
     # not a scalar field: argparse refuses it, naming it, on one line
-    assert main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "j"), "--preset.per_view={}"]) == 2
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "j"), "--preset.per_learner={}"]) == 2
     err = capsys.readouterr().err
-    assert "unrecognized arguments: --preset.per_view={}" in err and err.count("\n") == 1
+    assert "unrecognized arguments: --preset.per_learner={}" in err and err.count("\n") == 1
 
 
 def test_learner_settings_set_one_entry_of_a_per_learner_table():
     preset = get_preset("paper-cpu")
     changed = preset.with_budget(minutes=7.0).with_learner_settings(
-        ["shortcut_per_view.cot.train.batch_size=4", "shortcut_per_view.cot.train.max_minutes=240",
-         "iid_per_view.rm-frames.train.patience=none"])
-    cot = changed.job_settings("cot", per_view=changed.shortcut_per_view)
+        ["shortcut_per_learner.cot.train.batch_size=4", "shortcut_per_learner.cot.train.max_minutes=240",
+         "iid_per_learner.rm-frames.train.patience=none"])
+    cot = changed.job_settings("cot", per_learner=changed.shortcut_per_learner)
     # the entry is set over --minutes and keeps the rest of the learner's settings
     assert (cot["train.batch_size"], cot["train.max_minutes"], cot["train.lr"]) == (4, 240.0, 3e-3)
-    assert changed.job_settings("rm", per_view=changed.shortcut_per_view)["train.max_minutes"] == 7.0
-    # a view without an entry of its own starts from its driver's
-    frames = changed.job_settings("rm-frames", per_view=changed.iid_per_view)
+    assert changed.job_settings("rm", per_learner=changed.shortcut_per_learner)["train.max_minutes"] == 7.0
+    # a learner without an entry of its own starts from its driver's
+    frames = changed.job_settings("rm-frames", per_learner=changed.iid_per_learner)
     assert frames["train.patience"] is None and frames["train.eval_every"] == 300
-    assert changed.iid_per_view["rm"] == preset.with_budget(minutes=7.0).iid_per_view["rm"]
+    assert changed.iid_per_learner["rm"] == preset.with_budget(minutes=7.0).iid_per_learner["rm"]
 
 
 @pytest.mark.parametrize("item, message", [
-    ("shortcut_per_view.cot.train.batch_size", "expected TABLE.VIEW.SECTION.KEY=VALUE"),
+    ("shortcut_per_learner.cot.train.batch_size", "expected TABLE.LEARNER.SECTION.KEY=VALUE"),
     ("shortcuts.cot.train.batch_size=4", "unknown table 'shortcuts'"),
-    ("per_view.cott.train.batch_size=4", "cott"),
-    ("per_view.cot.train.batchsize=4", "unknown config key 'train.batchsize'"),
-    ("per_view.cot.train.batch_size=four", "expected int"),
-    ("per_view.cot.train.batch_size=0", "batch_size"),
+    ("per_learner.cott.train.batch_size=4", "cott"),
+    ("per_learner.cot.train.batchsize=4", "unknown config key 'train.batchsize'"),
+    ("per_learner.cot.train.batch_size=four", "expected int"),
+    ("per_learner.cot.train.batch_size=0", "batch_size"),
     ("iid_per_size.lots.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
     ("iid_per_size.0.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
     ("iid_per_size.300.cot.train.max_minutes=-1", "max_minutes"),
 ])
 def test_learner_settings_refuse_bad_entries_on_one_line(tmp_path, capsys, item, message):
-    code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--views", "rm", "--quiet",
+    code = main(["run", "iid", "--preset", "smoke", "--out", str(tmp_path / "i"), "--learners", "rm", "--quiet",
                  "--sizes", "100", "--learner-setting", item])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
@@ -359,13 +359,13 @@ def test_learner_settings_refuse_bad_entries_on_one_line(tmp_path, capsys, item,
 
 def test_run_records_and_applies_learner_settings(tmp_path):
     out = tmp_path / "s"
-    assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+    assert main(["run", "shortcuts", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm",
                  "--constructions", "position_parity",
-                 "--learner-setting", "shortcut_per_view.rm.train.batch_size=2"]) == 0
+                 "--learner-setting", "shortcut_per_learner.rm.train.batch_size=2"]) == 0
     saved = json.loads((out / "shortcut-position_parity" / "rm" / "config.json").read_text())
     assert saved["train"]["batch_size"] == 2
     recorded = json.loads((out / "commands.jsonl").read_text().splitlines()[-1])["argv"]
-    assert recorded[-1] == "--learner-setting=shortcut_per_view.rm.train.batch_size=2"
+    assert recorded[-1] == "--learner-setting=shortcut_per_learner.rm.train.batch_size=2"
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -377,8 +377,8 @@ def test_run_records_and_applies_learner_settings(tmp_path):
     ({"iid_max_trace": -1}, "iid_max_trace must be a positive integer"),
     ({"iid_patience": 2.5}, "iid_patience must be a positive integer"),
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
-    ({"per_view": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
-    ({"shortcut_per_view": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),
+    ({"per_learner": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
+    ({"shortcut_per_learner": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),
     ({"iid_per_size": {"10000": {"cot": {"train.max_minutes": 9.0}}}}, "iid_per_size keys must be positive"),
     ({"iid_per_size": {10_000: {"cot": {"train.max_minutes": "long"}}}}, "train.max_minutes: expected"),
 ])
@@ -402,7 +402,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
         yield {"stop": True}
 
     out = tmp_path / "length"
-    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     run_dir = out / "length-96" / "rm"
     with monkeypatch.context() as m:
         m.setattr(rlmlab.learning.train, "_stop_on_signals", ctrl_c_at_once)
@@ -421,7 +421,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
 
 def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     out = tmp_path / "length"
-    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     run_dir = out / "length-96" / "rm"
     assert main(argv) == 0
     first = (run_dir / "eval" / "eval" / "results.jsonl").read_text()
@@ -454,8 +454,8 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
     out = tmp_path / "length"
     # min_delta 10 counts no validation after the first as an improvement: a plateau stop at the
     # second validation (step 4), well inside the step budget.
-    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm", "--max-steps", "12",
-            "--learner-setting", "per_view.rm.train.min_delta=10"]
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm", "--max-steps", "12",
+            "--learner-setting", "per_learner.rm.train.min_delta=10"]
     run_dir = out / "length-96" / "rm"
     assert main([*argv, "--preset.patience=1"]) == 0
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "plateau"
@@ -512,7 +512,7 @@ def test_a_run_held_by_another_process_is_refused_and_planning_waits_its_turn(tm
     from rlmlab.experiments.folder import folder_lock
 
     out = tmp_path / "length"
-    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     with folder_lock(out / "length-96" / "rm"):  # as another `rlmlab run` training it would
         assert main(argv) == 2
     assert "length-96/rm: another process is training or evaluating this run" in capsys.readouterr().err
@@ -522,7 +522,7 @@ def test_a_run_held_by_another_process_is_refused_and_planning_waits_its_turn(tm
     planned = threading.Event()
 
     def second_run():
-        assert main([*argv, "--views", "cot"]) == 0
+        assert main([*argv, "--learners", "cot"]) == 0
         planned.set()
 
     with folder_lock(out):
@@ -538,25 +538,25 @@ def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
     # Two machines (or sessions) each ran a part of the sweep into a folder of their own.
     parts = {n: tmp_path / f"part-{n}" for n in (100, 200)}
     for n, out in parts.items():
-        assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm",
+        assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm",
                      "--sizes", str(n)]) == 0
     dest = tmp_path / "results" / "iid"
     for out in parts.values():
         assert main(["export", str(out), str(dest)]) == 0
     assert json.loads((dest / "experiment.json").read_text())["sizes"] == [100, 200]
     points = json.loads((dest / "report" / "report.json").read_text())["points"]
-    assert [(p["N"], p["view"]) for p in points] == [(100, "rm"), (200, "rm")]
+    assert [(p["N"], p["learner"]) for p in points] == [(100, "rm"), (200, "rm")]
     history = (dest / "commands.jsonl").read_text().splitlines()
     assert history == (parts[100] / "commands.jsonl").read_text().splitlines() + \
         (parts[200] / "commands.jsonl").read_text().splitlines()
     # Re-exporting a folder after another command on it adds that command only.
-    assert main(["run", "iid", "--preset", "smoke", "--out", str(parts[200]), "--quiet", "--views", "rm",
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(parts[200]), "--quiet", "--learners", "rm",
                  "--sizes", "200"]) == 0
     assert main(["export", str(parts[200]), str(dest)]) == 0
     assert (dest / "commands.jsonl").read_text().splitlines() == history + history[-1:]
     # Another experiment's results are refused, not mixed in.
     length = tmp_path / "length"
-    assert main(["run", "length", "--preset", "smoke", "--out", str(length), "--quiet", "--views", "rm"]) == 0
+    assert main(["run", "length", "--preset", "smoke", "--out", str(length), "--quiet", "--learners", "rm"]) == 0
     assert main(["export", str(length), str(dest)]) == 2
     assert json.loads((dest / "experiment.json").read_text())["kind"] == "iid"
 
@@ -570,7 +570,7 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
     assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)
     length = get_kind("length").plan(preset, tmp_path / "length", ("rm", "cot"))
     depth = get_kind("depth").plan(preset, tmp_path / "depth", ("rm", "cot"))
-    assert [j.view for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
+    assert [j.learner for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
     for kind, labels, edges in [
         ("length-595", ["<=0.25", "0.25-0.5", "0.5-1.0", "1.0-1.25", "1.25-1.5", "1.5-2.0", "2.0-2.5", "2.5-3.0",
                         "3.0-5.0", ">5.0"], [0, 0.25, 0.5, 1, 1.25, 1.5, 2, 2.5, 3, 5]),
@@ -594,28 +594,28 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
         assert max(r[column] for r in split.train.to_pylist()) <= threshold
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(EXPERIMENT_PRESETS))
 def test_every_preset_budgets_every_run_in_steps(name):
     """A schedule is a function of the step alone: every learner of every experiment of every
     preset has a step budget (its cosine's horizon) and no wall-clock budget."""
     from rlmlab.experiments.kinds.iid import _iid_settings
 
     preset = get_preset(name)
-    for view in ("rm", "cot", "rm-frames"):
-        runs = [preset.job_settings(view), preset.job_settings(view, per_view=preset.shortcut_per_view)]
-        runs += [_iid_settings(preset, n, view, seed=0) for n in preset.iid_sizes]
+    for learner in ("rm", "cot", "rm-frames"):
+        runs = [preset.job_settings(learner), preset.job_settings(learner, per_learner=preset.shortcut_per_learner)]
+        runs += [_iid_settings(preset, n, learner, seed=0) for n in preset.iid_sizes]
         for settings in runs:
             assert settings.get("train.max_steps", 0) >= 1 and "train.max_minutes" not in settings
 
 
 def test_run_budget_flags_override_every_learners_own_budget():
     preset = get_preset("paper-cpu")
-    assert {v: s["train.max_steps"] for v, s in preset.per_view.items()} == {"rm": 6_000, "cot": 30_000}
+    assert {v: s["train.max_steps"] for v, s in preset.per_learner.items()} == {"rm": 6_000, "cot": 30_000}
     both = preset.with_budget(max_steps=5)
     assert both.max_steps == both.iid_max_steps == 5
-    assert all("train.max_steps" not in s for s in both.per_view.values())
+    assert all("train.max_steps" not in s for s in both.per_learner.values())
     assert all(both.job_settings(v)["train.max_steps"] == 5 for v in ("rm", "cot"))
-    assert both.per_view["cot"]["train.batch_size"] == preset.per_view["cot"]["train.batch_size"]
+    assert both.per_learner["cot"]["train.batch_size"] == preset.per_learner["cot"]["train.batch_size"]
     assert preset.with_budget() == preset
 
 
@@ -643,25 +643,25 @@ def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):
 
 
 def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_path):
-    """`--views cot@rope`: its own run folder, trained on the cot view with model.positions=rope,
+    """`--learners cot@rope`: its own run folder, trained on the cot learner with model.positions=rope,
     refused as a checkpoint of another encoding, and labelled CoT (RoPE) in the split's table,
     the training table and the viewer."""
     from rlmlab.learning.checkpoint import load_run
 
     out = tmp_path / "length"
     # One expression per bin: an untrained table-free CoT decodes every row to the runaway cap.
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "cot,cot@rope",
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "cot,cot@rope",
                  "--preset.per_bin_cap=1",
-                 "--learner-setting", "per_view.cot@rope.train.lr=3e-3"]) == 0
+                 "--learner-setting", "per_learner.cot@rope.train.lr=3e-3"]) == 0
     run = out / "length-96" / "cot@rope"
     config = json.loads((run / "config.json").read_text())
-    assert (config["data"]["view"], config["model"]["positions"], config["train"]["lr"]) == ("cot", "rope", 3e-3)
+    assert (config["data"]["learner"], config["model"]["positions"], config["train"]["lr"]) == ("cot", "rope", 3e-3)
     assert json.loads((out / "length-96" / "cot" / "config.json").read_text())["model"]["positions"] == "learned"
     assert load_run(run).model.cfg.positions == "rope" and load_run(run).model.wpe is None
     with pytest.raises(Exception, match="trained with model.positions=rope, not learned"):
         load_run(run, positions="learned")
     summary = json.loads((run / "eval" / "eval" / "summary.json").read_text())
-    assert (summary["view"], summary["learner"]) == ("cot", "cot@rope")
+    assert (summary["learner"], summary["learner"]) == ("cot", "cot@rope")
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()
     assert [line.split(" acc. (%)")[0] for line in table.splitlines() if "acc. (%)" in line] == \
@@ -671,4 +671,4 @@ def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_pat
     assert "CoT (RoPE)" in (tmp_path / "html" / "index.html").read_text()
     assert "learner <b>CoT (RoPE)</b>" in (tmp_path / "html" / "length-96" / "cot@rope" / "eval.html").read_text()
     # An unknown encoding is a one-line error before anything runs.
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "cot@sinusoid"]) == 2
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "cot@sinusoid"]) == 2

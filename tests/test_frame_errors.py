@@ -133,7 +133,7 @@ def test_frames_cli(tmp_path, capsys):
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(VOCAB)))
     run = tmp_path / "run"
-    save_checkpoint(run, "best", model, vocab=VOCAB, view="rm", config={}, step=3, metrics={})
+    save_checkpoint(run, "best", model, vocab=VOCAB, learner="rm", config={}, step=3, metrics={})
     exprs = [WORKED, "square(double(3))", "add(square(2),3)", "max(1,2)"]
     data = tmp_path / "set.parquet"
     pq.write_table(pa.table({"expr": exprs, "ood": [False, False, True, True], "bin": ["a", "a", "b", "c"]}), data)
@@ -147,7 +147,7 @@ def test_frames_cli(tmp_path, capsys):
     # one expression of each bin: the first of "a", then "b" and "c"
     assert sorted({r["expr_index"] for r in kept}) == [0, 1, 2] and {r["bin"] for r in kept} == {"a", "b", "c"}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["view"] == "rm" and summary["expressions"] == 3
+    assert summary["learner"] == "rm" and summary["expressions"] == 3
     assert (out / "table.md").read_text().splitlines()[0] == printed.splitlines()[1]
     for argv, message in ([str(run), "--data", str(data), "--by", "colour"], "--by colour"), \
                          ([str(run), "--data", str(data), "--top", "0"], "--top"), \

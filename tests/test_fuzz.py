@@ -1,7 +1,7 @@
 """Fuzzing the inputs a user hands the CLI: any config value or config file, any damage to a
 checkpoint (its metadata, forged or not, or its tensor files), any results file and any folder
 layout under --out ends in exit status 2 and one line on stderr, never a traceback, with
-nothing written; a damaged or resealed view cache is refused on one line and rebuilt."""
+nothing written; a damaged or resealed examples cache is refused on one line and rebuilt."""
 
 import hashlib
 import json
@@ -23,7 +23,7 @@ from rlmlab.errors import DataError
 from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
 from rlmlab.learning.config import SECTIONS
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.vocab import default_vocab
 
 KEYS = sorted(f"{section}.{f}" for section, cls in SECTIONS.items() for f in cls.__dataclass_fields__)
@@ -55,7 +55,7 @@ def saved_run(tmp_path_factory):
     vocab = default_vocab()
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(vocab)))
-    save_checkpoint(run, "best", model, vocab=vocab, view="rm", config={"model": {"preset": "tiny"}}, step=3,
+    save_checkpoint(run, "best", model, vocab=vocab, learner="rm", config={"model": {"preset": "tiny"}}, step=3,
                     metrics={})
     (run / "exprs.txt").write_text("add(1,2)\n")
     return run
@@ -68,7 +68,7 @@ JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**7
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(["step", "view", "model_config", "config", "vocab", "metrics", "files", "format",
+@given(key=st.sampled_from(["step", "learner", "model_config", "config", "vocab", "metrics", "files", "format",
                             "n_layer", "vocab_size", "block_size"]), value=JSON_VALUES)
 @example(key="block_size", value=202_410_833)  # built before a shape check, a 26 GB positional table
 @example(key="n_layer", value=10**9)
@@ -130,14 +130,14 @@ def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsy
 def view_cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cache")
     exprs = ["add(1,2)", "add(sum_of_squares(2,3),double(4))", "add(accum_sum(2,0),7)", "double(4)"]
-    fresh = build_view_data(exprs, "rm", default_vocab(), cache_dir=folder)
+    fresh = build_examples(exprs, "rm", default_vocab(), cache_dir=folder)
     (path,) = folder.glob("*.npz")
     return exprs, fresh, path.name, path.read_bytes()
 
 
-def _same(a: ViewData, b: ViewData) -> bool:
+def _same(a: ExampleSet, b: ExampleSet) -> bool:
     return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("ids", "loss", "offsets", "source", "layout")) \
-        and (a.view, a.n_expressions, a.vocab.tokens) == (b.view, b.n_expressions, b.vocab.tokens)
+        and (a.learner, a.n_expressions, a.vocab.tokens) == (b.learner, b.n_expressions, b.vocab.tokens)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -150,16 +150,16 @@ def test_any_damage_to_a_view_cache_is_refused_on_one_line_and_rebuilt(view_cach
     folder.mkdir(exist_ok=True)
     (folder / name).write_bytes(_damaged(raw, damage))
     try:
-        loaded = ViewData.load(folder / name)
+        loaded = ExampleSet.load(folder / name)
     except DataError as e:
         assert "\n" not in str(e) and str(e).startswith(str(folder / name))
     else:  # the damage missed every array (bytes the zip format does not read back)
         assert _same(loaded, fresh)
-    assert _same(build_view_data(exprs, "rm", default_vocab(), cache_dir=folder), fresh)
-    assert _same(ViewData.load(folder / name), fresh)  # the damaged entry was overwritten
+    assert _same(build_examples(exprs, "rm", default_vocab(), cache_dir=folder), fresh)
+    assert _same(ExampleSet.load(folder / name), fresh)  # the damaged entry was overwritten
 
 
-# --- configs, forged checkpoint metadata, view caches, results files, folder layouts ---------
+# --- configs, forged checkpoint metadata, learner caches, results files, folder layouts ---------
 
 DEEP_JSON = st.integers(1, 3000).map(lambda d: "[" * d + "]" * d)
 
@@ -178,7 +178,7 @@ def test_any_config_file_is_taken_or_refused_on_one_line(tmp_path, capsys, doc, 
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(["step", "view", "config", "vocab", "metrics", "files", "n_layer", "n_head", "n_embd",
+@given(key=st.sampled_from(["step", "learner", "config", "vocab", "metrics", "files", "n_layer", "n_head", "n_embd",
                             "vocab_size", "block_size", "dropout"]), value=JSON_VALUES)
 @example(key="n_embd", value=2 ** 40)
 @example(key="files", value={})
@@ -226,7 +226,7 @@ def test_any_resealed_view_cache_is_refused_or_consistent(view_cache, tmp_path, 
     path.write_bytes(raw)
     reseal_view_cache(path, **replace)
     try:
-        data = ViewData.load(path)
+        data = ExampleSet.load(path)
     except DataError as e:
         assert "\n" not in str(e)
         return
@@ -289,7 +289,7 @@ def test_any_folder_layout_is_written_into_only_when_it_holds_that_kind(tmp_path
     before = _snapshot(folder)
     data = tmp_path / "e.txt"
     data.write_text("add(1,2)\n")
-    code = main(["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet", "--out", str(folder)])
+    code = main(["eval", "--oracle", "rm", "--data", str(data), "--quiet", "--out", str(folder)])
     err = capsys.readouterr().err
     if code == 0:
         assert kind in (None, "evaluation")

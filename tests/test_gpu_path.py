@@ -39,7 +39,7 @@ from rlmlab.learning.train import (
     optimizer_step,
     step_batches,
 )
-from rlmlab.learning.views import build_view_data
+from rlmlab.learning.examples import build_examples
 from rlmlab.task.pool import build_pool
 from rlmlab.task.vocab import default_vocab
 from test_model import _dense_block_mask
@@ -56,16 +56,16 @@ def cpu_flex():
 
 
 @pytest.fixture(scope="module")
-def views():
+def examples_of():
     """Real examples of both learners (IID pool, seed 42), and a step's worth of packed rows of each."""
     exprs = build_pool(40, 42, workers=1).column("expr").to_pylist()
     out = {}
-    for view in ("cot", "rm"):
-        data, _ = fit_to_block(build_view_data(exprs, view, VOCAB, workers=1),
-                               preset("tiny", view, len(VOCAB)).block_size, True, "test")
-        stream = RowStream(data.lengths - 1, DataSettings(view=view).row_length, 0)
+    for learner in ("cot", "rm"):
+        data, _ = fit_to_block(build_examples(exprs, learner, VOCAB, workers=1),
+                               preset("tiny", learner, len(VOCAB)).block_size, True, "test")
+        stream = RowStream(data.lengths - 1, DataSettings(learner=learner).row_length, 0)
         rows = stream.take(round(TrainConfig().batch_size * float((data.lengths - 1).mean())))
-        out[view] = (data, rows)
+        out[learner] = (data, rows)
     return out
 
 
@@ -134,18 +134,18 @@ def test_flex_mask_equals_the_dense_mask(data):
 
 
 
-@pytest.mark.parametrize("view", ["cot", "rm"])
-def test_the_cuda_path_step_equals_the_cpu_path_step(views, view):
+@pytest.mark.parametrize("learner", ["cot", "rm"])
+def test_the_cuda_path_step_equals_the_cpu_path_step(examples_of, learner):
     """One optimizer step on real packed rows through the CUDA path (rows laid end to end into
     fixed-length micro-batches, FlexAttention) and through the CPU path (rows by length,
     BlockDiagonal / dense masks): the same loss, gradient norm and updated weights."""
-    data, rows = views[view]
+    data, rows = examples_of[learner]
     rows = rows[:6]  # CPU FlexAttention materialises every score: a few rows are enough
     tc = TrainConfig(micro_batch_tokens=2048)
     results = []
     for kind in ("blocks", "flex"):
         torch.manual_seed(0)
-        model = Transformer(preset("tiny", view, len(VOCAB)))
+        model = Transformer(preset("tiny", learner, len(VOCAB)))
         opt = configure_optimizer(model, tc)
         batches = step_batches(data, rows, VOCAB.pad_id, tc, CPU, kind, model.cfg.block_size)
         if kind == "flex":
@@ -159,8 +159,8 @@ def test_the_cuda_path_step_equals_the_cpu_path_step(views, view):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
 
 
-def test_flat_micro_batches_keep_every_example_whole_and_in_order(views):
-    data, rows = views["cot"]
+def test_flat_micro_batches_keep_every_example_whole_and_in_order(examples_of):
+    data, rows = examples_of["cot"]
     lengths = data.lengths - 1
     flat = flat_micro_batches(rows, lengths, 4096)
     assert [e for r in flat for e in r.examples] == [e for r in rows for e in r.examples]
@@ -169,8 +169,8 @@ def test_flat_micro_batches_keep_every_example_whole_and_in_order(views):
         flat_micro_batches(rows, lengths, 64)
 
 
-def test_positions_are_checked_where_batches_are_built(views):
-    data, rows = views["cot"]
+def test_positions_are_checked_where_batches_are_built(examples_of):
+    data, rows = examples_of["cot"]
     longest = max(rows, key=lambda r: r.length)
     with pytest.raises(ValueError, match="beyond the model's 16"):
         collate(data.ids, data.loss, data.offsets, [longest], VOCAB.pad_id, data.layout, block_size=16)
@@ -180,7 +180,7 @@ def test_positions_are_checked_where_batches_are_built(views):
 
 
 class CountKernels(TorchDispatchMode):
-    """Operators that run a kernel (views, allocations and device queries excluded), by name."""
+    """Operators that run a kernel (examples_of, allocations and device queries excluded), by name."""
 
     supports_higher_order_operators = True  # FlexAttention's forward and backward count one each
     FREE = {"prim.device", "aten.empty", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
@@ -197,11 +197,11 @@ class CountKernels(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def fake_step(view: str, kind: str, data, rows, tc: TrainConfig, count: bool = False) -> collections.Counter:
+def fake_step(learner: str, kind: str, data, rows, tc: TrainConfig, count: bool = False) -> collections.Counter:
     """A full training step of the paper's model (forward, backward, clipping, the non-finite
     record, AdamW) under FakeTensorMode, batches built for real on the host as the trainer
     builds them; returns the kernels of a second step when `count`."""
-    cfg = preset("paper", view, len(VOCAB))
+    cfg = preset("paper", learner, len(VOCAB))
     batches = step_batches(data, rows, VOCAB.pad_id, tc, CPU, kind, cfg.block_size)
     counter = CountKernels()
     with cpu_flex(), mock.patch.object(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", count), \
@@ -219,26 +219,26 @@ def fake_step(view: str, kind: str, data, rows, tc: TrainConfig, count: bool = F
 
 
 @pytest.mark.parametrize("kind", ["blocks", "flex"])
-@pytest.mark.parametrize("view", ["cot", "rm"])
-def test_a_paper_training_step_never_waits_for_the_device(views, view, kind):
-    data, rows = views[view]
-    fake_step(view, kind, data, rows, TrainConfig())
+@pytest.mark.parametrize("learner", ["cot", "rm"])
+def test_a_paper_training_step_never_waits_for_the_device(examples_of, learner, kind):
+    data, rows = examples_of[learner]
+    fake_step(learner, kind, data, rows, TrainConfig())
 
 
-def test_a_paper_cot_step_launches_few_kernels_and_one_attention_call_per_layer(views):
+def test_a_paper_cot_step_launches_few_kernels_and_one_attention_call_per_layer(examples_of):
     """Budget: 300 kernels for a CoT step at paper size on the CUDA path with one micro-batch per
     step (eager count: a compiled model fuses further). The CPU path's per-example groups
     ran about 4,000 on the same rows."""
-    data, rows = views["cot"]
+    data, rows = examples_of["cot"]
     ops = fake_step("cot", "flex", data, rows, TrainConfig(micro_batch_tokens=65536), count=True)
     assert ops["flex_attention"] == 6 and ops["flex_attention_backward"] == 6  # n_layer, one each
     assert sum(ops.values()) <= 300, ops.most_common(10)
 
 
-def test_the_model_compiles_to_one_graph_without_recompiling(views):
+def test_the_model_compiles_to_one_graph_without_recompiling(examples_of):
     """torch._dynamo traces the paper model's forward on the CUDA path's batches in one graph,
     and a second batch of the step (other examples, same shape) reuses it."""
-    data, rows = views["cot"]
+    data, rows = examples_of["cot"]
     model = Transformer(preset("paper", "cot", len(VOCAB))).eval()
     tc = TrainConfig(micro_batch_tokens=512)
     small = [r for r in rows if r.length <= 512]
@@ -258,10 +258,10 @@ def test_the_model_compiles_to_one_graph_without_recompiling(views):
     assert counter.frame_count == 1
 
 
-def test_bf16_autocast_matches_fp32(views):
+def test_bf16_autocast_matches_fp32(examples_of):
     """The CUDA path computes in bf16 autocast: on CPU, bf16 autocast gives the fp32 loss within
     1% and gradients pointing the same way."""
-    data, rows = views["rm"]
+    data, rows = examples_of["rm"]
     torch.manual_seed(0)
     model = Transformer(preset("small", "rm", len(VOCAB)))
     b = step_batches(data, rows, VOCAB.pad_id, TrainConfig(), CPU, "blocks", model.cfg.block_size)[0]
@@ -301,8 +301,8 @@ class Recording:
         return out
 
 
-@pytest.mark.parametrize("view", ["cot", "rm"])
-def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(view, monkeypatch):
+@pytest.mark.parametrize("learner", ["cot", "rm"])
+def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(learner, monkeypatch):
     """The CUDA layout of the decoder on CPU: a cache allocated once for the whole block gives
     the tokens and logits of the cache that grows, and every step sends its token layout to
     the device in one copy."""
@@ -311,7 +311,7 @@ def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(view, mon
     from rlmlab.decoding.infer import ModelPredictor, TeacherForced, _Upload, generate, oracle_predictor
 
     torch.manual_seed(0)
-    model = Transformer(preset("tiny", view, len(VOCAB))).eval()
+    model = Transformer(preset("tiny", learner, len(VOCAB))).eval()
     exprs = sample_expressions(12, seed=3)
     sends = collections.Counter()
     real_send = _Upload.send
@@ -325,7 +325,7 @@ def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(view, mon
     for capacity in (None, model.cfg.block_size):
         predictor = ModelPredictor(model, capacity=capacity)
         recording = Recording(predictor)
-        gens = generate(TeacherForced(recording, oracle_predictor(view, VOCAB)), exprs, VOCAB, view, batch_size=4)
+        gens = generate(TeacherForced(recording, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=4)
         steps.append(([g.tokens for g in gens], recording.logits))
         if capacity is not None:
             assert predictor.cache.capacity == model.cfg.block_size and not predictor.cache.grow
@@ -383,8 +383,8 @@ def test_ray_gpu_share_is_checked_before_anything_is_written(tmp_path, capsys):
 # --- the trainer on the CUDA path -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("view", ["cot", "rm"])
-def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(view, tmp_path, monkeypatch):
+@pytest.mark.parametrize("learner", ["cot", "rm"])
+def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_path, monkeypatch):
     """`train` with the CUDA path's attention (fixed-length rows, FlexAttention, validation
     included) logs the losses and validation metrics of the CPU path, within float noise."""
     import json
@@ -393,8 +393,8 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(view, tmp_path
     from rlmlab.learning.config import ModelSettings, RunConfig
 
     exprs = build_pool(40, 7, workers=1).column("expr").to_pylist()
-    tr, va = (build_view_data(e, view, VOCAB, workers=1) for e in (exprs[:30], exprs[30:]))
-    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(view=view, cache_dir=""),
+    tr, va = (build_examples(e, learner, VOCAB, workers=1) for e in (exprs[:30], exprs[30:]))
+    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner=learner, cache_dir=""),
                     TrainConfig(max_steps=3, warmup_steps=1, eval_every=3, log_every=1, batch_size=4, seed=1,
                                 micro_batch_tokens=1024))
     logs = {}
@@ -423,8 +423,8 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     from rlmlab.learning.config import ModelSettings, RunConfig
 
     exprs = build_pool(60, 7, workers=1).column("expr").to_pylist()
-    tr, va = (build_view_data(e, "rm", VOCAB, workers=1) for e in (exprs[:50], exprs[50:]))
-    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(view="rm", cache_dir=""),
+    tr, va = (build_examples(e, "rm", VOCAB, workers=1) for e in (exprs[:50], exprs[50:]))
+    cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner="rm", cache_dir=""),
                     TrainConfig(max_steps=12, warmup_steps=1, eval_every=4, log_every=100, batch_size=8, seed=1))
     calls, poison = itertools.count(1), {"on": False}
     real_step, real_loss = training.train_step, training.batch_loss

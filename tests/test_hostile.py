@@ -21,7 +21,7 @@ from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.train import TrainerState
-from rlmlab.learning.views import ViewData, build_view_data
+from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.measuring.results import read_results
 from rlmlab.measuring.score import read_expressions
 from rlmlab.safeio import MAX_DEPTH, parse_json
@@ -50,7 +50,7 @@ def pool(tmp_path_factory) -> ck.Path:
 def experiment(tmp_path_factory) -> ck.Path:
     """A finished smoke experiment (one learner): the folder other commands must not mix into."""
     out = tmp_path_factory.mktemp("exp") / "length"
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     return out
 
 
@@ -71,7 +71,7 @@ def test_sizes_beyond_memory_are_refused_before_allocating(tmp_path, capsys, poo
 
 
 @pytest.mark.parametrize("setting", ["--preset.pool_n=99999999999999999999",
-                                     "--learner-setting=per_view.rm.train.batch_size=99999999999999999999999"])
+                                     "--learner-setting=per_learner.rm.train.batch_size=99999999999999999999999"])
 def test_experiment_sizes_beyond_memory_are_refused(tmp_path, capsys, setting):
     err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(tmp_path / "e"), "--quiet",
                                   setting])
@@ -97,7 +97,7 @@ def test_devices_and_fifos_are_not_read_as_files(tmp_path, capsys, pool, special
         special = str(tmp_path / "fifo")
         os.mkfifo(special)
     for argv in (["train", "--config", special, "--data", str(pool), "--out", str(tmp_path / "r"), "--max-steps", "1"],
-                 ["eval", "--oracle", "--view", "rm", "--data", special, "--quiet", "--out", str(tmp_path / "o")]):
+                 ["eval", "--oracle", "rm", "--data", special, "--quiet", "--out", str(tmp_path / "o")]):
         assert "not a regular file" in one_line_error(capsys, argv)
     assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
 
@@ -143,7 +143,7 @@ def test_id_columns_binary_refused_nan_written_as_null(tmp_path, capsys):
     with pytest.raises(DataError, match="'id' column holds binary"):
         read_expressions(tmp_path / "b.parquet")
     pq.write_table(pa.table({"expr": ["add(1,2)", "double(3)"], "id": [float("nan"), 2.0]}), tmp_path / "n.parquet")
-    assert main(["eval", "--oracle", "--view", "rm", "--data", str(tmp_path / "n.parquet"), "--quiet",
+    assert main(["eval", "--oracle", "rm", "--data", str(tmp_path / "n.parquet"), "--quiet",
                  "--out", str(tmp_path / "o")]) == 0
 
     def strict(text):  # JSON as other languages read it: no NaN
@@ -159,7 +159,7 @@ def test_parse_json_bounds_depth_without_recursion():
         parse_json(MODERATE, "x")
 
 
-# --- poisoned view caches --------------------------------------------------------------------
+# --- poisoned training-examples caches ----------------------------------------------------------
 
 @pytest.mark.parametrize("poison", [
     dict(ids=np.zeros(0, np.uint16), loss=np.zeros(0, bool), offsets=np.zeros(0, np.int64),
@@ -167,7 +167,7 @@ def test_parse_json_bounds_depth_without_recursion():
     "2-D offsets", "offsets as floats"])
 def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
     exprs = ["add(1,2)", "double(3)", "square(triple_add(1,2,3))"]
-    fresh = build_view_data(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+    fresh = build_examples(exprs, "rm", default_vocab(), cache_dir=tmp_path)
     (path,) = tmp_path.glob("*.npz")
     offsets = np.load(path)["offsets"]
     if poison == "2-D offsets":
@@ -176,8 +176,8 @@ def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
         poison = dict(offsets=offsets.astype(np.float64))
     reseal_view_cache(path, **poison)
     with pytest.raises(DataError, match="wrong shape or type"):
-        ViewData.load(path)
-    again = build_view_data(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+        ExampleSet.load(path)
+    again = build_examples(exprs, "rm", default_vocab(), cache_dir=tmp_path)
     assert np.array_equal(again.ids, fresh.ids) and np.array_equal(again.offsets, fresh.offsets)
 
 
@@ -187,7 +187,7 @@ def _saved(tmp_path) -> ck.Path:
     run = tmp_path / "run"
     vocab = default_vocab()
     torch.manual_seed(0)
-    ck.save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))), vocab=vocab, view="rm",
+    ck.save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))), vocab=vocab, learner="rm",
                        config={"model": {"preset": "tiny"}}, step=3, metrics={})
     return run
 
@@ -195,13 +195,14 @@ def _saved(tmp_path) -> ck.Path:
 def _swap(meta: dict, what: str) -> None:
     if what == "vocab":
         meta["vocab"][12], meta["vocab"][13] = meta["vocab"][13], meta["vocab"][12]  # digits 0 and 1
-    elif what == "view":
-        meta["view"] = "cot" if meta["view"] == "rm" else "rm"
+    elif what == "learner":  # the released checkpoints (format /2) name it "view"
+        key = "learner" if "learner" in meta else "view"
+        meta[key] = "cot" if meta[key] == "rm" else "rm"
     else:
         meta["model_config"]["n_head"] = 4 if meta["model_config"]["n_head"] != 4 else 2
 
 
-@pytest.mark.parametrize("what", ["vocab", "view", "n_head"])
+@pytest.mark.parametrize("what", ["vocab", "learner", "n_head"])
 def test_editing_a_released_checkpoints_metadata_is_refused(tmp_path, capsys, what):
     run = tmp_path / "rm"
     shutil.copytree(RELEASED / "rm", run)
@@ -270,7 +271,7 @@ def test_run_into_a_training_run_folder_is_refused(experiment, tmp_path, capsys)
     before = _files(run)
     for extra in ([], ["--extend"]):
         err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(run), "--quiet",
-                                      "--views", "rm", *extra])
+                                      "--learners", "rm", *extra])
         assert "holds a training run, not an experiment" in err
     assert _files(run) == before
 
@@ -308,15 +309,15 @@ def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path
     data.write_text("add(1,2)\ndouble(3)\n")
     theirs = run / "eval" / "eval"
     before = _files(theirs)
-    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet",
+    err = one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(data), "--quiet",
                                   "--out", str(theirs)])
     assert "holds the evaluation of another predictor" in err and _files(theirs) == before
-    assert "holds a training run" in one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(data),
+    assert "holds a training run" in one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(data),
                                                              "--quiet", "--out", str(run)])
     # The same predictor evaluating again replaces its own evaluation.
     mine = tmp_path / "mine"
     for _ in range(2):
-        assert main(["eval", "--oracle", "--view", "rm", "--data", str(data), "--quiet", "--out", str(mine)]) == 0
+        assert main(["eval", "--oracle", "rm", "--data", str(data), "--quiet", "--out", str(mine)]) == 0
 
 
 # --- checks before moves; no record of refused commands -------------------------------------------
@@ -337,16 +338,16 @@ def test_extend_checks_the_run_can_resume_before_moving_its_outputs(experiment, 
 
 def test_a_refused_run_leaves_no_command_record(experiment, capsys):
     before = (experiment / "commands.jsonl").read_text()
-    one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(experiment), "--quiet", "--views", "rm"])
+    one_line_error(capsys, ["run", "depth", "--preset", "smoke", "--out", str(experiment), "--quiet", "--learners", "rm"])
     one_line_error(capsys, ["run", "length", "--preset", "small", "--out", str(experiment), "--quiet",
-                            "--views", "rm"])  # another preset: another experiment
+                            "--learners", "rm"])  # another preset: another experiment
     assert (experiment / "commands.jsonl").read_text() == before
 
 
 def test_settings_a_job_sets_itself_are_refused_not_ignored(tmp_path, capsys):
-    for key in ("data.train=x.parquet", "data.val=x.parquet", "data.view=cot", "train.seed=3"):
+    for key in ("data.train=x.parquet", "data.val=x.parquet", "data.learner=cot", "train.seed=3"):
         err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(tmp_path / "e"), "--quiet",
-                                      f"--learner-setting=per_view.rm.{key}"])
+                                      f"--learner-setting=per_learner.rm.{key}"])
         assert "cannot be set per learner" in err
     assert not (tmp_path / "e").exists()
 
@@ -359,7 +360,7 @@ def test_errors_echo_at_most_a_few_hundred_characters(tmp_path, capsys):
     err = one_line_error(capsys, ["trace", "add(1," * 200_000])
     assert len(err) < 700 and "1,200,000 characters" in err
     (tmp_path / "e.txt").write_text("add(1,2)\n" + "foo(" * 1_000_000 + "\n")
-    err = one_line_error(capsys, ["eval", "--oracle", "--view", "rm", "--data", str(tmp_path / "e.txt"), "--quiet",
+    err = one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(tmp_path / "e.txt"), "--quiet",
                                   "--out", str(tmp_path / "o")])
     assert len(err) < 700
 
@@ -387,8 +388,8 @@ def _tree(height: int) -> str:
     return "3" if height == 0 else f"triple_add({_tree(height - 1)},{_tree(height - 1)},{_tree(height - 1)})"
 
 
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatch, view):
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatch, learner):
     """Tokens the oracle compares, per trace token: a per-step cost proportional to the frame
     (the root frame holds the whole written expression) would grow ~3x per level here."""
     from rlmlab.decoding import infer
@@ -413,7 +414,7 @@ def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatc
     for height in (4, 5, 6):
         touched[0] = 0
         expr = parse(_tree(height))
-        (g,) = infer.generate(infer.oracle_predictor(view, vocab), [expr], vocab, view)
+        (g,) = infer.generate(infer.oracle_predictor(learner, vocab), [expr], vocab, learner)
         assert g.valid
         per_token[height] = touched[0] / trace_stats(expr).trace_len
     assert per_token[6] < 16 and per_token[6] < 1.3 * per_token[4], per_token

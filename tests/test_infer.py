@@ -29,9 +29,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 WORKED = "add(sum_of_squares(2,3),double(4))"
 
 
-def _model(view, seed=0, **overrides):
+def _model(learner, seed=0, **overrides):
     torch.manual_seed(seed)
-    return Transformer(preset("tiny", view, len(VOCAB), **overrides)).eval()
+    return Transformer(preset("tiny", learner, len(VOCAB), **overrides)).eval()
 
 
 class Script:
@@ -95,9 +95,9 @@ def test_the_rm_oracle_has_no_token_off_its_path():
 
 # --- KV cache: cached logits equal recomputed ones ------------------------------------------
 
-def _forced_logs(model, view, exprs, use_cache, batch_size):
+def _forced_logs(model, learner, exprs, use_cache, batch_size):
     rec = Recorder(ModelPredictor(model, use_cache=use_cache))
-    gens = generate(TeacherForced(rec, oracle_predictor(view, VOCAB)), exprs, VOCAB, view, batch_size=batch_size)
+    gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=batch_size)
     _assert_canonical(gens, exprs)
     return rec.log
 
@@ -161,10 +161,10 @@ def test_a_multi_token_return_payload_reads_the_parent_back_from_the_cache():
 
 # --- bad output never crashes the driver ----------------------------------------------------
 
-def _loud_model(view, seed):
+def _loud_model(learner, seed):
     """Random weights at a large scale: unlike the near-uniform default init, its greedy
     output jumps between tokens, control tokens and specials included."""
-    model = _model(view, seed)
+    model = _model(learner, seed)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -172,13 +172,13 @@ def _loud_model(view, seed):
     return model
 
 
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_random_weight_models_never_raise(view):
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_random_weight_models_never_raise(learner):
     exprs = sample_expressions(300, 23)
     limits = Limits(max_new_tokens=60)
     reasons = set()
-    for model in (_model(view, 0), _loud_model(view, 0), _loud_model(view, 1)):
-        gens = generate(ModelPredictor(model), exprs, VOCAB, view, limits, batch_size=64)
+    for model in (_model(learner, 0), _loud_model(learner, 0), _loud_model(learner, 1)):
+        gens = generate(ModelPredictor(model), exprs, VOCAB, learner, limits, batch_size=64)
         assert len(gens) == len(exprs)
         for g, e in zip(gens, exprs):
             assert g.expr == execute(e).text
@@ -207,10 +207,10 @@ class Fuzz:
         return [self.rng.choice(self.pool) for _ in feeds]
 
 
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_fuzzed_predictions_end_every_row_with_a_reason(view):
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_fuzzed_predictions_end_every_row_with_a_reason(learner):
     exprs = sample_expressions(500, 24)
-    gens = generate(Fuzz(5), exprs, VOCAB, view, Limits(max_depth=6, max_new_tokens=80), batch_size=50)
+    gens = generate(Fuzz(5), exprs, VOCAB, learner, Limits(max_depth=6, max_new_tokens=80), batch_size=50)
     reasons = {g.reason.split(" ")[0] if g.reason else None for g in gens}
     assert all(g.valid == (g.reason is None) for g in gens)
     assert len(reasons) >= 6  # many different ways to fail were exercised
@@ -228,9 +228,9 @@ def test_fuzzed_predictions_end_every_row_with_a_reason(view):
     ([len(VOCAB) + 3], f"token id {len(VOCAB) + 3} outside the vocabulary"),
     (["return", "<return>", "1", "</return>", "x"], None),  # done at </return>: the rest never asked
 ])
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_each_kind_of_bad_output_is_named(tokens, reason, view):
-    g = generate(Script(tokens), ["square(2)"], VOCAB, view)[0]
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_each_kind_of_bad_output_is_named(tokens, reason, learner):
+    g = generate(Script(tokens), ["square(2)"], VOCAB, learner)[0]
     assert g.reason == reason and g.valid == (reason is None)
     if reason is None:
         assert g.answer == "1" and g.tokens[-1] == "</return>"
@@ -238,10 +238,10 @@ def test_each_kind_of_bad_output_is_named(tokens, reason, view):
 
 def test_limits_end_runaway_rows():
     recurse = "x := <call> square ( 2 ) </call>".split()
-    for view in ("rm", "cot"):  # limits apply to the produced trace whatever the view
-        g = generate(Script(recurse * 100), ["square(2)"], VOCAB, view, Limits(max_depth=10))[0]
+    for learner in ("rm", "cot"):  # limits apply to the produced trace whatever the learner
+        g = generate(Script(recurse * 100), ["square(2)"], VOCAB, learner, Limits(max_depth=10))[0]
         assert g.reason == "deeper than 10 frames" and g.max_depth == 11
-        g = generate(Script(["x"]), ["square(2)"], VOCAB, view, Limits(max_frame_tokens=12))[0]
+        g = generate(Script(["x"]), ["square(2)"], VOCAB, learner, Limits(max_frame_tokens=12))[0]
         assert g.reason == "active frame longer than 12 tokens"
     g = generate(Script(["x"]), ["square(2)"], VOCAB, "rm", Limits(max_new_tokens=30))[0]
     assert g.reason == "more than 30 generated tokens" and g.n_generated == 31
@@ -259,7 +259,7 @@ def test_limits_end_runaway_rows():
 def test_rm_training_variants_decode_as_rm_and_unknown_views_are_user_errors():
     g = generate(oracle_predictor("rm-frames", VOCAB), [WORKED], VOCAB, "rm-frames")[0]
     assert g.valid and g.answer == "1"
-    with pytest.raises(ConfigError, match="unknown view 'window'"):
+    with pytest.raises(ConfigError, match="unknown learner 'window'"):
         generate(Oracle(VOCAB), [WORKED], VOCAB, "window")
 
 
@@ -267,8 +267,8 @@ def test_the_default_cap_scales_with_each_expressions_canonical_trace():
     from rlmlab.decoding.infer import RUNAWAY_FACTOR, RUNAWAY_SLACK
 
     exprs = ["square(2)", "factorial(9,1)", "add(sum_of_squares(2,3),double(4))"]
-    for view in ("rm", "cot"):
-        gens = generate(Script(["x"]), exprs, VOCAB, view, batch_size=1)  # never closes its root
+    for learner in ("rm", "cot"):
+        gens = generate(Script(["x"]), exprs, VOCAB, learner, batch_size=1)  # never closes its root
         for e, g in zip(exprs, gens):
             ex = execute(e)
             cap = RUNAWAY_FACTOR * (ex.trace_len - ex.prompt_len) + RUNAWAY_SLACK

@@ -27,7 +27,7 @@ from rlmlab.learning.observe import (
     reduce_calls,
     reference_examples,
 )
-from rlmlab.learning.views import build_view_data, get_view
+from rlmlab.learning.examples import build_examples, get_packing
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
@@ -77,14 +77,14 @@ def test_examples_are_the_generic_construction_and_cover_every_point(name, execu
 
 def test_training_views_of_observations_match_the_registered_packings(executions):
     for ex in executions[:60]:
-        assert [(x.tokens, x.loss_positions[0]) for x in get_view("rm-frames")(ex)] == \
+        assert [(x.tokens, x.loss_positions[0]) for x in get_packing("rm-frames")(ex)] == \
             observer("rm").examples(ex.tokens, ex.prompt_len)
-        assert [(x.tokens, x.loss_positions[0]) for x in get_view("cot")(ex)] == \
+        assert [(x.tokens, x.loss_positions[0]) for x in get_packing("cot")(ex)] == \
             observer("cot").examples(ex.tokens, ex.prompt_len)
         for name in ("window:16", "reduce"):
-            view = get_view(name)(ex)
-            assert [(x.tokens, x.loss_positions[0]) for x in view] == observer(name).examples(ex.tokens, ex.prompt_len)
-            assert all(x.loss_positions == list(range(x.loss_positions[0], len(x.tokens))) for x in view)
+            examples = get_packing(name)(ex)
+            assert [(x.tokens, x.loss_positions[0]) for x in examples] == observer(name).examples(ex.tokens, ex.prompt_len)
+            assert all(x.loss_positions == list(range(x.loss_positions[0], len(x.tokens))) for x in examples)
 
 
 def test_reduction_by_hand_and_its_active_frame_is_pi_rec(executions):
@@ -235,20 +235,20 @@ def test_names_parameters_and_settings(tmp_path):
         with pytest.raises(ConfigError) as e:
             observer(bad)
         assert "\n" not in str(e.value) and repr(bad) in str(e.value)
-        with pytest.raises(ConfigError, match="data.view"):
-            DataSettings(view=bad)
-    assert DataSettings(view="window:256").view == "window:256" and DataSettings(view="reduce").row_length == 512
+        with pytest.raises(ConfigError, match="data.learner"):
+            DataSettings(learner=bad)
+    assert DataSettings(learner="window:256").learner == "window:256" and DataSettings(learner="reduce").row_length == 512
     with pytest.raises(ConfigError, match="rm-lanes"):
-        get_view("rm-lanes")
+        get_packing("rm-lanes")
     # Block sizes: a window fits its preset's table (widened when needed); a reduction reads like CoT.
     assert preset("tiny", "window:1000", len(VOCAB)).block_size == 1000
     assert preset("tiny", "window:16", len(VOCAB)).block_size == preset("tiny", "rm", len(VOCAB)).block_size
     assert preset("small", "reduce", len(VOCAB)).block_size == preset("small", "cot", len(VOCAB)).block_size
     texts = ["add(sum_of_squares(2,3),double(4))", "square(double(3))"]
     for name in ("window:8", "reduce"):
-        data = build_view_data(texts, name, VOCAB, cache_dir=tmp_path)
-        assert data.view == name and data.n_targets == sum(execute(t).trace_len - execute(t).prompt_len for t in texts)
-        assert build_view_data(texts, name, VOCAB, cache_dir=tmp_path).n_tokens == data.n_tokens
+        data = build_examples(texts, name, VOCAB, cache_dir=tmp_path)
+        assert data.learner == name and data.n_targets == sum(execute(t).trace_len - execute(t).prompt_len for t in texts)
+        assert build_examples(texts, name, VOCAB, cache_dir=tmp_path).n_tokens == data.n_tokens
 
 
 def test_train_and_eval_cli_take_parameterised_views(tmp_path, capsys):
@@ -256,15 +256,15 @@ def test_train_and_eval_cli_take_parameterised_views(tmp_path, capsys):
 
     f = tmp_path / "e.txt"
     f.write_text("add(sum_of_squares(2,3),double(4))\nsquare(double(3))\n")
-    assert main(["eval", "--oracle", "--view", "reduce", "--data", str(f), "--out", str(tmp_path / "o"),
+    assert main(["eval", "--oracle", "reduce", "--data", str(f), "--out", str(tmp_path / "o"),
                  "--quiet", "--no-per-token"]) == 0
     assert "accuracy  100.00%" in capsys.readouterr().out
-    assert main(["eval", "--oracle", "--view", "window:0", "--data", str(f), "--quiet"]) == 2
+    assert main(["eval", "--oracle", "window:0", "--data", str(f), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "window:0" in err
-    assert main(["train", "--view", "window:zero", "--data", str(f), "--out", str(tmp_path / "r"),
+    assert main(["train", "--learner", "window:zero", "--data", str(f), "--out", str(tmp_path / "r"),
                  "--max-steps", "1"]) == 2
-    assert "data.view" in capsys.readouterr().err
+    assert "data.learner" in capsys.readouterr().err
 
 
 def test_generation_limits_still_apply_with_windows():

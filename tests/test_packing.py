@@ -16,13 +16,13 @@ from rlmlab.learning.packing import (
     padding_fraction,
     row_length_for,
 )
-from rlmlab.learning.views import build_view_data
+from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.vocab import default_vocab
 
 
-def _data(random_exprs, view, n=300):
-    return build_view_data([to_text(e) for e in random_exprs[:n]], view, default_vocab())
+def _data(random_exprs, learner, n=300):
+    return build_examples([to_text(e) for e in random_exprs[:n]], learner, default_vocab())
 
 
 def test_long_examples_get_rows_of_their_own():
@@ -32,8 +32,8 @@ def test_long_examples_get_rows_of_their_own():
 
 
 def test_every_example_once_and_padding_under_10_percent(random_exprs):
-    for view, row_len in (("rm-frames", 256), ("rm-frames", 512), ("rm", 512), ("cot", 512)):
-        data = _data(random_exprs, view)
+    for learner, row_len in (("rm-frames", 256), ("rm-frames", 512), ("rm", 512), ("cot", 512)):
+        data = _data(random_exprs, learner)
         lengths = data.lengths - 1
         order = np.random.default_rng(0).permutation(len(lengths))
         rows = pack_rows(lengths, row_len, order)
@@ -42,7 +42,7 @@ def test_every_example_once_and_padding_under_10_percent(random_exprs):
         assert all(lengths[list(r.examples)].sum() <= r.length for r in rows)
         assert all(r.length == row_length_for(int(lengths[r.examples[0]]), row_len) for r in rows)
         assert all(len(r.examples) == 1 for r in rows if r.length > row_len)
-        assert padding_fraction(rows, lengths) < 0.10, (view, row_len)
+        assert padding_fraction(rows, lengths) < 0.10, (learner, row_len)
 
 
 def test_collate_layout_and_block_diagonal_mask(random_exprs):
@@ -91,8 +91,8 @@ def test_packed_loss_equals_one_by_one_loss(random_exprs, fast):
     """Either form of the packed rows' mask: the dense one, and the one training uses
     (`PackedBatch.attention`: `BlockDiagonal` beyond 128 positions, long traces included)."""
     torch.manual_seed(0)
-    for view in ("rm-frames", "cot"):
-        data = _data(random_exprs, view, 40)
+    for learner in ("rm-frames", "cot"):
+        data = _data(random_exprs, learner, 40)
         data = data.select(data.lengths - 1 <= 1024)
         model = Transformer(preset("tiny", "cot", len(data.vocab))).eval()
         rows = pack_rows(data.lengths - 1, 256 if fast else 64)  # long CoT traces get rows of their own
@@ -161,13 +161,13 @@ def _step_loss_and_grads(model, data, row_len, fast=False):
 
 @pytest.mark.parametrize("fast", [False, True], ids=["dense-mask", "block-attention"])
 def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs, fast):
-    """Lane packing (the default RM view) is the per-frame RM objective exactly: same targets,
+    """Lane packing (the default RM packing) is the per-frame RM objective exactly: same targets,
     same mean loss, same gradient, so one optimizer step from the same weights is the same;
     with the lanes' block attention (rows of 512) as with their dense mask."""
     torch.manual_seed(0)
     texts = [to_text(e) for e in random_exprs[:60]]
-    lanes = build_view_data(texts, "rm", default_vocab())
-    frames = build_view_data(texts, "rm-frames", default_vocab())
+    lanes = build_examples(texts, "rm", default_vocab())
+    frames = build_examples(texts, "rm-frames", default_vocab())
     assert lanes.n_targets == frames.n_targets and lanes.n_tokens < 0.7 * frames.n_tokens
     model = Transformer(preset("tiny", "rm", len(lanes.vocab)))
     loss_l, n_l, grad_l = _step_loss_and_grads(model, lanes, 512, fast)

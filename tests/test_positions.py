@@ -21,7 +21,7 @@ from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.positions import alibi_slopes
 from rlmlab.learning.train import fit_to_block
-from rlmlab.learning.views import build_view_data
+from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
@@ -34,11 +34,11 @@ OTHERS = ["none", "rope", "alibi"]  # the learned table's paths are tested in te
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _model(view, positions, seed=0, scale=1.0, **overrides):
+def _model(learner, positions, seed=0, scale=1.0, **overrides):
     """A tiny model whose weights are scaled up from the default init (std 0.02), so that its
     logits depend visibly on positions and a wrong rotation or bias cannot hide in near-uniform outputs."""
     torch.manual_seed(seed)
-    model = Transformer(preset("tiny", view, len(VOCAB), positions=positions, **overrides)).eval()
+    model = Transformer(preset("tiny", learner, len(VOCAB), positions=positions, **overrides)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -132,7 +132,7 @@ def test_packed_training_gradients_equal_one_by_one(positions):
     """Gradients through the biased/rotated block attention equal those of the dense mask."""
     torch.manual_seed(0)
     texts = [to_text(e) for e in sample_expressions(12, 31)]
-    data = build_view_data(texts, "cot", VOCAB)
+    data = build_examples(texts, "cot", VOCAB)
     data = data.select(data.lengths - 1 <= 600)
     m = _model("cot", positions, 2, scale=0.5)
     loss_d, n_d, grad_d = _step_loss_and_grads(m, data, 256, fast=False)
@@ -149,8 +149,8 @@ def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(positions, fast):
     gradient (test_packing holds the learned table to the same)."""
     torch.manual_seed(0)
     texts = [WORKED] + [to_text(e) for e in sample_expressions(30, 32)]
-    lanes = build_view_data(texts, "rm", VOCAB)
-    frames = build_view_data(texts, "rm-frames", VOCAB)
+    lanes = build_examples(texts, "rm", VOCAB)
+    frames = build_examples(texts, "rm-frames", VOCAB)
     m = _model("rm", positions, 3, scale=0.5)
     loss_l, n_l, grad_l = _step_loss_and_grads(m, lanes, 512, fast)
     loss_f, n_f, grad_f = _step_loss_and_grads(m, frames, 128)
@@ -176,9 +176,9 @@ def test_cot_simulates_rm_under_every_encoding(positions):
 
 # --- the KV cache equals recomputation ---------------------------------------------------------
 
-def _forced(model, view, exprs, use_cache, batch_size):
+def _forced(model, learner, exprs, use_cache, batch_size):
     rec = Recorder(ModelPredictor(model, use_cache=use_cache))
-    gens = generate(TeacherForced(rec, oracle_predictor(view, VOCAB)), exprs, VOCAB, view, batch_size=batch_size)
+    gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=batch_size)
     _assert_canonical(gens, exprs)
     return rec.log
 
@@ -232,7 +232,7 @@ def test_only_the_learned_table_limits_decoding_and_training():
             assert g.reason == "trace of 33 tokens exceeds the model's block size 32"
         else:
             assert g.valid and len(g.tokens) == execute(long).trace_len
-    data = build_view_data([to_text(e) for e in sample_expressions(20, 35)], "cot", VOCAB)
+    data = build_examples([to_text(e) for e in sample_expressions(20, 35)], "cot", VOCAB)
     assert fit_to_block(data, 64, True, "x")[1] > 0
     kept, dropped = fit_to_block(data, None, True, "x")
     assert dropped == 0 and len(kept) == len(data)
@@ -243,7 +243,7 @@ def test_only_the_learned_table_limits_decoding_and_training():
 def _save(tmp_path, positions, name="run"):
     m = _model("rm", positions, 9)
     cfg = apply_overrides(RunConfig(), [f"model.positions={positions}", "model.preset=tiny"]).to_dict()
-    save_checkpoint(tmp_path / name, "best", m, vocab=VOCAB, view="rm", config=cfg, step=1, metrics={})
+    save_checkpoint(tmp_path / name, "best", m, vocab=VOCAB, learner="rm", config=cfg, step=1, metrics={})
     return m, tmp_path / name
 
 
@@ -295,7 +295,7 @@ def test_weights_that_do_not_fit_the_recorded_encoding_are_refused_in_one_line(t
 
 def test_cross_entropy_of_an_alibi_model_is_finite_on_fully_padded_rows():
     """Row padding attends to earlier padding at position 0: the bias never makes a row empty."""
-    data = build_view_data([to_text(e) for e in sample_expressions(8, 36)], "rm", VOCAB)
+    data = build_examples([to_text(e) for e in sample_expressions(8, 36)], "rm", VOCAB)
     m = _model("rm", "alibi", 10)
     loss, n, grads = _step_loss_and_grads(m, data, 128, fast=False)
     assert n > 0 and torch.isfinite(torch.tensor(loss)) and torch.isfinite(grads).all()

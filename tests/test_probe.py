@@ -146,7 +146,7 @@ def test_probe_cli(tmp_path, capsys):
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "cot", len(VOCAB)))
     run = tmp_path / "run"
-    save_checkpoint(run, "best", model, vocab=VOCAB, view="cot", config={}, step=3, metrics={})
+    save_checkpoint(run, "best", model, vocab=VOCAB, learner="cot", config={}, step=3, metrics={})
     exprs = ["add(sum_of_squares(2,3),double(4))", "square(double(3))", "add(square(2),3)"]
     data = tmp_path / "set.parquet"
     pq.write_table(pa.table({"expr": exprs, "split": ["train", "test", "test"]}), data)
@@ -157,7 +157,7 @@ def test_probe_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "position" in printed and "split" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["view"] == "cot" and summary["groups"][0]["n_expressions"] == 3
+    assert summary["learner"] == "cot" and summary["groups"][0]["n_expressions"] == 3
     assert [g["group"] for g in summary["groups"][1:]] == ["train", "test"]  # as they first appear
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
     assert main(["probe", str(run), "--data", str(data), "--out", str(out), "--per-group", "1",
@@ -179,7 +179,7 @@ def test_probe_cli(tmp_path, capsys):
 
 
 def test_probe_cli_oracle_reports_zero(tmp_path, capsys):
-    """`--oracle cot` probes g* read through the CoT view: invariant by construction, so both
+    """`--oracle cot` probes g* read through CoT's observation: invariant by construction, so both
     rates are exactly zero on real expressions, with the subproblems counted."""
     exprs = ["add(square(2),3)", "square(double(3))", WORKED]
     (tmp_path / "set.txt").write_text("\n".join(exprs) + "\n")

@@ -109,7 +109,7 @@ def both_runs(tmp_path_factory, request):
 
 
 def _results(out: Path) -> dict:
-    """{job/view/set: (per-expression results, summary without paths and timings)} of an experiment folder."""
+    """{job/learner/set: (per-expression results, summary without paths and timings)} of an experiment folder."""
     found = {}
     for path in sorted(out.glob("*/*/eval/*/results.jsonl")):
         summary = json.loads((path.parent / "summary.json").read_text())

@@ -47,21 +47,21 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path)
 
 
 def test_paper_rows_only_for_the_learners_the_paper_has():
-    views = ["rm", "cot", "rm-frames"]
+    learners = ["rm", "cot", "rm-frames"]
     cell = {"n": 1, "correct": 1, "accuracy": 1.0, "ci95": [0.2, 1.0]}
-    rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 1, **{v: cell for v in views}} for i in range(10)]
-    md, tex = threshold_tables("length", 595, rows, views)
+    rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 1, **{v: cell for v in learners}} for i in range(10)]
+    md, tex = threshold_tables("length", 595, rows, learners)
     papers = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| paper")]
     assert papers == ["| paper RM (%)", "| paper CoT (%)"]
     assert "| rm-frames acc. (%) |" in md and "rm-frames" in tex
 
 
-def _write_run(path, view, batch, vals):
+def _write_run(path, learner, batch, vals):
     """A run folder as `rlmlab train` leaves it: config.json and metrics.jsonl with validations at
     (wall seconds, CPU seconds, answer accuracy)."""
     path.mkdir(parents=True)
     cfg = {"model": {"preset": "small", "n_layer": None, "n_head": None, "n_embd": 192},
-           "data": {"view": view}, "train": {"batch_size": batch, "lr": 3e-3, "warmup_steps": 100}}
+           "data": {"learner": learner}, "train": {"batch_size": batch, "lr": 3e-3, "warmup_steps": 100}}
     (path / "config.json").write_text(json.dumps(cfg))
     recs = [{"kind": "train", "step": 10, "tokens": 70_000, "elapsed_s": 5.0, "cpu_s": 5.0}]
     for i, (wall, cpu, acc) in enumerate(vals, 1):
@@ -88,10 +88,10 @@ def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
 
 
 def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withheld():
-    views = ["rm", "cot"]
+    learners = ["rm", "cot"]
     cell = {"n": 10, "correct": 4, "accuracy": 0.4, "ci95": [0.2, 0.7]}
     rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 10, "rm": cell, "cot": cell} for i in range(10)]
-    md, tex = threshold_tables("length", 595, rows, views, fits={"rm": 0.99, "cot": 0.985})
+    md, tex = threshold_tables("length", 595, rows, learners, fits={"rm": 0.99, "cot": 0.985})
     lines = {line.split(" |")[0]: line for line in md.splitlines()}
     assert lines["| RM acc. (%)"].count("40.0") == 10
     cot = lines["| CoT acc. (%), not fitted (best validation 98.5)"]
@@ -99,7 +99,7 @@ def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withhel
     assert lines["| Gap (pt)"].count("+0.0") == 3 and lines["| Gap (pt)"].count("–") == 7
     assert tex.count("n.f.") == 7
     # Without training records every learner is taken as fitted (tables of hand-made results).
-    md, _ = threshold_tables("length", 595, rows, views)
+    md, _ = threshold_tables("length", 595, rows, learners)
     assert "not fitted" not in md
 
 
@@ -133,7 +133,7 @@ def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
             {"kind": "val", "step": 33, "elapsed_s": 25.0}]
     assert validation_seconds(recs) == (6.5, 1)
     assert validation_seconds(recs[:4]) == (6.5, 0)
-    row = {"job": "toy", "view": "cot", "step": 33, "tokens": 1e6, "epochs": 1.0, "minutes": 25.0,
+    row = {"job": "toy", "learner": "cot", "step": 33, "tokens": 1e6, "epochs": 1.0, "minutes": 25.0,
            "best": 0.5, "best_step": 30, "stop": "max_minutes", "validations": []}
     assert "| 25 | ≥ 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 1}])
     assert "| 25 | 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 0}])

@@ -75,14 +75,14 @@ def test_released_checkpoints_reevaluated_on_a_sample_give_the_committed_predict
 def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     argv = ["rlmlab", "run", "length", "--preset", "paper-cpu", "--out", "runs/length-595", "--views=rm,cot",
             "--threads=1", "--learner-setting=per_view.cot.train.max_steps=24000"]
-    new = rerun_command(argv, Path("runs/check"), views=["cot"], sample=20)
+    new = rerun_command(argv, Path("runs/check"), learners=["cot"], sample=20)
     assert new == ["rlmlab", "run", "length", "--preset", "paper-cpu", "--threads=1",
                    "--learner-setting=per_view.cot.train.max_steps=24000", "--out=runs/check", "--learners=cot",
                    "--preset.per_bin_cap=20", "--quiet"]
-    assert rerun_command(argv, Path("x"), views=["rm-frames"]) is None
+    assert rerun_command(argv, Path("x"), learners=["rm-frames"]) is None
     # A command stored with today's spelling, `--learners`.
     argv = ["rlmlab", "run", "length", "--preset", "small", "--out", "runs/x", "--learners=rm,rm-frames"]
-    assert rerun_command(argv, Path("y"), views=["rm-frames"]) == [
+    assert rerun_command(argv, Path("y"), learners=["rm-frames"]) == [
         "rlmlab", "run", "length", "--preset", "small", "--out=y", "--learners=rm-frames", "--quiet"]
     assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
 

@@ -260,8 +260,8 @@ def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
     assert len(n) == 1
     per_bin = n.pop()
     acc = {}
-    for view, name in (("rm", "RM"), ("cot", "CoT")):
-        path = RESULTS / "length-595-paper-cpu" / "length-595" / view / "eval" / "eval" / "results.jsonl"
+    for learner, name in (("rm", "RM"), ("cot", "CoT")):
+        path = RESULTS / "length-595-paper-cpu" / "length-595" / learner / "eval" / "eval" / "results.jsonl"
         results = [json.loads(line) for line in path.read_text().splitlines()]
         acc[name] = [100 * sum(r["correct"] for r in [r for r in results if r["bin"] == b][:per_bin]) / per_bin
                      for b in bins]
@@ -286,21 +286,21 @@ def test_readme_preset_table_gives_the_presets_step_budgets():
         name = r[0].strip("`") or name
         preset = get_preset(name)
         experiment = r[columns.index("experiment")]
-        for view, column in (("rm", "RM steps"), ("cot", "CoT steps")):
+        for learner, column in (("rm", "RM steps"), ("cot", "CoT steps")):
             given = steps(r[columns.index(column)])
             if name == "smoke":
                 expected = [preset.max_steps]
             elif experiment.startswith("length"):
-                expected = [settings_for(preset.per_view, view)["train.max_steps"]]
+                expected = [settings_for(preset.per_learner, learner)["train.max_steps"]]
             elif experiment.startswith("shortcuts"):
-                expected = [settings_for(preset.shortcut_per_view, view)["train.max_steps"]]
+                expected = [settings_for(preset.shortcut_per_learner, learner)["train.max_steps"]]
             elif experiment.startswith("iid, N = "):
                 sizes = steps(experiment.removeprefix("iid, N = "))
-                expected = [settings_for(preset.iid_per_size[n], view)["train.max_steps"] for n in sizes]
+                expected = [settings_for(preset.iid_per_size[n], learner)["train.max_steps"] for n in sizes]
                 given = given * len(sizes) if len(given) == 1 else given
             else:
                 assert experiment.startswith("iid"), experiment
-                expected = [settings_for(preset.iid_per_view, view)["train.max_steps"]]
-            assert given == expected, (name, experiment, view)
+                expected = [settings_for(preset.iid_per_learner, learner)["train.max_steps"]]
+            assert given == expected, (name, experiment, learner)
             checked += 1
     assert checked >= 14

@@ -54,22 +54,22 @@ def test_bootstrap_keeps_an_expressions_tokens_together():
     assert small[0] < large[0] < 0.5 < large[1] < small[1]
 
 
-def _model(view, seed=0):
+def _model(learner, seed=0):
     torch.manual_seed(seed)
-    return Transformer(preset("tiny", view, len(VOCAB))).eval()
+    return Transformer(preset("tiny", learner, len(VOCAB))).eval()
 
 
 def test_per_token_hits_equal_a_direct_computation_in_trace_order():
     exs = [ex for ex in map(execute, sample_expressions(40, 31)) if ex.trace_len <= 300][:12]
-    for view in ("cot", "rm"):
-        model = _model(view, 1)
-        hits = per_token_hits(model, VOCAB, view, exs, max_tokens=600)
-        counts = per_token_counts(model, VOCAB, view, exs, max_tokens=600)
+    for learner in ("cot", "rm"):
+        model = _model(learner, 1)
+        hits = per_token_hits(model, VOCAB, learner, exs, max_tokens=600)
+        counts = per_token_counts(model, VOCAB, learner, exs, max_tokens=600)
         for ex, h, (right, total) in zip(exs, hits, counts):
-            # Both views score the same tokens: every generated token is the target of exactly
+            # Both learners score the same tokens: every generated token is the target of exactly
             # one active-frame example, and the examples cover the trace in order.
             assert total == len(h) == ex.trace_len - ex.prompt_len and right == h.sum()
-            rows = [(ex.tokens, ex.prompt_len)] if view == "cot" else [(f.tokens, f.m) for f in ex.frames]
+            rows = [(ex.tokens, ex.prompt_len)] if learner == "cot" else [(f.tokens, f.m) for f in ex.frames]
             want = []
             for toks, first in rows:
                 with torch.no_grad():

@@ -14,7 +14,7 @@ from rlmlab.experiments.kinds.sweep import sweep_points, sweep_table
 from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.sizing import lane_stats, pool_lane_columns, size_threshold
 from rlmlab.experiments.splits import DEPTH_BINS, LENGTH_BINS
-from rlmlab.learning.views import build_view_data, rm_lanes_view
+from rlmlab.learning.examples import build_examples, rm_lanes_packing
 from rlmlab.task.expr import default_library
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import execute
@@ -26,7 +26,7 @@ from rlmlab.task.vocab import Vocab
 def test_lane_statistics_are_those_of_the_lane_view(seed, p_lit):
     expr = ExpressionSampler(default_library(), GeneratorConfig(p_lit=p_lit)).sample(random.Random(seed))
     ex = execute(expr)
-    lanes = rm_lanes_view(ex)
+    lanes = rm_lanes_packing(ex)
     s = lane_stats(expr)
     assert s.tokens == sum(len(x.tokens) for x in lanes)
     assert s.frames == len(lanes)
@@ -40,8 +40,8 @@ def _split_params(bins, threshold, sampled=4):
                       "available": sampled, "sampled": sampled} for b in bins]}
 
 
-def _fake_run(out, job, view, bins, correct_iid, correct_ood, best):
-    run = out / job / view
+def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best):
+    run = out / job / learner
     (run / "eval" / "eval").mkdir(parents=True)
     with open(run / "eval" / "eval" / "results.jsonl", "w") as f:
         for b in bins:
@@ -66,7 +66,7 @@ def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
     _fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 2, 1.0)
     _fake_run(tmp_path, "depth-5", "cot", DEPTH_BINS, 3, 0, 0.99)
     points = sweep_points(tmp_path, meta)
-    assert [(p["split"], p["threshold"], p["view"]) for p in points] == [
+    assert [(p["split"], p["threshold"], p["learner"]) for p in points] == [
         ("length", 33, "rm"), ("length", 33, "cot"), ("length", 96, "rm"), ("depth", 5, "cot")]
     rm33, cot33, rm96, cot5 = points
     assert rm33["below"]["accuracy"] == 1.0 and rm33["ood"]["1.0-1.25"]["accuracy"] == 0.75
@@ -155,9 +155,9 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
     rows["ood"] = np.array(split.eval.column("ood").to_pylist())
     sized = size_threshold(cols, rows, p, ("rm", "cot"), "length", 96)
     train = split.train.column("expr").to_pylist()
-    for view in ("rm", "cot"):
-        data = build_view_data(train, view, Vocab.from_library())
-        lv = sized["learners"][view]
+    for learner in ("rm", "cot"):
+        data = build_examples(train, learner, Vocab.from_library())
+        lv = sized["learners"][learner]
         built = (len(data), data.n_tokens, int((data.lengths - 1).sum()))
         assert (lv["examples"], lv["tokens"], lv["positions"]) == built
     assert sized["n_train"] == len(train) and sized["t_max"] == split.params["t_max"]

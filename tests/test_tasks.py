@@ -113,11 +113,11 @@ def test_trace_grammar_values_frames_and_vocabulary(name):
 
 
 @pytest.mark.parametrize("name", TASKS)
-@pytest.mark.parametrize("view", ["rm", "cot"])
-def test_oracle_reproduces_every_trace_through_both_drivers(name, view):
+@pytest.mark.parametrize("learner", ["rm", "cot"])
+def test_oracle_reproduces_every_trace_through_both_drivers(name, learner):
     task = load_task(name)
     exprs = [e for e in _exprs(task, 200, 2) if trace_stats(e, task.library).trace_len <= 1500]
-    gens = generate(oracle_predictor(view, task.vocab, task.library), exprs, task.vocab, view, batch_size=64,
+    gens = generate(oracle_predictor(learner, task.vocab, task.library), exprs, task.vocab, learner, batch_size=64,
                     library=task.library)
     for g, e in zip(gens, exprs):
         ex = execute(e, task.library)
@@ -397,7 +397,7 @@ def test_train_and_eval_on_a_task_file(tmp_path, capsys, one_torch_thread):
                  "--quiet", "--workers", "1"]) == 0
     write_pool(build_pool(300, 1, workers=1), paper_pool)
     run = tmp_path / "run"
-    common = ["train", "--view", "rm", "--preset", "tiny", "--out", str(run), "--max-steps", "2", "--quiet",
+    common = ["train", "--learner", "rm", "--preset", "tiny", "--out", str(run), "--max-steps", "2", "--quiet",
               "--data.val_size=50", "--train.answer_eval=0", "--data.cache_dir="]
     assert main([*common, "--data", str(paper_pool), "--task", str(task_file)]) == 2  # a pool of another task
     assert "belongs to task 'paper'" in capsys.readouterr().err and not run.exists()

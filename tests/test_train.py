@@ -13,7 +13,7 @@ from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
 from rlmlab.learning.train import lr_at, train
-from rlmlab.learning.views import build_view_data
+from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import ExpressionSampler
@@ -23,17 +23,17 @@ from rlmlab.task.vocab import default_vocab
 
 @pytest.fixture(scope="module")
 def data():
-    """Short expressions (trace <= 150 tokens), both views, 30 held out."""
+    """Short expressions (trace <= 150 tokens), both learners, 30 held out."""
     sampler, rng = ExpressionSampler(), random.Random(11)
     exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if trace_stats(e).trace_len <= 150]
     train_exprs, val_exprs = exprs[:-30], exprs[-30:]
     vocab = default_vocab()
-    return {v: (build_view_data(train_exprs, v, vocab), build_view_data(val_exprs, v, vocab)) for v in ("rm", "cot")}
+    return {v: (build_examples(train_exprs, v, vocab), build_examples(val_exprs, v, vocab)) for v in ("rm", "cot")}
 
 
-def config(view="rm", dropout=None, **train) -> RunConfig:
+def config(learner="rm", dropout=None, **train) -> RunConfig:
     t = dict(max_steps=16, warmup_steps=4, eval_every=8, log_every=1, batch_size=16, seed=7)
-    return RunConfig(ModelSettings(preset="tiny", dropout=dropout), DataSettings(view=view, row_len=128, cache_dir=""),
+    return RunConfig(ModelSettings(preset="tiny", dropout=dropout), DataSettings(learner=learner, row_len=128, cache_dir=""),
                      TrainConfig(**{**t, **train}))
 
 
@@ -149,9 +149,9 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     assert records(tmp_path / "a", "resume") == []
     from rlmlab.experiments.tables import training_summary, training_table
 
-    summary = {**training_summary(tmp_path / "b"), "job": "toy", "view": "rm"}
+    summary = {**training_summary(tmp_path / "b"), "job": "toy", "learner": "rm"}
     assert summary["resumed_at"] == [8] and "- toy RM: at step 8 (budget extended)\n" in training_table([summary])
-    assert "Resumed" not in training_table([{**training_summary(tmp_path / "a"), "job": "toy", "view": "rm"}])
+    assert "Resumed" not in training_table([{**training_summary(tmp_path / "a"), "job": "toy", "learner": "rm"}])
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -197,8 +197,8 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
     scores = iter([0.2, 0.6, 0.4])
     seen = []
 
-    def validate(model, vocab, view):
-        seen.append((view, model.training, len(vocab)))
+    def validate(model, vocab, learner):
+        seen.append((learner, model.training, len(vocab)))
         torch.rand(1000)  # a hook that draws random numbers must not change the training stream
         return {"answer_acc": next(scores)}
 
@@ -209,7 +209,7 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
     assert seen == [("cot", False, len(default_vocab()))] * 3
     assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
     best = load_run(tmp_path / "h")
-    assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.view == "cot"
+    assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.learner == "cot"
     losses = {run: [r["loss"] for r in records(tmp_path / run, "train")] for run in ("h", "n")}
     assert losses["h"] == losses["n"]
 
@@ -217,7 +217,7 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
 def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
     tr, va = data["rm"]
 
-    def slow_validate(model, vocab, view):
+    def slow_validate(model, vocab, learner):
         time.sleep(1.0)
         return {"answer_acc": 0.5}
 
@@ -252,20 +252,20 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
     def fake_answer_accuracy_fn(exprs, **kwargs):  # greedy decoding of an untrained model is slow; the plumbing is tested
         asked.append(list(exprs))
-        return lambda model, vocab, view: {"answer_acc": 0.25, "answer_valid": 0.5}
+        return lambda model, vocab, learner: {"answer_acc": 0.25, "answer_valid": 0.5}
 
     monkeypatch.setattr(rlmlab.measuring.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
     pool = tmp_path / "pool.parquet"
     write_pool(build_pool(150, 5, workers=1), pool)
     out = tmp_path / "run"
-    args = ["train", "--view", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
+    args = ["train", "--learner", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
             "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--train.answer_eval=4", "--quiet"]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "parameters (paper-style" in text and "stopped at step 4 (max_steps)" in text
     run = load_run(out)
-    assert run.view == "cot" and run.config["model"]["preset"] == "tiny" and run.step in (2, 4)
+    assert run.learner == "cot" and run.config["model"]["preset"] == "tiny" and run.step in (2, 4)
     assert run.metrics["val/answer_acc"] == 0.25 and len(asked[0]) == 4
     assert records(out, "end")[-1]["select_metric"] == "answer_acc"
     assert sorted(p.name for p in out.iterdir()) == ["best", "config.json", "last", "metrics.jsonl"]

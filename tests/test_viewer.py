@@ -85,14 +85,14 @@ def write_eval(folder: Path, rows: list[dict], summary: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def oracle_eval(tmp_path_factory):
-    """An oracle evaluation (`rlmlab eval --oracle --view rm --traces`) of 30 expressions, with
+    """An oracle evaluation (`rlmlab eval --oracle rm --traces`) of 30 expressions, with
     bins, and four rows corrupted into the failures a model makes."""
     tmp = tmp_path_factory.mktemp("viewer")
     exprs = sorted(sample_expressions(60, 5), key=lambda e: -execute(e).max_depth)[:30]
     data = tmp / "exprs.txt"
     data.write_text("\n".join(to_text(e) for e in exprs) + "\n")
     out = tmp / "oracle"
-    assert main(["eval", "--oracle", "--view", "rm", "--data", str(data), "--out", str(out), "--quiet",
+    assert main(["eval", "--oracle", "rm", "--data", str(data), "--out", str(out), "--quiet",
                  "--traces"]) == 0
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert all(r["trace_exact"] and "trace" in r for r in rows)
@@ -163,7 +163,7 @@ def test_filters_categories_and_bins(oracle_eval, tmp_path):
     assert not rows[2]["correct"] and not rows[2]["valid"]
     for select_id in ("f-bin", "f-correct", "f-cat"):
         assert f'id="{select_id}"' in page
-    assert data["view"] == "rm"
+    assert data["learner"] == "rm"
 
 
 def test_every_string_is_escaped(oracle_eval, tmp_path):
@@ -275,7 +275,7 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
     vocab = default_vocab()
     torch.manual_seed(0)
     run = tmp_path / "run"
-    save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))).eval(), vocab=vocab, view="rm",
+    save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))).eval(), vocab=vocab, learner="rm",
                     config={}, step=1, metrics={})
     data = tmp_path / "exprs.txt"
     data.write_text("\n".join(to_text(e) for e in sample_expressions(8, 3)) + "\n")
@@ -290,14 +290,14 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
     # The oracle's traces are all exact: none is kept unless --traces asks for every one.
     for flags, kept in (([], 0), (["--traces"], 8)):
         out = tmp_path / f"oracle{len(flags)}"
-        assert main(["eval", "--oracle", "--view", "cot", "--data", str(data), "--out", str(out), "--quiet",
+        assert main(["eval", "--oracle", "cot", "--data", str(data), "--out", str(out), "--quiet",
                      *flags]) == 0
         assert sum("trace" in json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()) == kept
 
 
 def test_run_keeps_inexact_traces_and_the_experiment_views(tmp_path):
     out = tmp_path / "length"
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--views", "rm"]) == 0
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     eval_dir = out / "length-96" / "rm" / "eval" / "eval"
     rows = [json.loads(x) for x in (eval_dir / "results.jsonl").read_text().splitlines()]
     assert any(not r["trace_exact"] for r in rows)  # three training steps: the model is mostly wrong

@@ -1,4 +1,4 @@
-"""The RM view is well posed: the next token is a function of the active frame alone."""
+"""What RM reads is well posed: the next token is a function of the active frame alone."""
 
 from conftest import sample_expressions
 
