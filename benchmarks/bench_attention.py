@@ -60,7 +60,7 @@ def main() -> None:
     cases = [("cot", 512, "packed"), ("cot", 1024, "solo"), ("rm", 128, "packed"), ("rm-frames", 128, "packed"),
              ("rm", 512, "packed")]
     chunks = [int(c) for c in args.chunks.split(",")]
-    print("| view | rows | dense mask ms | " + " | ".join(f"blocks c={c} ms" for c in chunks)
+    print("| learner | rows | dense mask ms | " + " | ".join(f"blocks c={c} ms" for c in chunks)
           + " | pairs dense / blocks c=128 / useful |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|")
     for view, T, kind in cases:

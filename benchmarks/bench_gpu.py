@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py                          # CUDA: paper model; CPU: small model
     python benchmarks/bench_gpu.py --device cpu --preset small --seconds 10
-    python benchmarks/bench_gpu.py --views cot --no-compile  # CUDA without torch.compile
+    python benchmarks/bench_gpu.py --learners cot --no-compile  # CUDA without torch.compile
 
 Each learner runs real optimizer steps of `rlmlab.learning.train.train_step` on a seed-42 pool
 sample (IID traces, those longer than the model's block dropped) exactly as the trainer runs
@@ -141,7 +141,7 @@ def bench(view: str, data, name: str, device: torch.device, tc: TrainConfig, com
     fwd = torch.compile(model) if compile_model else model
     kind = attention_kind(device, model.cfg.dropout)
     positions = data.lengths - 1
-    stream = RowStream(positions, DataSettings(view=view).row_length, seed=0)
+    stream = RowStream(positions, DataSettings(learner=view).row_length, seed=0)
     step_tokens = round(tc.batch_size * float(positions.mean()))
     flat_len = flat_length(tc, max(stream.row_len, int(positions.max())), step_tokens)  # as the trainer sets it
     guard = FiniteGuard(device)
@@ -179,7 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda, cuda:N")
     ap.add_argument("--preset", default=None, help="model preset (default: paper on CUDA, small on CPU)")
-    ap.add_argument("--views", default="rm,cot")
+    ap.add_argument("--learners", "--views", dest="views", default="rm,cot")  # --views: the old spelling
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per learner (default 30 CUDA, 10 CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 CUDA, 1 CPU)")
     ap.add_argument("--pool", type=int, default=2000, help="expressions sampled with seed 42")

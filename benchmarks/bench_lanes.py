@@ -1,6 +1,6 @@
 """Training cost per expression: RM lane-packed vs RM per-frame examples vs CoT.
 
-One epoch (forward + backward + optimizer step) over the same pool expressions in each view,
+One epoch (forward + backward + optimizer step) over the same pool expressions for each packing,
 interleaved round by round so that host noise hits all three alike. Reports processed
 positions (padding included) and wall time per expression, and their ratios to CoT.
 Goal (issue 5): RM lane-packed <= 1.6x the CoT positions and <= 1.8x the CoT wall time.
@@ -67,7 +67,7 @@ def main() -> None:
         for v in PACKINGS:
             torch.manual_seed(0)
             model = Transformer(preset(name, v, len(vocab)))
-            rows = pack_rows(data[v].lengths - 1, DataSettings(view=v).row_length)
+            rows = pack_rows(data[v].lengths - 1, DataSettings(learner=v).row_length)
             processed = sum(r.length for r in rows)
             setups[v] = (model, configure_optimizer(model, tc), rows, processed)
         times = {v: [] for v in PACKINGS}
@@ -77,7 +77,7 @@ def main() -> None:
                 times[v].append(epoch_seconds(model, opt, data[v], rows, tc))
         cot_pos, cot_s = setups["cot"][3], min(times["cot"])
         print(f"\npreset {name}: per training expression (best of {args.rounds} epochs)")
-        print(f"{'view':<11}{'positions':>11}{'x CoT':>8}{'ms':>9}{'x CoT':>8}{'targets':>9}")
+        print(f"{'packing':<11}{'positions':>11}{'x CoT':>8}{'ms':>9}{'x CoT':>8}{'targets':>9}")
         for v in PACKINGS:
             pos, s = setups[v][3], min(times[v])
             print(f"{v:<11}{pos / len(texts):>11.1f}{pos / cot_pos:>8.2f}{1e3 * s / len(texts):>9.2f}"

@@ -6,7 +6,7 @@
         OMP_NUM_THREADS=1 python benchmarks/bench_step_cpu.py $tree $v small 6; done; done; done
 
 Runs the `train_step` of the rlmlab found at ROOT (one thread, seed-42 pool of 400
-expressions, the view's training row length, batch 64 examples' worth of positions) after a
+expressions, the learner's training row length, batch 64 examples' worth of positions) after a
 warm-up step, and reports the process's CPU time per step. Unlike wall-clock tokens/s
 (`bench_train.py`), CPU time hardly moves when other jobs share the cores, so two checkouts can
 be compared under load; interleave the runs so that both see the same conditions.
@@ -40,7 +40,7 @@ model = Transformer(preset(preset_name, view, len(vocab)))
 data, _ = fit_to_block(data, model.cfg.block_size, True, "benchmark")
 tc = TrainConfig(max_steps=1)
 optimizer = configure_optimizer(model, tc)
-stream = RowStream(data.lengths - 1, DataSettings(view=view).row_length, 0)
+stream = RowStream(data.lengths - 1, DataSettings(learner=view).row_length, 0)
 step_tokens = round(tc.batch_size * float((data.lengths - 1).mean()))
 cpu = torch.device("cpu")
 train_step(model, model, optimizer, data, stream.take(step_tokens // 8), vocab.pad_id, tc, cpu)

@@ -38,7 +38,7 @@ def measure(train, val, view: str, steps: int, skip: int, work: Path) -> dict:
     p = get_preset("paper-cpu")
     pq.write_table(train, work / "train.parquet")
     pq.write_table(val, work / "val.parquet")
-    settings = {**p.job_settings(view), "data.view": view, "data.train": str(work / "train.parquet"),
+    settings = {**p.job_settings(view), "data.learner": view, "data.train": str(work / "train.parquet"),
                 "data.val": str(work / "val.parquet"), "data.cache_dir": "", "data.workers": 1,
                 "train.threads": 1, "train.max_steps": steps, "train.eval_every": 10 * steps,
                 "train.answer_eval": 0, "train.log_every": 1, "train.patience": None}
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--pool", required=True, help="the seed-42 pool of 500,000 (parquet)")
     ap.add_argument("--lengths", default="595,1060,1839")
     ap.add_argument("--depths", default="")
-    ap.add_argument("--views", default="cot,rm")
+    ap.add_argument("--learners", "--views", dest="views", default="cot,rm")  # --views: the old spelling
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", type=int, default=5, help="first steps left out (allocation, warm-up)")
     ap.add_argument("--sample", type=int, default=4000, help="training expressions sampled per threshold")

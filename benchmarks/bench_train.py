@@ -1,9 +1,9 @@
 """Training throughput: useful tokens/s and model FLOPs utilisation against a measured fp32 peak.
 
     python benchmarks/bench_train.py                         # small + paper, rm + cot, < 3 min
-    python benchmarks/bench_train.py --presets small --views rm --seconds 30
-    python benchmarks/bench_train.py --presets small --views plain:128,plain:512 --threads 1
-    python benchmarks/bench_train.py --presets cpu --views cot,cot@none,cot@rope,cot@alibi --threads 1
+    python benchmarks/bench_train.py --presets small --learners rm --seconds 30
+    python benchmarks/bench_train.py --presets small --learners plain:128,plain:512 --threads 1
+    python benchmarks/bench_train.py --presets cpu --learners cot,cot@none,cot@rope,cot@alibi --threads 1
 
 Each configuration runs real optimizer steps of `rlmlab.learning.train` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
@@ -87,7 +87,7 @@ def useful_flops(model: Transformer, data, rows: list[Row]) -> tuple[float, floa
 
 
 def plain_data(T: int, n: int = 512) -> ExampleSet:
-    """The ceiling the packed views are measured against: n random sequences of exactly T
+    """The ceiling the packed learners are measured against: n random sequences of exactly T
     positions, loss on every target, so each fills one row on its own (plain causal
     attention, no mask, no padding)."""
     vocab = default_vocab()
@@ -102,7 +102,7 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
     torch.manual_seed(0)
     encoding = {} if view.startswith("plain:") or learner(view).positions is None else \
         {"positions": learner(view).positions}
-    model = Transformer(preset(name, "cot" if view.startswith("plain:") else learner(view).view, len(data.vocab),
+    model = Transformer(preset(name, "cot" if view.startswith("plain:") else learner(view).base, len(data.vocab),
                                **encoding))
     data, dropped = fit_to_block(data, context_limit(model.cfg), True, "benchmark")
     optimizer = configure_optimizer(model, tc)
@@ -131,14 +131,15 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
-    ap.add_argument("--views", default="rm,cot", help="any of rm (lane-packed), rm-frames, cot, and plain:T "
-                    "(random sequences of exactly T positions, one per row: the plain causal ceiling); a view "
+    ap.add_argument("--learners", "--views", dest="views", default="rm,cot",  # --views: the old spelling
+                    help="any of rm (lane-packed), rm-frames, cot, and plain:T "
+                    "(random sequences of exactly T positions, one per row: the plain causal ceiling); a learner "
                     "may name a position encoding, as in cot@rope")
     ap.add_argument("--seconds", type=float, default=12.0, help="timed seconds per configuration (after warm-up)")
     ap.add_argument("--pool", type=int, default=1000, help="expressions sampled with seed 42")
     ap.add_argument("--max-trace", type=int, default=None, help="keep expressions with traces up to this length")
     ap.add_argument("--row-len", type=int, default=None, help="base row length (default: the training default "
-                    "of each view)")
+                    "of each learner)")
     ap.add_argument("--batch-size", type=int, default=TrainConfig().batch_size)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
@@ -159,12 +160,12 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
-                build_examples(exprs, learner(v).view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                build_examples(exprs, learner(v).base, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
                 for v in args.views.split(",")}
         for name in args.presets.split(","):
             for view in args.views.split(","):
                 row_len = (int(view.split(":")[1]) if view.startswith("plain:")
-                           else args.row_len or DataSettings(view=learner(view).view).row_length)
+                           else args.row_len or DataSettings(learner=learner(view).base).row_length)
                 peak = max(peak, matmul_peak(1.0))
                 r = bench(name, view, data[view], args.seconds, tc, row_len)
                 results.append(r)
@@ -175,7 +176,7 @@ def main() -> None:
     peak = max(peak, matmul_peak())
     print(f"peak used: {peak:.1f} GFLOP/s (best of the measurements before, between and after the runs); "
           f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
-    print("| preset | view | params | row | useful tok/s | useful GFLOP/s | MFU | padding |")
+    print("| preset | learner | params | row | useful tok/s | useful GFLOP/s | MFU | padding |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['preset']} | {r['view']} | {r['params'] / 1e6:.2f}M | {r['row_len']} | {r['tok_s']:,.0f} | "
