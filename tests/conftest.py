@@ -45,7 +45,7 @@ class Recorder:
         return out
 
 
-def reseal_view_cache(path, **arrays) -> None:
+def reseal_examples_cache(path, **arrays) -> None:
     """Replace arrays of a training-examples cache (.npz) and re-seal it with a matching SHA-256, so that only
     the loader's shape and type checks can refuse it."""
     z = dict(np.load(path))

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import reseal_view_cache
+from conftest import reseal_examples_cache
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
@@ -224,7 +224,7 @@ def test_any_resealed_view_cache_is_refused_or_consistent(view_cache, tmp_path, 
     _, _, name, raw = view_cache
     path = tmp_path / name
     path.write_bytes(raw)
-    reseal_view_cache(path, **replace)
+    reseal_examples_cache(path, **replace)
     try:
         data = ExampleSet.load(path)
     except DataError as e:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import reseal_view_cache
+from conftest import reseal_examples_cache
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
@@ -174,7 +174,7 @@ def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
         poison = dict(offsets=offsets.reshape(1, -1))
     elif poison == "offsets as floats":
         poison = dict(offsets=offsets.astype(np.float64))
-    reseal_view_cache(path, **poison)
+    reseal_examples_cache(path, **poison)
     with pytest.raises(DataError, match="wrong shape or type"):
         ExampleSet.load(path)
     again = build_examples(exprs, "rm", default_vocab(), cache_dir=tmp_path)

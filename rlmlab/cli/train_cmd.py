@@ -18,6 +18,7 @@ from dataclasses import fields
 
 from rlmlab.learning.config import (
     MODEL_PRESETS,
+    OLD_KEYS,
     SECTIONS,
     RunConfig,
     apply_dict,
@@ -63,6 +64,10 @@ def register(sub) -> None:
             text = f"{docs.get(f.name, '')} (default: {f.default!r})".replace("%", "%%")
             group.add_argument(f"--{section}.{f.name}", dest=f"{OVERRIDE}{section}.{f.name}", metavar="V",
                                default=argparse.SUPPRESS, help=text)
+    for section, renamed in OLD_KEYS.items():  # old spellings (`--data.view`), still accepted
+        for old in renamed:
+            p.add_argument(f"--{section}.{old}", dest=f"{OVERRIDE}{section}.{old}", default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
