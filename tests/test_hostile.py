@@ -227,8 +227,10 @@ def test_an_empty_files_entry_is_refused_and_legacy_checkpoints_still_load(tmp_p
         meta_path.write_text(json.dumps(forged))
         with pytest.raises(CheckpointError, match="lacks the SHA-256 of model.safetensors"):
             ck.load_run(run)
-    # A checkpoint written before the digest loads by its tensor checksums, as it did.
-    legacy = {k: v for k, v in meta.items() if k != "digest"} | {"format": ck.LEGACY_FORMAT}
+    # A checkpoint written before the digest (and before the learner had its name) loads by its
+    # tensor checksums, as it did.
+    legacy = {k: v for k, v in meta.items() if k not in ("digest", "learner")} | {"format": ck.LEGACY_FORMAT,
+                                                                                 "view": meta["learner"]}
     meta_path.write_text(json.dumps(legacy))
     assert ck.load_run(run).step == 3
     meta_path.write_text(json.dumps({**legacy, "files": {}}))

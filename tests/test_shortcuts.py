@@ -8,7 +8,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.shortcuts import (
     ABLATIONS,
     CONSTRUCTIONS,
-    RootView,
+    RootFrame,
     ShortcutConfig,
     ShortcutDataset,
     ShortcutSampler,
@@ -22,7 +22,7 @@ from rlmlab.experiments.shortcuts import (
     frame_tree,
     get_construction,
     internal_returns,
-    root_view,
+    root_frame,
     shortcut_rate,
     shortcut_summary,
 )
@@ -157,8 +157,8 @@ def test_hidden_literal_is_hidden_from_the_root(datasets):
             assert r["signal"] == k and k not in to_text(w)  # computed, not copied from a literal
             assert e.args[1] != k and evaluate(e.args[0]) not in (0, int(k))  # Y and v are not k
             ex = execute(e)
-            view = root_view(ex, k)
-            assert k not in view.payload  # neither v nor Y shows k to the root frame
+            root = root_frame(ex, k)
+            assert k not in root.payload  # neither v nor Y shows k to the root frame
             assert k in ex.tokens[ex.prompt_len:]  # but the flat trace does
 
 
@@ -182,35 +182,35 @@ def test_the_checks_reject_the_two_ablations(datasets):
             build_shortcut_dataset(name, n_train=60, n_val=5, n_iid=10, n_ood=40, seed=2, config=CONFIG)
 
 
-def _view(payload, answer, signal, literals=(), fn="add", pos=20):
-    return RootView(fn, tuple(payload), answer, pos, signal, tuple(literals))
+def _root(payload, answer, signal, literals=(), fn="add", pos=20):
+    return RootFrame(fn, tuple(payload), answer, pos, signal, tuple(literals))
 
 
-def test_checks_on_hand_made_views():
+def test_checks_on_hand_made_root_frames():
     limits = ValidityLimits()
-    # a root view that maps to two answers is not identifiable
-    bad = [_view(("1", "2"), "3", "3"), _view(("1", "2"), "4", "4")]
+    # a root frame that maps to two answers is not identifiable
+    bad = [_root(("1", "2"), "3", "3"), _root(("1", "2"), "4", "4")]
     assert not check_identifiable(bad, bad, limits).passed
     # copying argument 0 fits training and OOD alike: harmless
-    same = [_view(("5", "0"), "5", "5"), _view(("6", "0"), "6", "6")]
+    same = [_root(("5", "0"), "5", "5"), _root(("6", "0"), "6", "6")]
     assert check_identifiable(same, same, limits).passed
     # S a function of the carrier (payload minus the compensating slot): one-to-one code
-    coded = [_view((str(3 * z % 10), "0"), str(z), str(z)) for z in range(10)]
+    coded = [_root((str(3 * z % 10), "0"), str(z), str(z)) for z in range(10)]
     assert not check_not_one_to_one(coded, coded, 1, limits).passed
     assert check_not_one_to_one(coded, coded, 0, limits).passed  # the constant slot says nothing
-    # parity-like: S = is_even(payload) in training, flipped in OOD: S is no function of the view
+    # parity-like: S = is_even(payload) in training, flipped in OOD: S is no function of the carrier
     even = {True: "True", False: "False"}
-    train = [_view((str(v),), even[v % 2 == 0], even[v % 2 == 0], fn="is_even") for v in range(10)]
-    ood = [_view((str(v),), even[v % 2 == 0], even[v % 2 == 1], fn="is_even") for v in range(5)]
+    train = [_root((str(v),), even[v % 2 == 0], even[v % 2 == 0], fn="is_even") for v in range(10)]
+    ood = [_root((str(v),), even[v % 2 == 0], even[v % 2 == 1], fn="is_even") for v in range(5)]
     res = check_not_one_to_one(train, ood, None, limits)
     assert res.passed and res.value == 1.0 and "100.0% of OOD" in res.detail
     assert not check_not_one_to_one(train, train[:5], None, limits).passed  # without the flip it is a code
     # S written as a root literal on every example (a hidden literal with Y = k)
-    lit = [_view(("0", str(k)), str(k), str(k), [((0, 1), "0"), ((1,), str(k))]) for k in range(10)]
+    lit = [_root(("0", str(k)), str(k), str(k), [((0, 1), "0"), ((1,), str(k))]) for k in range(10)]
     res = check_no_static_literal(lit, limits)
     assert not res.passed and res.value == 1.0 and "root.arg1" in res.detail
-    def matching(m):  # 10 views whose literal at root.arg1 equals S on the first m
-        return [_view(("0", "0"), str(k), str(k), [((1,), str(k) if k < m else str((k + 1) % 10))])
+    def matching(m):  # 10 root frames whose literal at root.arg1 equals S on the first m
+        return [_root(("0", "0"), str(k), str(k), [((1,), str(k) if k < m else str((k + 1) % 10))])
                 for k in range(10)]
 
     assert check_no_static_literal(matching(4), limits).passed

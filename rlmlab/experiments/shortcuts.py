@@ -2,7 +2,7 @@
 
 Each construction pairs a training distribution, on which a planted signal S(x) equals the
 answer, with an OOD distribution that keeps the same recursive sub-expressions and breaks
-that equality. S is read from the executed flattened trace (the CoT view). Positions are
+that equality. S is read from the executed flattened trace (what CoT reads). Positions are
 0-based indices into the complete token sequence `Execution.tokens`: the written expression
 first, then every emitted token.
 
@@ -55,18 +55,18 @@ Excluded ablations (built only to show the checks reject them):
 - one_to_one_wrapper: Case 1 with the injective wrapper multiply(Z, 3): the root payload
   3z mod 10 is an invertible code for z = S (check b).
 
-Validity checks (run whenever a data set is built; a failure raises DataError). The root view
+Validity checks (run whenever a data set is built; a failure raises DataError). The root frame
 of an example is what RM's last root frame holds: the root function, its payload (the bound
 value of every parameter, literal or returned, in order) and the local position of its answer.
 
 a. identifiable: (i) over training, the same (function, payload) never has two answers;
    (ii) no sibling-copy or constant rule explains the training answers (agrees on at least
    `copy_fit` of them) while failing OOD (agrees on fewer than `copy_fit`).
-b. not one-to-one: the carrier view of an example is its payload without the compensating
+b. not one-to-one: the carrier of an example is its payload without the compensating
    argument, plus the parity of the answer's local position. In the training set or in the
-   OOD set, a share of at least `min_ambiguity` of the examples must have a carrier view
-   that is also the view of an example (training or OOD) with a different S. If S were a
-   function of this view, RM could follow S from its own frame. (Training refutes that in the
+   OOD set, a share of at least `min_ambiguity` of the examples must have a carrier
+   that is also the carrier of an example (training or OOD) with a different S. If S were a
+   function of this carrier, RM could follow S from its own frame. (Training refutes that in the
    compensating constructions; in the parity case only OOD can, since S = answer =
    is_even(payload) on all of training.)
 c. no static literal: for every literal leaf position of the written expression (a path of
@@ -181,10 +181,10 @@ def answer_position(tokens: Sequence[str]) -> int:
     return len(tokens) - 2
 
 
-# --- the RM root view used by the validity checks --------------------------------
+# --- the RM root frame used by the validity checks -------------------------------
 
 @dataclass(frozen=True)
-class RootView:
+class RootFrame:
     """What the validity checks need from one example: RM's final root frame and S."""
 
     fn: str
@@ -222,9 +222,9 @@ def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, 
     return out
 
 
-def root_view(ex: Execution, signal: str) -> RootView:
+def root_frame(ex: Execution, signal: str) -> RootFrame:
     payload, pos = root_payload(ex.frames, ex.prompt_len)
-    return RootView(ex.expr.fn, payload, ex.value_token, pos, signal, tuple(literal_paths(ex.expr)))
+    return RootFrame(ex.expr.fn, payload, ex.value_token, pos, signal, tuple(literal_paths(ex.expr)))
 
 
 # --- configuration ------------------------------------------------------------------
@@ -261,7 +261,7 @@ class ValidityLimits:
     copy_fit: float = 0.95
     """(a) A copy/constant rule "fits" a set when it agrees with at least this share of answers."""
     min_ambiguity: float = 0.5
-    """(b) Least share of examples whose carrier view co-occurs with two or more S values."""
+    """(b) Least share of examples whose carrier co-occurs with two or more S values."""
     max_literal_match: float = 0.5
     """(c) Largest allowed share of training examples whose literal at one position equals S."""
 
@@ -295,7 +295,7 @@ class Construction(ABC):
     excluded: bool = False
     """True for the ablations the validity checks must reject."""
     compensating_slot: int | None = 1
-    """Root argument that compensates for S in training (left out of the carrier view of check b)."""
+    """Root argument that compensates for S in training (left out of the carrier of check b)."""
 
     @abstractmethod
     def signal(self, tokens: Sequence[str], prompt_len: int) -> str:
@@ -710,14 +710,14 @@ def _share(flags: Iterable[bool]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
-def check_identifiable(train: Sequence[RootView], ood: Sequence[RootView], limits: ValidityLimits) -> CheckResult:
+def check_identifiable(train: Sequence[RootFrame], ood: Sequence[RootFrame], limits: ValidityLimits) -> CheckResult:
     answers: dict[tuple, set] = defaultdict(set)
     for r in train:
         answers[(r.fn, r.payload)].add(r.answer)
     conflicts = sum(1 for a in answers.values() if len(a) > 1)
     if conflicts:
         return CheckResult("identifiable", False, float(conflicts), 0.0,
-                           f"{conflicts} root view(s) map to two answers over training")
+                           f"{conflicts} root frame(s) map to two answers over training")
     rules = {}
     width = min((len(r.payload) for r in train), default=0)
     for k in range(width):
@@ -735,17 +735,17 @@ def check_identifiable(train: Sequence[RootView], ood: Sequence[RootView], limit
         if fit_train > worst:
             worst, worst_name = fit_train, name
     return CheckResult("identifiable", True, worst, limits.copy_fit,
-                       f"root view determines the answer; best copy/constant rule '{worst_name}' "
+                       f"root frame determines the answer; best copy/constant rule '{worst_name}' "
                        f"fits {worst:.1%} of training")
 
 
-def carrier(r: RootView, compensating_slot: int | None) -> tuple:
+def carrier(r: RootFrame, compensating_slot: int | None) -> tuple:
     payload = tuple(v for k, v in enumerate(r.payload) if k != compensating_slot)
     return payload, r.answer_pos % 2
 
 
-def ambiguity(examples: Sequence[RootView], reference: Sequence[RootView], compensating_slot: int | None) -> float:
-    """Share of `examples` whose carrier view is held, among `examples` and `reference`
+def ambiguity(examples: Sequence[RootFrame], reference: Sequence[RootFrame], compensating_slot: int | None) -> float:
+    """Share of `examples` whose carrier is held, among `examples` and `reference`
     together, by examples of two or more different S."""
     sigs: dict[tuple, set] = defaultdict(set)
     for r in list(reference) + list(examples):
@@ -753,22 +753,22 @@ def ambiguity(examples: Sequence[RootView], reference: Sequence[RootView], compe
     return _share(len(sigs[carrier(r, compensating_slot)]) > 1 for r in examples)
 
 
-def check_not_one_to_one(train: Sequence[RootView], ood: Sequence[RootView], compensating_slot: int | None,
+def check_not_one_to_one(train: Sequence[RootFrame], ood: Sequence[RootFrame], compensating_slot: int | None,
                          limits: ValidityLimits) -> CheckResult:
-    # Either set can refute "S is a function of RM's root view": training in the compensating
+    # Either set can refute "S is a function of RM's root frame": training in the compensating
     # constructions (the same z with different S), OOD in the parity case (where S = answer on
     # all of training); the larger share is the less noisy one when a set is small.
     amb_train, amb_ood = ambiguity(train, ood, compensating_slot), ambiguity(ood, train, compensating_slot)
     value = max(amb_train, amb_ood)
     ok = value >= limits.min_ambiguity
-    detail = (f"{amb_train:.1%} of training and {amb_ood:.1%} of OOD examples share their root carrier view "
+    detail = (f"{amb_train:.1%} of training and {amb_ood:.1%} of OOD examples share their root carrier "
               f"with an example of different S")
     if not ok:
         detail += ": the root payload is a one-to-one code for S"
     return CheckResult("not_one_to_one", ok, value, limits.min_ambiguity, detail)
 
 
-def check_no_static_literal(train: Sequence[RootView], limits: ValidityLimits) -> CheckResult:
+def check_no_static_literal(train: Sequence[RootFrame], limits: ValidityLimits) -> CheckResult:
     hits: Counter = Counter()
     for r in train:
         for path, tok in r.literals:
@@ -785,9 +785,9 @@ def check_no_static_literal(train: Sequence[RootView], limits: ValidityLimits) -
     return CheckResult("no_static_literal", ok, rate, limits.max_literal_match, detail)
 
 
-def check_validity(construction: Construction, train: Sequence[RootView], ood: Sequence[RootView],
+def check_validity(construction: Construction, train: Sequence[RootFrame], ood: Sequence[RootFrame],
                    limits: ValidityLimits = ValidityLimits()) -> ValidityReport:
-    """Run checks a, b, c on the root views of a construction's training and OOD examples."""
+    """Run checks a, b, c on the root frames of a construction's training and OOD examples."""
     if not train or not ood:
         raise DataError(f"{construction.name}: validity checks need training and OOD examples")
     return ValidityReport(construction.name, (
@@ -859,10 +859,10 @@ def _row(i: int, ex: Execution, signal: str) -> dict:
 
 
 def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: ShortcutConfig,
-              exclude: set[str]) -> tuple[list[dict], list[RootView]]:
+              exclude: set[str]) -> tuple[list[dict], list[RootFrame]]:
     """n distinct examples (texts not in `exclude`), with S checked against the answer."""
     sampler = ShortcutSampler(c, rng, config)
-    rows, views, seen = [], [], set(exclude)
+    rows, roots, seen = [], [], set(exclude)
     attempts = 0
     while len(rows) < n:
         attempts += 1
@@ -878,8 +878,8 @@ def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: 
         if (sig == ex.value_token) != (split == "train"):
             raise DataError(f"{c.name}: {split} example {text} has S={sig} and answer {ex.value_token}")
         rows.append(_row(len(rows), ex, sig))
-        views.append(root_view(ex, sig))
-    return rows, views
+        roots.append(root_frame(ex, sig))
+    return rows, roots
 
 
 def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_VAL, n_iid: int = N_IID,
@@ -899,12 +899,12 @@ def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_V
     def rng(part: str) -> random.Random:
         return random.Random(f"rlmlab-shortcut:{name}:{part}:{seed}")
 
-    train_rows, train_views = _draw_set(c, "train", n_train, rng("train"), config, set())
+    train_rows, train_roots = _draw_set(c, "train", n_train, rng("train"), config, set())
     train_texts = {r["expr"] for r in train_rows}
     val_rows, _ = _draw_set(c, "train", n_val, rng("val"), config, train_texts)
     iid_rows, _ = _draw_set(c, "train", n_iid, rng("iid"), config, train_texts | {r["expr"] for r in val_rows})
-    ood_rows, ood_views = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts)
-    report = check_validity(c, train_views, ood_views, limits)
+    ood_rows, ood_roots = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts)
+    report = check_validity(c, train_roots, ood_roots, limits)
     meta = {b"rlmlab.task.vocab": paper_task().vocab.to_json().encode()}
     params = {"construction": c.name, "title": c.title, "excluded": c.excluded, "seed": seed,
               "n_train": n_train, "n_val": n_val, "n_iid": n_iid, "n_ood": n_ood,
@@ -954,7 +954,7 @@ def shortcut_summary(results: Iterable[Mapping], *, prediction_key: str = "predi
 
 __all__ = ["CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "tail_recursive", "Construction", "Candidate", "ShortcutSampler",
            "ShortcutConfig", "ValidityLimits", "TraceFrame", "frame_tree", "internal_returns", "child",
-           "answer_position", "RootView", "root_view", "root_payload", "CheckResult", "ValidityReport",
+           "answer_position", "RootFrame", "root_frame", "root_payload", "CheckResult", "ValidityReport",
            "check_validity", "check_identifiable", "check_not_one_to_one", "check_no_static_literal",
            "ambiguity", "ShortcutDataset", "build_shortcut_dataset", "get_construction", "shortcut_rate",
            "shortcut_summary", "N_IID", "N_OOD", "N_VAL"]
