@@ -346,8 +346,8 @@ def test_learner_settings_set_one_entry_of_a_per_learner_table():
     ("per_learner.cot.train.batchsize=4", "unknown config key 'train.batchsize'"),
     ("per_learner.cot.train.batch_size=four", "expected int"),
     ("per_learner.cot.train.batch_size=0", "batch_size"),
-    ("iid_per_size.lots.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
-    ("iid_per_size.0.cot.train.max_minutes=9", "expected iid_per_size.N.VIEW.SECTION.KEY=VALUE"),
+    ("iid_per_size.lots.cot.train.max_minutes=9", "expected iid_per_size.N.LEARNER.SECTION.KEY=VALUE"),
+    ("iid_per_size.0.cot.train.max_minutes=9", "expected iid_per_size.N.LEARNER.SECTION.KEY=VALUE"),
     ("iid_per_size.300.cot.train.max_minutes=-1", "max_minutes"),
 ])
 def test_learner_settings_refuse_bad_entries_on_one_line(tmp_path, capsys, item, message):

@@ -198,7 +198,7 @@ class PackedBatch:
 
 def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,
             layout: np.ndarray | None = None, block_size: int | None = None) -> PackedBatch:
-    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ViewData`.
+    """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ExampleSet`.
     With `block_size`, a position the model cannot read raises ValueError (here, on the host,
     where positions are assigned, so that the forward pass need not read them back)."""
     T = rows[0].length
