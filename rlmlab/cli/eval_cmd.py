@@ -42,7 +42,7 @@ def register(sub) -> None:
                    "cot (g* composed with the active-frame map, through the CoT decoder), reduce or window:K "
                    "(g* o Pi_rec of what that observation shows)")
     # The old spelling `--oracle --view LEARNER`, still accepted.
-    p.add_argument("--view", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--view", dest="oracle_learner", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-per-token", action="store_true", help="skip teacher-forced per-token accuracy")
     p.add_argument("--by", default=None, metavar="KEY", help="also print accuracy per value of a result "
                    "field, e.g. max_depth or root")
@@ -65,16 +65,16 @@ def _check_args(args) -> None:
         if args.run_dir is not None:
             raise ConfigError("give RUN_DIR or --oracle, not both")
         named = args.oracle if isinstance(args.oracle, str) else None
-        if named is not None and args.view is not None and named != args.view:
-            raise ConfigError(f"--oracle {named} and --view {args.view} name two learners")
-        args.oracle = named or args.view
+        if named is not None and args.oracle_learner is not None and named != args.oracle_learner:
+            raise ConfigError(f"--oracle {named} and --view {args.oracle_learner} name two learners")
+        args.oracle = named or args.oracle_learner
         if args.oracle is None:
             raise ConfigError("--oracle needs a learner: --oracle rm or --oracle cot")
         learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
             raise ConfigError("give RUN_DIR (a training run folder), or --oracle rm|cot")
-        if args.view is not None:
+        if args.oracle_learner is not None:
             raise ConfigError("--view goes with --oracle; a run's learner is the one it was trained as")
     for name in ("limit", "batch_size", "max_depth", "max_new_tokens", "max_frame_tokens", "threads"):
         v = getattr(args, name)
