@@ -84,7 +84,10 @@ def parse_json(text: str | bytes, where: str, error: type[RlmlabError] = DataErr
         raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)") from None
     except ValueError as e:  # an integer of more than 4,300 digits
         raise error(f"{where}: not valid JSON ({shorten(str(e).splitlines()[0])})") from None
-    if depth(value) > max_depth:
+    # Each level opens a bracket, so a text with few brackets (brackets inside strings counted
+    # too) cannot be nested too deeply; only the others are walked.
+    brackets = (text.count("[") + text.count("{")) if isinstance(text, str) else (text.count(b"[") + text.count(b"{"))
+    if brackets > max_depth and depth(value) > max_depth:
         raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)")
     return value
 

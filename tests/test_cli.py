@@ -82,6 +82,17 @@ def test_a_mistyped_option_names_the_closest_one(argv, hint, capsys, tmp_path, m
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["trac", "add(1,2)"], "unknown command 'trac'; did you mean trace?"),
+    (["--version", "evl"], "unknown command 'evl'; did you mean eval?"),
+    (["xyzzy"], "unknown command 'xyzzy'; commands: demo, run,"),
+])
+def test_a_mistyped_command_names_the_closest_one(argv, hint, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert hint in err and len(err.strip().splitlines()) == 1
+
+
 def test_an_option_unlike_any_gets_no_suggestion(capsys):
     assert main(["trace", "add(1,2)", "--zzzzzzzz"]) == 2
     err = capsys.readouterr().err

@@ -346,6 +346,20 @@ def test_a_refused_run_leaves_no_command_record(experiment, capsys):
     assert (experiment / "commands.jsonl").read_text() == before
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "length", "--preset", "smoke", "--threshold", "-3"],
+    ["run", "depth", "--preset", "smoke", "--threshold", "0"],
+    ["run", "iid", "--preset", "smoke", "--sizes", "0"],
+    ["run", "shortcuts", "--preset", "smoke", "--constructions", "nope"],
+    ["run", "sweep", "--preset", "smoke", "--lengths", "-1"],
+])
+def test_a_refused_run_leaves_no_folder_behind(tmp_path, capsys, argv):
+    """Options are checked before the pool is built, and the folder the run's lock created
+    (with every parent it had to make) is removed again."""
+    one_line_error(capsys, argv + ["--out", str(tmp_path / "new" / "exp"), "--quiet"])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_settings_a_job_sets_itself_are_refused_not_ignored(tmp_path, capsys):
     for key in ("data.train=x.parquet", "data.val=x.parquet", "data.learner=cot", "train.seed=3"):
         err = one_line_error(capsys, ["run", "length", "--preset", "smoke", "--out", str(tmp_path / "e"), "--quiet",

@@ -112,7 +112,13 @@ def unknown_options_error(parser: argparse.ArgumentParser, args: argparse.Namesp
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command is the first argument that is not an option (rlmlab's own are --help, --version).
-    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
+    command = next((a for a in argv if not a.startswith("-")), "")
+    if command and command not in COMMANDS:
+        close = difflib.get_close_matches(command, COMMANDS, 1, 0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; commands: {', '.join(COMMANDS)}"
+        print(f"rlmlab: error: unknown command {one_line(repr(command))}{hint} (see rlmlab --help)", file=sys.stderr)
+        return 2
+    parser = build_parser(command)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:

@@ -33,12 +33,14 @@ def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is
     """Hold `folder`'s lock for the duration: with `wait`, block until the process holding it lets
     go (saying so on stderr), otherwise raise DataError naming `folder` and `busy`. The OS drops
     the lock when its holder exits, so a killed run never leaves the folder locked. Without
-    `fcntl` (Windows) nothing is locked."""
+    `fcntl` (Windows) nothing is locked. A folder this call created is removed again when the
+    body fails before writing anything into it, so that a refused command leaves no trace."""
     try:
         import fcntl
     except ImportError:
         yield
         return
+    created = [d for d in (folder, *folder.parents) if not d.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LOCK_NAME, "a") as f:  # "a": taking the lock leaves the folder's files as they were
         try:
@@ -48,7 +50,14 @@ def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is
                 raise DataError(f"{folder}: {busy}") from None
             print(f"{folder}: {busy}; waiting for it", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        except BaseException:
+            if created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+                (folder / LOCK_NAME).unlink()
+                for d in created:
+                    d.rmdir()
+            raise
 
 
 def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):

@@ -10,74 +10,24 @@ What a learner trains on, in positions (an example of n tokens takes n - 1 posit
 - CoT: one example per expression, its whole trace: trace_len - 1;
 - RM (lane-packed, `rlmlab.learning.examples.rm_lanes_packing`): one example per frame instance,
   holding the frame's call payload, everything the frame writes (its call blocks included) and
-  one returned value per child it calls (`lane_stats`; tests check it against the built examples).
+  one returned value per child it calls (`TraceStats.lane_tokens`; tests check it against the built
+  examples).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from rlmlab.errors import DataError
-from rlmlab.task.expr import Call, default_library, literal_value, parse, size, substitute, value_token
+from rlmlab.task.expr import Call, default_library, parse, size
 from rlmlab.task.library import Library
-from rlmlab.task.rules import Lazy
+from rlmlab.task.trace import trace_stats
 
 # --- per-expression statistics ---------------------------------------------------------------
-
-_LANE_CACHE: "weakref.WeakKeyDictionary[Library, object]" = weakref.WeakKeyDictionary()
-
-
-def _lane_fn(library: Library):
-    """Memoised per sub-call: (value, lane tokens of the call's frame and every frame below it,
-    frame instances, longest single lane)."""
-    if library in _LANE_CACHE:
-        return _LANE_CACHE[library]
-    fns, bodies = library.functions, library.bodies
-
-    @lru_cache(maxsize=1 << 20)
-    def stats(q: Call) -> tuple[int | bool, int, int, int]:
-        fn = fns[q.fn]
-        own = size(q)  # the call payload opens the frame's lane
-        below = frames = longest = 0
-
-        def child(e: Call, prefix: int):
-            nonlocal own, below, frames, longest
-            own += prefix + size(e) + 2 + 1  # `p :=` or `return <return>`, the call block, the value back
-            v, c_tokens, c_frames, c_longest = stats(e)
-            below += c_tokens
-            frames += c_frames
-            longest = max(longest, c_longest)
-            return v
-
-        bound = []
-        for p, arg in zip(fn.params, q.args):
-            if isinstance(arg, str):
-                own += 3
-                bound.append(literal_value(arg))
-            else:
-                bound.append(child(arg, 2))
-        if fn.impl is not None:
-            v = fn.impl(*bound)
-            body = q.args[v.index] if type(v) is Lazy else value_token(v)  # a lazy argument: a tail call
-        else:
-            body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
-        if isinstance(body, str):
-            value = literal_value(body)
-            own += 4
-        else:
-            value = child(body, 2)
-            own += 1
-        return value, own + below, frames + 1, max(longest, own)
-
-    _LANE_CACHE[library] = stats
-    return stats
-
 
 @dataclass(frozen=True)
 class LaneStats:
@@ -96,8 +46,8 @@ class LaneStats:
 def lane_stats(expr: Call | str, library: Library | None = None) -> LaneStats:
     library = library or default_library()
     q = parse(expr, library) if isinstance(expr, str) else expr
-    _, tokens, frames, longest = _lane_fn(library)(q)
-    return LaneStats(tokens, frames, longest, size(q))
+    s = trace_stats(q, library)
+    return LaneStats(s.lane_tokens, s.n_frame_instances, s.longest_lane, size(q))
 
 
 def pool_lane_columns(texts: list[str], progress: bool = False, library: Library | None = None

@@ -139,12 +139,20 @@ class TraceStats:
     max_depth: int
     max_frame_width: int
     n_frame_examples: int
+    lane_tokens: int
+    """Tokens of RM's lane-packed examples (`rlmlab.learning.lanes`), over all frame instances:
+    each frame's lane holds its call payload, everything it writes (its call blocks included) and
+    one returned value per child it calls."""
+    n_frame_instances: int
+    """Calls executed (one lane each)."""
+    longest_lane: int
+    """Tokens of the longest single lane."""
 
 
 def trace_stats(expr: Call, library: Library | None = None) -> TraceStats:
     library = library or default_library()
-    value, emitted, depth, width, n = _stats_fn(library)(expr)
-    return TraceStats(value, size(expr) + emitted, depth, width, n)
+    value, emitted, depth, width, n, lanes, frames, longest = _stats_fn(library)(expr)
+    return TraceStats(value, size(expr) + emitted, depth, width, n, lanes, frames, longest)
 
 
 _STATS_CACHE: "weakref.WeakKeyDictionary[Library, object]" = weakref.WeakKeyDictionary()
@@ -159,27 +167,34 @@ def _stats_fn(library: Library):
     bodies = library.bodies
 
     @lru_cache(maxsize=1 << 20)
-    def stats(q: Call) -> tuple[int | bool, int, int, int, int]:
+    def stats(q: Call) -> tuple[int | bool, int, int, int, int, int, int, int]:
         """(value, tokens this frame and its descendants emit, depth below incl. this frame,
-        widest example, number of examples)."""
+        widest example, number of examples, lane tokens of this frame and its descendants,
+        frame instances, longest lane)."""
         fn = fns[q.fn]
         ctx = size(q)  # the frame's committed tokens
         seg = 0  # tokens generated in the current segment
         emitted = depth = n = 0
         width = 0
+        lane = size(q)  # the call payload opens the frame's lane
+        lanes_below = frames_below = longest = 0
         bound = []
 
         def child(e: Call, prefix: int) -> int | bool:
-            nonlocal ctx, seg, emitted, depth, n, width
+            nonlocal ctx, seg, emitted, depth, n, width, lane, lanes_below, frames_below, longest
             esize = size(e)
             seg += prefix + esize + 2
             width = max(width, ctx + seg)
             n += 1
-            v, c_emit, c_depth, c_width, c_n = stats(e)
+            v, c_emit, c_depth, c_width, c_n, c_lanes, c_frames, c_longest = stats(e)
             emitted += seg + c_emit
             depth = max(depth, c_depth)
             width = max(width, c_width)
             n += c_n
+            lane += seg + 1  # what the frame wrote up to the call block, and the value back
+            lanes_below += c_lanes
+            frames_below += c_frames
+            longest = max(longest, c_longest)
             ctx += seg - esize - 2 + 1
             seg = 0
             return v
@@ -203,7 +218,8 @@ def _stats_fn(library: Library):
             seg += 1
         emitted += seg
         width = max(width, ctx + seg)
-        return value, emitted, depth + 1, width, n + 1
+        lane += seg
+        return value, emitted, depth + 1, width, n + 1, lane + lanes_below, frames_below + 1, max(longest, lane)
 
     _STATS_CACHE[library] = stats
     return stats

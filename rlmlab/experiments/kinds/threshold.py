@@ -263,10 +263,12 @@ class ThresholdSplit(ExperimentKind):
         self.name = name
 
     def threshold(self, preset: ExperimentPreset, threshold: int | None = None) -> int:
-        """The threshold asked for, else the preset's."""
-        if threshold is not None:
-            return threshold
-        return preset.length if self.name == "length" else preset.depth
+        """The threshold asked for, else the preset's; checked before any data is built."""
+        from rlmlab.experiments.splits import Threshold
+
+        if threshold is None:
+            threshold = preset.length if self.name == "length" else preset.depth
+        return Threshold(self.name, threshold).value
 
     def job_name(self, threshold: int) -> str:
         return f"{self.name}-{threshold}"
