@@ -610,13 +610,29 @@ def test_every_preset_budgets_every_run_in_steps(name):
 
 def test_run_budget_flags_override_every_learners_own_budget():
     preset = get_preset("paper-cpu")
-    assert {v: s["train.max_steps"] for v, s in preset.per_learner.items()} == {"rm": 6_000, "cot": 30_000}
+    assert {v: s["train.max_steps"] for v, s in preset.per_learner.items()} == {"rm": 6_000, "cot": 24_000}
     both = preset.with_budget(max_steps=5)
     assert both.max_steps == both.iid_max_steps == 5
     assert all("train.max_steps" not in s for s in both.per_learner.values())
     assert all(both.job_settings(v)["train.max_steps"] == 5 for v in ("rm", "cot"))
     assert both.per_learner["cot"]["train.batch_size"] == preset.per_learner["cot"]["train.batch_size"]
     assert preset.with_budget() == preset
+
+
+def test_paper_cpu_cot_decays_to_a_hundredth_on_the_splits_only():
+    """The splits' CoT horizon (24,000 steps to 1% of the peak rate, docs/recipe.md) leaves the
+    shortcut and IID runs on the schedule their committed results were trained with."""
+    from rlmlab.experiments.kinds.iid import _iid_settings
+
+    preset = get_preset("paper-cpu")
+    split = preset.job_settings("cot")
+    assert (split["train.max_steps"], split["train.min_lr_ratio"]) == (24_000, 0.01)
+    assert preset.job_settings("cot@rope")["train.min_lr_ratio"] == 0.01
+    shortcut = preset.job_settings("cot", per_learner=preset.shortcut_per_learner)
+    assert (shortcut["train.max_steps"], shortcut["train.min_lr_ratio"]) == (14_000, 0.1)
+    for n in preset.iid_sizes:
+        assert _iid_settings(preset, n, "cot", seed=0)["train.min_lr_ratio"] == 0.1
+    assert "train.min_lr_ratio" not in preset.job_settings("rm")
 
 
 def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):

@@ -314,8 +314,11 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
         name="paper-cpu", model="cpu", length=595, depth=10, patience=12, answer_eval=300,
         per_learner={"rm": {"train.batch_size": 256, "train.lr": 1e-3, "train.warmup_steps": 300,
                             "train.eval_every": 300, "train.max_steps": 6_000},
+                     # CoT's cosine: 24,000 steps down to a hundredth of the peak rate reached
+                     # 99% validation at step 20,000 of the length split, where 30,000 steps down
+                     # to a tenth had not (docs/recipe.md). The shortcut and IID runs keep a tenth.
                      "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
-                             "train.eval_every": 1000, "train.max_steps": 30_000}},
+                             "train.eval_every": 1000, "train.max_steps": 24_000, "train.min_lr_ratio": 0.01}},
         # Shortcut traces capped at 600 tokens, as `small`'s (the paper's CoT context is 4,096;
         # --preset.shortcut_max_trace=4096 lifts the cap). CoT's traces average ~460 tokens, twice
         # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. CoT has no early
@@ -324,7 +327,7 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
         shortcut_max_trace=600,
         shortcut_per_learner={"rm": {"train.max_steps": 5_000, "train.eval_every": 300, "train.patience": 6},
                               "cot": {"train.batch_size": 8, "train.max_steps": 14_000, "train.eval_every": 500,
-                                      "train.patience": None}},
+                                      "train.patience": None, "train.min_lr_ratio": 0.1}},
         # The paper's IID protocol (three seeds up to N = 10,000, one above, 5,000 test
         # expressions) on the length split's training distribution (traces of at most 595
         # tokens) rather than the whole generator's: a third of the tokens per expression.
@@ -333,7 +336,8 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
         iid_sizes=(300, 1_000, 3_000, 10_000, 30_000), iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000,
         iid_max_trace=595,
         iid_per_learner={"rm": {"train.max_steps": 3_500, "train.eval_every": 300, "train.patience": None},
-                         "cot": {"train.max_steps": 9_000, "train.eval_every": 500, "train.patience": None}},
+                         "cot": {"train.max_steps": 9_000, "train.eval_every": 500, "train.patience": None,
+                                 "train.min_lr_ratio": 0.1}},
         iid_per_size={10_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 24_000}},
                       30_000: {"rm": {"train.max_steps": 7_000}, "cot": {"train.max_steps": 30_000}}}),
     # The paper's recipe for a GPU (appendix "Models and optimization"): 6L/6H/384, AdamW at
