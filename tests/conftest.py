@@ -17,6 +17,7 @@ import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+from rlmlab.cli import main
 from rlmlab.task.sampler import ExpressionSampler
 
 
@@ -24,6 +25,19 @@ def sample_expressions(n: int, seed: int):
     sampler, rng = ExpressionSampler(), random.Random(seed)
     return [sampler.sample(rng) for _ in range(n)]
 
+
+
+def one_line_error(capsys, argv: list[str], from_command: bool = True) -> str:
+    """Run `rlmlab ARGV`, which must fail with status 2 and one line on stderr, no traceback;
+    with `from_command`, a line of the command's own (`rlmlab CMD: error: ...`) rather than a
+    usage error. Returns the line."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    if from_command:
+        assert err.startswith(f"rlmlab {argv[0]}: error: "), err
+    return err
 
 @pytest.fixture(scope="session")
 def random_exprs():

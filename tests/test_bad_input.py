@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
 from rlmlab.experiments.kinds import get_kind
@@ -23,14 +24,6 @@ from rlmlab.task.expr import MAX_NESTING, parse
 from rlmlab.task.pool import read_pool
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import default_vocab
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith(f"rlmlab {argv[0]}: error: ") and err.count("\n") == 1, err
-    return err
 
 
 def test_literals_and_runaway_nesting_are_expression_errors(capsys):

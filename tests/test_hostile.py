@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import one_line_error as conftest_one_line_error
 from conftest import reseal_examples_cache
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
@@ -32,11 +33,8 @@ RELEASED = ck.Path(__file__).resolve().parent.parent / "rlmlab" / "released" / "
 
 
 def one_line_error(capsys, argv: list[str]) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
+    """Hostile input may be refused by the argument parser too (`rlmlab: error: ...`)."""
+    return conftest_one_line_error(capsys, argv, from_command=False)
 
 
 @pytest.fixture(scope="module")

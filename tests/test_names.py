@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.learning import checkpoint as ck
@@ -18,14 +19,6 @@ from rlmlab.task.pool import build_pool, write_pool
 ROOT = Path(__file__).resolve().parent.parent
 RELEASED = ROOT / "rlmlab" / "released" / "paper-cpu-length-595"
 RESULTS = ROOT / "results"
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith(f"rlmlab {argv[0]}: error: ") and err.count("\n") == 1, err
-    return err
 
 
 def to_old_checkpoint(ckpt: Path) -> None:
