@@ -247,13 +247,13 @@ def demo_output() -> list[str]:
 
 
 def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
-    """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu
+    """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu-steps
     (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
     the README shows is the committed per-expression results cut to N per bin."""
     import json
 
     shown = markdown_tables("\n".join(demo_output()))[0]
-    report = generated("length-595-paper-cpu", "table-length-595.md")[0]
+    report = generated("length-595-paper-cpu-steps", "table-length-595.md")[0]
     assert shown[0] == report[0]
     bins = [c.removesuffix(" (IID)") for c in report[0][1:]]
     n = {int(c) for c in row(shown, "n")}
@@ -261,7 +261,7 @@ def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
     per_bin = n.pop()
     acc = {}
     for learner, name in (("rm", "RM"), ("cot", "CoT")):
-        path = RESULTS / "length-595-paper-cpu" / "length-595" / learner / "eval" / "eval" / "results.jsonl"
+        path = RESULTS / "length-595-paper-cpu-steps" / "length-595" / learner / "eval" / "eval" / "results.jsonl"
         results = [json.loads(line) for line in path.read_text().splitlines()]
         acc[name] = [100 * sum(r["correct"] for r in [r for r in results if r["bin"] == b][:per_bin]) / per_bin
                      for b in bins]
