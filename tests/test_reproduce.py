@@ -7,7 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from rlmlab.cli import main
 from rlmlab.experiments.reproduce import compare, rerun_command, stored_commands
@@ -78,13 +81,29 @@ def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     new = rerun_command(argv, Path("runs/check"), learners=["cot"], sample=20)
     assert new == ["rlmlab", "run", "length", "--preset", "paper-cpu", "--threads=1",
                    "--learner-setting=per_view.cot.train.max_steps=24000", "--out=runs/check", "--learners=cot",
-                   "--preset.per_bin_cap=20", "--quiet"]
+                   "--preset.eval_sample=20", "--quiet"]
     assert rerun_command(argv, Path("x"), learners=["rm-frames"]) is None
     # A command stored with today's spelling, `--learners`.
     argv = ["rlmlab", "run", "length", "--preset", "small", "--out", "runs/x", "--learners=rm,rm-frames"]
     assert rerun_command(argv, Path("y"), learners=["rm-frames"]) == [
         "rlmlab", "run", "length", "--preset", "small", "--out=y", "--learners=rm-frames", "--quiet"]
     assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
+
+
+def test_a_sampled_rerun_trains_on_the_stored_split_and_decodes_the_first_of_each_bin(fresh, tmp_path):
+    """`--sample` cuts the evaluation, not the split: the training data (hence the weights) are
+    the full run's, and the expressions decoded are the first N of each bin, decoded as the
+    full run decoded them."""
+    out = tmp_path / "sampled"
+    assert main(["reproduce", str(FIXTURE), "--out", str(out), "--sample", "1", "--strict"]) == 0
+    for name in ("train", "val", "eval"):
+        assert (pq.read_table(out / "data" / "length-96" / f"{name}.parquet")
+                .equals(pq.read_table(fresh / "data" / "length-96" / f"{name}.parquet"))), name
+    for run in RUNS:
+        a, b = (load_file(str(f / run / "best" / "model.safetensors")) for f in (out, fresh))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        full = decoded(fresh, run)
+        assert decoded(out, run) == [full[i] for i in range(40) if i % 4 == 0]  # 10 bins of 4
 
 
 @pytest.mark.parametrize("damage, message", [

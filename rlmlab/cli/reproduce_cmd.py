@@ -1,11 +1,12 @@
 """`rlmlab reproduce RESULTS`: check a committed results folder against a fresh run.
 
-    rlmlab reproduce results/length-595-paper-cpu --out runs/check             # re-run its stored commands
-    rlmlab reproduce results/length-595-paper-cpu --learners rm --sample 20    # one learner, 20 expressions a bin
-    rlmlab reproduce results/length-595-paper-cpu --checkpoints rlmlab/released/paper-cpu-length-595 --sample 40
+    rlmlab reproduce results/length-595-paper-cpu-steps --out runs/check             # re-run its stored commands
+    rlmlab reproduce results/length-595-paper-cpu-steps --learners rm --sample 20    # one learner, 20 expressions a bin
+    rlmlab reproduce results/length-595-paper-cpu-steps --checkpoints rlmlab/released/paper-cpu-length-595 --sample 40
 
-Re-running trains from scratch with the stored commands (folder, learners and evaluation size
-replaced as asked) and reports the fresh folder; with --checkpoints it only evaluates released
+Re-running trains from scratch with the stored commands (folder and learners replaced as
+asked; --sample cuts what is decoded, never the split or the training) and reports the fresh
+folder; with --checkpoints it only evaluates released
 checkpoints on the committed evaluation expressions, and says how many got the committed
 prediction and first divergence. Either way it prints every accuracy cell of the committed
 report beside the fresh one and flags the cells that disagree: neither accuracy in the other's
@@ -33,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--learners", dest="learners", default=None, metavar="LEARNERS",
                    help="only these learners, comma-separated (default: all stored)")
     p.add_argument("--sample", type=int, default=None,
-                   help="evaluate only this many expressions per bin (per set for the IID and shortcut kinds)")
+                   help="decode only the first N expressions of each bin (of each set for the IID and shortcut "
+                        "kinds); the split and the training stay as stored")
     p.add_argument("--checkpoints", default=None,
                    help="re-evaluate the checkpoints in this folder (<learner>/best/ or <job>/<learner>/best/) "
                         "instead of re-training")

@@ -92,6 +92,10 @@ class ExperimentPreset:
     paper fixes none, its CoT context is 4,096)."""
     eval_batch: int = 64
     """Expressions decoded at once."""
+    eval_sample: int | None = None
+    """Decode only the first N expressions of each evaluation bin (of each evaluation set, for
+    sets without bins). The split, hence the training data, stays the preset's: for a quick
+    check of a trained run (`rlmlab reproduce --sample`). None decodes every expression."""
     task: str = "paper"
     """The task: a built-in name or a task file (docs/tasks.md); `rlmlab run --task`."""
 
@@ -108,7 +112,8 @@ class ExperimentPreset:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
-        for name in ("n_train", "max_steps", "iid_max_steps", "patience", "iid_patience", "iid_max_trace"):
+        for name in ("n_train", "max_steps", "iid_max_steps", "patience", "iid_patience", "iid_max_trace",
+                     "eval_sample"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{where}: {name} must be a positive integer or None, got {value!r}")

@@ -24,6 +24,7 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.jobs import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.report import report
+from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.results import read_results
 
 CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
@@ -31,9 +32,6 @@ CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 ID_KEYS = ("job", "construction", "N", "learner", "bin", "group")
 # Their old names in reports written before the rename: a learner was its "view".
 OLD_ID_KEYS = {"view": "learner"}
-# The preset field that sets how many expressions each kind evaluates (per bin, per set).
-SAMPLE_FIELD = {"length": "per_bin_cap", "depth": "per_bin_cap", "sweep": "per_bin_cap", "iid": "iid_n_test",
-                "shortcuts": "shortcut_n_eval"}
 
 
 @dataclass(frozen=True)
@@ -188,9 +186,8 @@ def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
 def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None, sample: int | None = None
                   ) -> list[str] | None:
     """A stored command with its folder replaced by `out`, its learners restricted to `learners`
-    and its evaluation sets cut to `sample` expressions (per bin, per set); None when none of
-    its learners is asked for."""
-    kind = argv[2]
+    and its evaluation cut to the first `sample` expressions of each bin (of each set), its
+    split and training left as stored; None when none of its learners is asked for."""
     new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
     if learners is not None:
         # Commands stored before `--learners` name the learners `--views`.
@@ -200,10 +197,7 @@ def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None,
             return None
         new = _set_flag(_set_flag(new, "--views", "")[:-1], "--learners", ",".join(keep))
     if sample is not None:
-        field = SAMPLE_FIELD.get(kind)
-        if field is None:
-            raise DataError(f"--sample: no evaluation size to set for {kind} experiments")
-        new = _set_flag(new, f"--preset.{field}", str(sample))
+        new = _set_flag(new, "--preset.eval_sample", str(sample))
     return new + ["--quiet"]
 
 
@@ -254,17 +248,9 @@ def _released_runs(checkpoints: Path, results: Path, jobs: list[str]) -> dict[tu
 
 
 def _sampled(rows: list[dict], sample: int | None) -> list[dict]:
-    """The first `sample` rows of each bin (of each set when rows have no bin)."""
-    if sample is None:
-        return rows
-    taken: dict[object, int] = {}
-    kept = []
-    for r in rows:
-        key = r.get("bin")
-        if taken.get(key, 0) < sample:
-            taken[key] = taken.get(key, 0) + 1
-            kept.append(r)
-    return kept
+    """The first `sample` rows of each bin (of each set when rows have no bin), as
+    `--preset.eval_sample` picks them."""
+    return rows if sample is None else [rows[i] for i in first_per_bin([r.get("bin") for r in rows], sample)]
 
 
 def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None = None, echo=print) -> dict:

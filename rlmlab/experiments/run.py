@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
@@ -12,6 +13,7 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.jobs import run_job
 from rlmlab.experiments.kinds import KINDS, RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
+from rlmlab.experiments.splits import sample_eval_file
 from rlmlab.learning.learner import PAPER_LEARNERS
 
 
@@ -63,6 +65,9 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
         # before any data is built
         refuse_another_experiment(out, experiment.planned_identity(p, **options), _identity_of)
         jobs = experiment.plan(p, out, tuple(learners), progress, **options)
+        if p.eval_sample is not None:  # the split is built whole; only what is decoded is cut
+            jobs = [replace(j, evals={name: str(sample_eval_file(path, p.eval_sample)) for name, path in j.evals.items()})
+                    for j in jobs]
         if on_planned is not None:
             on_planned()
     run_jobs(jobs, out, ray_address, progress, extend, ray_gpus)

@@ -306,6 +306,29 @@ def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -
 
 # --- building -----------------------------------------------------------------
 
+def first_per_bin(bins: Sequence, n: int) -> list[int]:
+    """Indices of the first `n` rows of each bin, in row order (rows without a bin, None, are
+    one bin)."""
+    taken: dict = {}
+    kept = []
+    for i, b in enumerate(bins):
+        if taken.get(b, 0) < n:
+            taken[b] = taken.get(b, 0) + 1
+            kept.append(i)
+    return kept
+
+
+def sample_eval_file(path: str | Path, n: int) -> Path:
+    """The first `n` expressions of each bin of an evaluation file (of the file, when it has no
+    `bin` column), written beside it as `<name>.first<n>.parquet`; the file is left as it is."""
+    path = Path(path)
+    table = pq.read_table(path)
+    bins = table.column("bin").to_pylist() if "bin" in table.column_names else [None] * table.num_rows
+    dest = path.with_name(f"{path.stem}.first{n}.parquet")
+    pq.write_table(table.take(first_per_bin(bins, n)), dest)
+    return dest
+
+
 def pool_fingerprint(pool: pa.Table) -> str:
     """SHA-256 over the pool's expression texts in order: identifies the pool a split came from."""
     h = hashlib.sha256()
