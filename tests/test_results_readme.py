@@ -77,6 +77,10 @@ BIN_ROWS = {
     "CoT, L=595, paper-cpu (%)": ("length-595-paper-cpu", "table-length-595.md", "CoT acc. (%)"),
     "RM, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper RM (%)"),
     "CoT, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper CoT (%)"),
+    "RM, L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM acc. (%)"),
+    "CoT, L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "CoT acc. (%)"),
+    "RM, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM acc. (%)"),
+    "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT acc. (%)"),
     "RM, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "RM acc. (%)"),
     "CoT, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "CoT acc. (%)"),
     "RM, paper, K=10 (%)": ("depth-10-paper-cpu", "table-depth-10.md", "paper RM (%)"),
@@ -102,13 +106,16 @@ def test_every_quoted_table_is_checked():
 
 
 def test_readme_quotes_the_headline_tables():
-    """The README opens with Table 2 at the paper's thresholds, Table 3 and the IID sweep."""
+    """The README opens with Table 2 at the paper's thresholds (the step-budgeted runs), Table 3
+    and the IID sweep."""
     firsts = [t[0][0] for t in QUOTING["README.md"]]
     for header in ("Length bin (×L), L = 595", "Depth bin (×K), K = 10", "Construction, paper-cpu",
                    IID_SUMMARY[0]):
         assert header in firsts, header
     length = next(t for t in QUOTING["README.md"] if t[0][0] == "Length bin (×L), L = 595")
-    assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu (%)", "CoT, L=595, paper-cpu (%)"]
+    assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu, steps (%)", "CoT, L=595, paper-cpu, steps (%)"]
+    depth = next(t for t in QUOTING["README.md"] if t[0][0] == "Depth bin (×K), K = 10")
+    assert [r[0] for r in depth[1:3]] == ["RM, K=10, paper-cpu, steps (%)", "CoT, K=10, paper-cpu, steps (%)"]
 
 
 @pytest.mark.parametrize("header", BIN_HEADERS)
