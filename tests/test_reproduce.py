@@ -106,6 +106,15 @@ def test_a_sampled_rerun_trains_on_the_stored_split_and_decodes_the_first_of_eac
         assert decoded(out, run) == [full[i] for i in range(40) if i % 4 == 0]  # 10 bins of 4
 
 
+def test_a_sampled_evaluation_is_redone_when_the_whole_set_is_asked(tmp_path):
+    out = tmp_path / "run"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--learners", "rm", "--threads", "1", "--quiet"]
+    assert main(argv + ["--preset.eval_sample=1"]) == 0
+    assert len(read_results(out / "length-96" / "rm" / "eval" / "eval")) == 10
+    assert main(argv) == 0
+    assert len(read_results(out / "length-96" / "rm" / "eval" / "eval")) == 40
+
+
 @pytest.mark.parametrize("damage, message", [
     ({"commands.jsonl": None}, "no commands.jsonl"),
     ({"commands.jsonl": "{not json\n"}, "line 1 is not a stored command"),

@@ -146,9 +146,11 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
     for set_name, path in job.evals.items():
         eval_dir = run_dir / "eval" / set_name
         saved = _evaluated(eval_dir)
-        if saved is not None:
+        if saved is not None and Path(str(saved.get("data", ""))).name == Path(path).name:
             summaries[set_name] = saved
             continue
+        if saved is not None:  # e.g. a sample (`--preset.eval_sample`) where the whole set is asked now
+            print(f"{eval_dir}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
                                     {**job.settings, **positions}.get("model.positions", "learned"),
