@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlmlab.cli import main
-from rlmlab.experiments.reproduce import compare, rerun_command, stored_commands
+from rlmlab.experiments.reproduce import compare, compare_training_logs, rerun_command, stored_commands
 from rlmlab.measuring.results import read_results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"
@@ -42,6 +42,20 @@ def test_a_rerun_of_the_stored_commands_decodes_every_expression_as_committed(fr
     assert len(checked["cells"]) == 40 and all(c["inside"] for c in checked["cells"]) and not checked["missing"]
     argv = json.loads((fresh / "commands.jsonl").read_text().splitlines()[0])["argv"]
     assert argv[argv.index("--out") + 1] == str(fresh) and "--threads=1" in argv
+
+
+def test_the_training_logs_of_a_rerun_are_compared_step_by_step(fresh, tmp_path):
+    verdicts = compare_training_logs(FIXTURE, fresh)
+    assert sorted(verdicts) == sorted(RUNS)
+    assert all(v == "training log identical on all 2 records both hold" for v in verdicts.values()), verdicts
+    changed = tmp_path / "changed"
+    shutil.copytree(FIXTURE, changed)
+    path = changed / "length-96" / "rm" / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    last = [r for r in lines if r.get("kind") == "val"][-1]
+    last["loss"] += 1e-9  # the smoke run logs its validations only
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert compare_training_logs(changed, fresh)["length-96/rm"] == f"training log differs from step {last['step']} (val)"
 
 
 def test_cells_whose_intervals_disagree_are_flagged(fresh, tmp_path, capsys):

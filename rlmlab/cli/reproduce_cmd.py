@@ -67,6 +67,8 @@ def run(args) -> int:
         rp.rerun(results, out, learners, args.sample, dry_run=args.dry_run)
         if args.dry_run:
             return 0
+        for run_name, verdict in rp.compare_training_logs(results, out).items():
+            print(f"{run_name}: {verdict}")
     checks, missing = rp.compare(results, out)
     table = rp.comparison_table(checks, missing)
     (out / "reproduce.md").write_text(table)

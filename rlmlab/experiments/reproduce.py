@@ -114,6 +114,42 @@ def comparison_table(checks: list[CellCheck], missing: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What a training log line records of the run's arithmetic (not of the machine's pace).
+LOG_FIELDS = ("loss", "lr", "tokens", "grad_norm", "token_acc", "example_acc", "answer_acc")
+
+
+def compare_training_logs(committed: Path, fresh: Path) -> dict[str, str]:
+    """For each run that both folders trained (<job>/<learner>/metrics.jsonl): whether the fresh
+    training log equals the committed one on every step both logged ("identical": the same
+    run, step for step), or the first step where it does not. Cells that agree within their
+    intervals cannot tell a same run from a replication; the log can."""
+    verdicts = {}
+    for path in sorted(Path(fresh).glob("*/*/metrics.jsonl")):
+        run = path.parent.relative_to(fresh)
+        old_path = Path(committed) / run / "metrics.jsonl"
+        if not old_path.exists():
+            continue
+
+        def log(p: Path) -> dict:
+            out = {}
+            for line in p.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(r, dict) and r.get("kind") in ("train", "val"):
+                    out[(r["kind"], r.get("step"))] = tuple(r.get(f) for f in LOG_FIELDS)
+            return out
+
+        old, new = log(old_path), log(path)
+        both = sorted((k for k in old if k in new), key=lambda k: (k[1] or 0, k[0]))
+        differ = [k for k in both if old[k] != new[k]]
+        verdicts[str(run)] = (f"training log identical on all {len(both)} records both hold" if both and not differ
+                              else f"training log differs from step {differ[0][1]} ({differ[0][0]})" if differ
+                              else "no training record in common")
+    return verdicts
+
+
 def time_budgeted(folder: Path) -> list[str]:
     """The runs of a results folder that trained under a wall-clock budget (their schedule
     depended on the machine's pace), by folder."""
