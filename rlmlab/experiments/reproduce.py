@@ -129,25 +129,30 @@ def compare_training_logs(committed: Path, fresh: Path) -> dict[str, str]:
         old_path = Path(committed) / run / "metrics.jsonl"
         if not old_path.exists():
             continue
-
-        def log(p: Path) -> dict:
-            out = {}
-            for line in p.read_text().splitlines():
-                try:
-                    r = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(r, dict) and r.get("kind") in ("train", "val"):
-                    out[(r["kind"], r.get("step"))] = tuple(r.get(f) for f in LOG_FIELDS)
-            return out
-
-        old, new = log(old_path), log(path)
+        old, new = _log_records(old_path), _log_records(path)
         both = sorted((k for k in old if k in new), key=lambda k: (k[1] or 0, k[0]))
         differ = [k for k in both if old[k] != new[k]]
         verdicts[str(run)] = (f"training log identical on all {len(both)} records both hold" if both and not differ
                               else f"training log differs from step {differ[0][1]} ({differ[0][0]})" if differ
                               else "no training record in common")
     return verdicts
+
+
+def _log_records(path: Path) -> dict[tuple, tuple]:
+    """{(kind, step): the LOG_FIELDS values} of a metrics.jsonl's training and validation lines."""
+    out = {}
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not text") from None
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(r, dict) and r.get("kind") in ("train", "val"):
+            out[(r["kind"], r.get("step"))] = tuple(r.get(f) for f in LOG_FIELDS)
+    return out
 
 
 def time_budgeted(folder: Path) -> list[str]:
