@@ -40,7 +40,7 @@ def _split_params(bins, threshold, sampled=4):
                       "available": sampled, "sampled": sampled} for b in bins]}
 
 
-def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best):
+def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best, positions="learned", frame_width=513):
     run = out / job / learner
     (run / "eval" / "eval").mkdir(parents=True)
     with open(run / "eval" / "eval" / "results.jsonl", "w") as f:
@@ -51,8 +51,9 @@ def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best):
                 long = b.label == bins[-1].label and i == 0
                 f.write(json.dumps({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
                                     "within_tmax": True, "trace_len": 4098 if long else 4097,
-                                    "max_frame_width": 513}) + "\n")
-    (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None}}))
+                                    "max_frame_width": frame_width}) + "\n")
+    (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None,
+                                                           "positions": positions}}))
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0})
                                        + "\n")
 
@@ -83,6 +84,24 @@ def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
     # Cells holding expressions that need more positions than the learner's table say so.
     assert [p["beyond_table"] for p in points] == [{}, {">5.0": 1}, {}, {">=2.2": 1}]
     assert "- L = 33, CoT: 1 of 4 in ×>5.0" in md
+
+
+def test_only_a_learned_table_limits_the_context(tmp_path):
+    """An encoding without a table (NoPE, RoPE) decodes past the training length: none of its
+    expressions is counted beyond a table, whatever its learner's name."""
+    meta = {"kind": "sweep", "splits": {"length-33": _split_params(LENGTH_BINS, 33),
+                                        "length-96": _split_params(LENGTH_BINS, 96)}}
+    _fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 3, 0.995)
+    _fake_run(tmp_path, "length-33", "cot@none", LENGTH_BINS, 4, 3, 0.995, positions="none")
+    _fake_run(tmp_path, "length-33", "rm@rope", LENGTH_BINS, 4, 3, 0.995, positions="rope", frame_width=514)
+    _fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995, frame_width=514)
+    # The plain names with another encoding set by `--model.positions`.
+    _fake_run(tmp_path, "length-96", "cot", LENGTH_BINS, 4, 3, 0.995, positions="rope")
+    _fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 3, 0.995, positions="alibi", frame_width=514)
+    table = {(p["threshold"], p["learner"]): p["beyond_table"] for p in sweep_points(tmp_path, meta)}
+    # Frames of 514 tokens: RM reads 513 before the last, one past its 512-position table.
+    assert table == {(33, "cot"): {">5.0": 1}, (33, "cot@none"): {}, (33, "rm@rope"): {},
+                     (33, "rm"): {b.label: 4 for b in LENGTH_BINS}, (96, "cot"): {}, (96, "rm"): {}}
 
 
 def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(tmp_path, capsys):

@@ -96,7 +96,8 @@ def sweep_points(out: Path, meta: dict) -> list[dict]:
 def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[str, int]:
     """Per bin, the expressions whose canonical trace needs a longer context than the learner's
     positional table: CoT reads the trace before its last token, RM the active frame before its
-    last token. Such an expression cannot be answered, whatever the model learned."""
+    last token. Such an expression cannot be answered, whatever the model learned. Empty for an
+    encoding without a table (NoPE, RoPE, ALiBi), which has no such limit."""
     import json
 
     from rlmlab.learning.config import preset
@@ -106,12 +107,15 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
         return {}
     try:
         model = json.loads((run_dir / "config.json").read_text())["model"]
+        if model.get("positions", "learned") != "learned":
+            return {}
         block = model.get("block_size") or preset(model["preset"], name, 1).block_size
+        driver = learner(name).driver
     except (ValueError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
     except ConfigError:
         return {}
-    column = "trace_len" if name == "cot" else "max_frame_width" if learner(name).driver == "rm" else None
+    column = {"cot": "trace_len", "rm": "max_frame_width"}.get(driver)
     counts: dict[str, int] = {}
     for r in results:
         if column is not None and isinstance(r.get(column), int) and r[column] - 1 > block:
