@@ -139,6 +139,21 @@ def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
     assert "| 25 | 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 0}])
 
 
+def test_learning_curves_are_drawn_against_cpu_time_when_every_run_logs_it():
+    """CoT's step-budgeted L = 595 run was paused and resumed: its first validation came after
+    98 wall-clock minutes but 5 CPU minutes. Curves beside RM's are drawn in CPU time; runs from
+    before CPU time was logged keep the wall clock, labelled as such."""
+    from rlmlab.experiments.tables import curve_clock, metrics_records
+
+    folder = RESULTS / "length-595-paper-cpu-steps" / "length-595"
+    runs = {name: metrics_records(folder / name) for name in ("rm", "cot")}
+    assert curve_clock(runs) == ("cpu_s", "training CPU minutes")
+    first = next(r for r in runs["cot"] if r["kind"] == "val")
+    assert first["elapsed_s"] > 90 * 60 and first["cpu_s"] < 6 * 60
+    old = {**runs, "old": [{"kind": "val", "step": 1, "elapsed_s": 60.0, "loss": 1.0}]}
+    assert curve_clock(old) == ("elapsed_s", "training minutes (wall clock)")
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 COMMITTED = sorted(d.name for d in RESULTS.iterdir() if (d / "experiment.json").is_file())
 

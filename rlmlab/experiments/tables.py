@@ -141,35 +141,47 @@ def extensions(records: list[dict], reasons: tuple[str, ...] = ("max_minutes", "
             and prev.get("reason") in reasons and r.get("kind") == "resume"]
 
 
+def curve_clock(runs: dict[str, list[dict]]) -> tuple[str, str]:
+    """The time axis of learning curves: (record key, axis label). CPU time when every validation
+    of every run logs it (one thread: the time the run takes on a core of its own, whatever
+    else ran beside it, so learners trained side by side, paused or resumed compare fairly),
+    else the wall clock of runs trained before CPU time was logged."""
+    val = [r for recs in runs.values() for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
+    if val and all("cpu_s" in r for r in val):
+        return "cpu_s", "training CPU minutes"
+    return "elapsed_s", "training minutes (wall clock)"
+
+
 def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
-    """Validation answer accuracy and loss against wall-clock training minutes, per learner, with
-    the 99% line a fitted learner reaches and a dotted mark where a budget was extended."""
+    """Validation answer accuracy and loss against training minutes (`curve_clock`), per learner,
+    with the 99% line a fitted learner reaches and a dotted mark where a budget was extended."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    records = {name: metrics_records(run_dir) for name, run_dir in runs.items()}
+    clock, xlabel = curve_clock(records)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
-    for i, (name, run_dir) in enumerate(runs.items()):
-        recs = metrics_records(run_dir)
+    for i, (name, recs) in enumerate(records.items()):
         val = [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
         if not val:
             continue
         drawn = True
         color = f"C{i}"  # one colour per learner on both panels
-        x = [r["elapsed_s"] / 60 for r in val]
+        x = [r[clock] / 60 for r in val]
         if any("answer_acc" in r for r in val):
             a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(name), color=color)
         a2.plot(x, [r["loss"] for r in val], label=learner_name(name), color=color)
         for ext in extensions(recs):
             for a in (a1, a2):
-                a.axvline(ext.get("elapsed_s", 0) / 60, color=color, linestyle=":", linewidth=1)
+                a.axvline(ext.get(clock, 0) / 60, color=color, linestyle=":", linewidth=1)
     if drawn:
         a1.axhline(100 * FIT_THRESHOLD, color="grey", linestyle="--", linewidth=0.8)
-    a1.set_xlabel("training minutes")
+    a1.set_xlabel(xlabel)
     a1.set_ylabel("val final-answer acc (%)")
-    a2.set_xlabel("training minutes")
+    a2.set_xlabel(xlabel)
     a2.set_ylabel("val loss (teacher-forced)")
     a2.set_yscale("log")
     for a in (a1, a2):

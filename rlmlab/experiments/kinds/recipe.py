@@ -92,7 +92,7 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
         if not r["curve"]:
             continue
         x = [_clock_s(c) / 60 for c in r["curve"]]
-        style = "-" if r["learner"] == "cot" else "--"
+        style = "-" if learner(r["learner"]).driver == "cot" else "--"
         line, = axes[0].plot(x, [100 * c["answer_acc"] for c in r["curve"]], style, label=r["run"])
         axes[1].plot(x, [100 * (1 - c["token_acc"]) for c in r["curve"]], style, color=line.get_color())
         axes[2].plot(x, [c["loss"] for c in r["curve"]], style, color=line.get_color())
