@@ -141,13 +141,13 @@ def extensions(records: list[dict], reasons: tuple[str, ...] = ("max_minutes", "
             and prev.get("reason") in reasons and r.get("kind") == "resume"]
 
 
-def curve_clock(runs: dict[str, list[dict]]) -> tuple[str, str]:
-    """The time axis of learning curves: (record key, axis label). CPU time when every validation
-    of every run logs it (one thread: the time the run takes on a core of its own, whatever
-    else ran beside it, so learners trained side by side, paused or resumed compare fairly),
-    else the wall clock of runs trained before CPU time was logged."""
-    val = [r for recs in runs.values() for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
-    if val and all("cpu_s" in r for r in val):
+def curve_clock(points: list[dict]) -> tuple[str, str]:
+    """The time axis of learning curves drawn from `points` (validation records of every run in
+    the figure): (record key, axis label). CPU time when every point logs it (one thread: the
+    time the run takes on a core of its own, whatever else ran beside it, so learners trained
+    side by side, paused or resumed compare fairly), else the wall clock of runs trained before
+    CPU time was logged."""
+    if points and all("cpu_s" in r for r in points):
         return "cpu_s", "training CPU minutes"
     return "elapsed_s", "training minutes (wall clock)"
 
@@ -161,11 +161,12 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
     import matplotlib.pyplot as plt
 
     records = {name: metrics_records(run_dir) for name, run_dir in runs.items()}
-    clock, xlabel = curve_clock(records)
+    vals = {name: [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r] for name, recs in records.items()}
+    clock, xlabel = curve_clock([r for val in vals.values() for r in val])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     drawn = False
     for i, (name, recs) in enumerate(records.items()):
-        val = [r for r in recs if r.get("kind") == "val" and "elapsed_s" in r]
+        val = vals[name]
         if not val:
             continue
         drawn = True

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.tables import learner_name, metrics_records, pct, save_figure, training_summary
+from rlmlab.experiments.tables import (
+    curve_clock,
+    learner_name,
+    metrics_records,
+    pct,
+    save_figure,
+    training_summary,
+)
 from rlmlab.learning.learner import learner
 from rlmlab.safeio import read_json
 
@@ -87,18 +94,19 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    clock, xlabel = curve_clock([c for r in rows for c in r["curve"]])
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for r in rows:
         if not r["curve"]:
             continue
-        x = [_clock_s(c) / 60 for c in r["curve"]]
+        x = [c[clock] / 60 for c in r["curve"]]
         style = "-" if learner(r["learner"]).driver == "cot" else "--"
         line, = axes[0].plot(x, [100 * c["answer_acc"] for c in r["curve"]], style, label=r["run"])
         axes[1].plot(x, [100 * (1 - c["token_acc"]) for c in r["curve"]], style, color=line.get_color())
         axes[2].plot(x, [c["loss"] for c in r["curve"]], style, color=line.get_color())
     for a, label in zip(axes, ("val final-answer acc (%)", "val token error, teacher-forced (%)",
                                "val loss (teacher-forced)")):
-        a.set_xlabel("training minutes (CPU time, one thread)")
+        a.set_xlabel(xlabel)
         a.set_ylabel(label)
     axes[1].set_yscale("log")
     axes[2].set_yscale("log")
