@@ -47,6 +47,10 @@ class DataError(RlmlabError):
     """A data file (pool, expression set) that is missing, malformed or inconsistent."""
 
 
+class NoResultsError(DataError):
+    """An experiment folder with nothing evaluated yet, so nothing to report."""
+
+
 class ConfigError(RlmlabError):
     """A configuration with unknown keys, wrong types or invalid values."""
 

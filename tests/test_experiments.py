@@ -419,6 +419,56 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert (training_summary(run_dir)["resumed_at"], training_summary(run_dir)["extended_at"]) == ([1], [])
 
 
+def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path, monkeypatch, capsys):
+    from contextlib import contextmanager
+
+    import rlmlab.learning.train
+
+    @contextmanager
+    def ctrl_c_at_once(echo):
+        yield {"stop": True}
+
+    def argv(out):
+        return ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
+
+    here, there, results = tmp_path / "here", tmp_path / "there", tmp_path / "results"
+    assert main(argv(tmp_path / "uninterrupted")) == 0
+    with monkeypatch.context() as m:
+        m.setattr(rlmlab.learning.train, "_stop_on_signals", ctrl_c_at_once)
+        assert main(argv(here)) == 130
+    assert main(["export", str(here), str(results)]) == 0  # a plain export carries no weights
+    assert not list(results.rglob("*.safetensors"))
+    capsys.readouterr()
+    assert main(["export", str(here), str(results), "--resumable"]) == 0
+    assert "with the `last` checkpoints of 1 unfinished runs" in capsys.readouterr().out
+    carried = results / "length-96" / "rm"
+    assert sorted(p.name for p in (carried / "last").iterdir()) == [
+        "checkpoint.json", "model.safetensors", "optimizer.safetensors"]
+    assert not (carried / "best").exists()  # only what resuming needs
+    # On the other machine: the run folder under a fresh --out, then the same command.
+    shutil.copytree(carried, there / "length-96" / "rm")
+    assert main(argv(there)) == 0
+    from rlmlab.experiments.tables import training_summary
+
+    assert training_summary(there / "length-96" / "rm")["resumed_at"] == [1]
+
+    def outcome(out):
+        run = out / "length-96" / "rm"
+        return ([r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                 if r["kind"] in ("train", "val")],
+                (run / "eval" / "eval" / "results.jsonl").read_text())
+
+    def steps_and_losses(out):
+        records, results_ = outcome(out)
+        return [(r["kind"], r["step"], r["loss"]) for r in records], results_
+
+    assert steps_and_losses(there) == steps_and_losses(tmp_path / "uninterrupted")
+    # Once the run has finished, exporting it removes the checkpoint that would resume it.
+    assert main(["export", str(there), str(results), "--resumable"]) == 0
+    assert (carried / "done.json").exists() and not (carried / "last").exists()
+    assert not list(results.rglob("*.safetensors"))
+
+
 def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     out = tmp_path / "length"
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]

@@ -158,6 +158,31 @@ def test_resume_equals_uninterrupted(data, tmp_path):
         train(config(), tr, va, tmp_path / "a", **quiet)
 
 
+def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from rlmlab.errors import DataError
+
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    saved = json.loads((tmp_path / "a" / "last" / "checkpoint.json").read_text())["trainer"]
+    assert saved["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
+    keep = np.ones(len(tr), dtype=bool)
+    keep[-1] = False  # one example fewer: the same rows would be cut at other places
+    with pytest.raises(DataError, match="other train examples"):
+        train(config(max_steps=8, decay_steps=8), tr.select(keep), va, tmp_path / "a", resume=True, **quiet)
+    with pytest.raises(DataError, match="other val examples"):
+        train(config(max_steps=8, decay_steps=8), tr, va.select(np.arange(len(va)) > 0), tmp_path / "a", resume=True, **quiet)
+    # The data's files may move (another machine, another --out): their contents are what counts.
+    cfg = config(max_steps=8, decay_steps=8)
+    moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet",
+                                                              val="elsewhere/val.parquet"))
+    assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+
+
 def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp_path, monkeypatch):
     import os
     import signal

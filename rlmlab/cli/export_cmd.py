@@ -11,11 +11,17 @@ def register(sub) -> None:
     p.add_argument("src", metavar="SRC", help="experiment folder written by `rlmlab run`")
     p.add_argument("dest", metavar="DEST", help="where the results go (e.g. results/length-small); "
                                                 "files it has that SRC lacks are kept")
+    p.add_argument("--resumable", action="store_true",
+                   help="also copy the `last` checkpoint of every unfinished run, to continue it on another "
+                        "machine (docs/cli.md, 'Carrying a run to another machine')")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    n = export_results(args.src, args.dest)
-    print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}; left out "
-          f"{n['checkpoints']} checkpoints and {n['data_files']} data files; report in {args.dest}/report")
+    n = export_results(args.src, args.dest, resumable=args.resumable)
+    carried = (f" (with the `last` checkpoints of {n['resume_checkpoints']} unfinished runs)"
+               if args.resumable else "")
+    print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}{carried}; left out "
+          f"{n['checkpoints']} checkpoints and {n['data_files']} data files; "
+          + (f"report in {args.dest}/report" if n["reported"] else "no report: nothing is evaluated yet"))
     return 0

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from rlmlab.errors import DataError
+from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
@@ -17,12 +17,21 @@ from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
 # command in commands.jsonl, and checkpoints are megabytes each.
 LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
+RESUME_CHECKPOINT = "last"
 
 
-def export_results(src: str | Path, dest: str | Path) -> dict:
+def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -> dict:
     """Copy an experiment folder's results to `dest` (e.g. under `results/` to commit them):
     configs, metrics, per-expression results, probe summaries and commands, without
-    checkpoints or data files, then rebuild the report there from the copy.
+    checkpoints or data files, then rebuild the report there from the copy (none while no run
+    has been evaluated).
+
+    With `resumable`, the `last` checkpoint of every unfinished run (a run folder without
+    done.json) comes along too, so that the run can be continued on another machine: copy its
+    run folder back under a fresh `--out` and re-run its command (docs/cli.md). Whether or not
+    `resumable` is set, a `last` checkpoint left in `dest` by an earlier resumable export is
+    removed once its run has finished or is exported without it: it would resume a run that
+    has moved on.
 
     Files already in `dest` that the source lacks (a README, say) are kept, except the old
     outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
@@ -51,30 +60,54 @@ def export_results(src: str | Path, dest: str | Path) -> dict:
                 old = absorbed
         meta = merge_meta(old, meta, dest)
     commands = merge_commands(old_commands, new_commands)
-    copied = size = checkpoints = data_files = 0
+    copied = size = checkpoints = data_files = carried = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         rebuilt = rel.parts[0] in ("report", "view")  # the report below; `rlmlab view` pages on demand
         if (rebuilt or not path.is_file() or path.name == LOCK_NAME
                 or rel.parts in (("experiment.json",), ("commands.jsonl",))):
             continue
-        if any((src / Path(*rel.parts[:i]) / "checkpoint.json").exists() for i in range(1, len(rel.parts))):
+        inside = next((i for i in range(1, len(rel.parts))
+                       if (src / Path(*rel.parts[:i]) / "checkpoint.json").exists()), None)
+        if inside is not None and not (resumable and _unfinished_last(src / Path(*rel.parts[:inside]))):
             checkpoints += path.name == "checkpoint.json"
             continue
-        if path.suffix in LEFT_OUT_SUFFIXES:
+        if inside is None and path.suffix in LEFT_OUT_SUFFIXES:
             data_files += 1
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest / rel)
         copied += 1
         size += path.stat().st_size
+        carried += inside is not None and path.name == "checkpoint.json"
     dest.mkdir(parents=True, exist_ok=True)
     _drop_superseded(src, dest)
+    _drop_stale_resume_points(src, dest, resumable)
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
     if commands:
         (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
-    report(dest)
-    return {"files": copied, "bytes": size, "checkpoints": checkpoints, "data_files": data_files}
+    try:
+        report(dest)
+        reported = True
+    except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
+        reported = False
+    return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
+            "resume_checkpoints": carried}
+
+
+def _unfinished_last(ckpt: Path) -> bool:
+    """Whether `ckpt` is the `last` checkpoint of a run that has not finished."""
+    return ckpt.name == RESUME_CHECKPOINT and not (ckpt.parent / "done.json").exists()
+
+
+def _drop_stale_resume_points(src: Path, dest: Path, resumable: bool) -> None:
+    """Remove the `last` checkpoints in `dest` of the runs this export brings: a run that has
+    finished since would be resumed from an old step, and an export without `resumable` says
+    the run is no longer carried. Runs `src` does not hold (another machine's) keep theirs."""
+    for meta in list(dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json")):
+        run = meta.parent.parent.relative_to(dest)
+        if (src / run).is_dir() and (not resumable or (src / run / "done.json").exists()):
+            shutil.rmtree(meta.parent)
 
 
 def _drop_superseded(src: Path, dest: Path) -> None:

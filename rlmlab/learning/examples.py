@@ -211,7 +211,7 @@ class ExampleSet:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps({"format": EXAMPLES_FORMAT, "learner": self.learner, "vocab": list(self.vocab.tokens),
-                           "n_expressions": self.n_expressions, "sha256": self._digest()})
+                           "n_expressions": self.n_expressions, "sha256": self.digest()})
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             extra = {} if self.layout is None else {"layout": self.layout}
@@ -219,7 +219,7 @@ class ExampleSet:
                      meta=np.array(meta), **extra)
         os.replace(tmp, path)
 
-    def _digest(self) -> str:
+    def digest(self) -> str:
         """SHA-256 of the arrays: a cache damaged inside its arrays still parses, and would
         otherwise train silently on other tokens or targets."""
         h = hashlib.sha256()
@@ -273,7 +273,7 @@ class ExampleSet:
                        int(meta["n_expressions"]), layout)
         except (KeyError, TypeError, ValueError, OverflowError):
             raise DataError(f"{path}: no learner name or expression count") from None
-        if meta.get("sha256") != data._digest():
+        if meta.get("sha256") != data.digest():
             raise DataError(f"{path}: its arrays do not match their SHA-256 (damaged)")
         if data.loss.dtype != np.bool_ or offsets.dtype != np.int64 or data.source.dtype != np.int64 \
                 or (layout is not None and layout.dtype != np.int32) \

@@ -287,6 +287,10 @@ class TrainerState:
     the same steps as without the interruption."""
     last_eval_step: int | None = None
     dropped: dict = field(default_factory=dict)
+    data_sha256: dict | None = None
+    """`ExampleSet.digest` of the training and validation examples the run started on
+    ({"train": ..., "val": ...}): a run carried to another machine or folder rebuilds its data,
+    and must resume on the very same examples (None: saved before this was recorded)."""
 
     @classmethod
     def from_saved(cls, saved: dict, ckpt: Path) -> "TrainerState":
@@ -308,6 +312,10 @@ class TrainerState:
                 not isinstance(getattr(state, k), t) or isinstance(getattr(state, k), bool)
                 or (t is not str and not -math.inf < getattr(state, k) < math.inf)
                 or (t is int and getattr(state, k) < 0))]
+        digests = state.data_sha256
+        if digests is not None and not (isinstance(digests, dict) and set(digests) == {"train", "val"}
+                                        and all(isinstance(v, str) for v in digests.values())):
+            bad.append("data_sha256")
         if not (isinstance(state.dropped, dict) and all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for k, v in state.dropped.items())):
@@ -451,18 +459,25 @@ class Trainer:
         if resume:
             ckpt = checkpoint_dir(self.run_dir, "last")
             meta = read_meta(ckpt)
+            if "trainer" not in meta:
+                raise CheckpointError(f"{ckpt}: no trainer state to resume from")
+            self.state = TrainerState.from_saved(meta["trainer"], ckpt)
             saved = RunConfig.from_dict(meta["config"])
-            fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE]
+            # Where the data files lie may change (a run carried to another machine or folder)
+            # once the checkpoint says what they held; their contents are compared below.
+            moved = {"data.train", "data.val"} if self.state.data_sha256 is not None else set()
+            fixed = [k for k in changed_keys(saved, cfg) if k not in RESUMABLE | moved]
             if fixed:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
             run_task(meta, ckpt, self.task)  # a run continues on its own task only
             if meta["vocab"] != list(self.vocab.tokens) or meta["learner"] != self.learner:
                 raise DataError(f"{ckpt}: trained as another learner or on another vocabulary than the given data")
-            if "trainer" not in meta:
-                raise CheckpointError(f"{ckpt}: no trainer state to resume from")
+            if self.state.data_sha256 not in (None, self._data_sha256()):
+                other = [k for k, v in self._data_sha256().items() if self.state.data_sha256[k] != v]
+                raise DataError(f"{ckpt}: the run was trained on other {' and '.join(other)} examples than the "
+                                "given data (their SHA-256 differs); resume it on the data it started with")
             self.model = build_model(meta, ckpt, device)
-            self.state = TrainerState.from_saved(meta["trainer"], ckpt)
             if "schedule_steps" not in meta["trainer"]:  # saved before schedules were fixed at the start
                 self.state.schedule_steps = tc.decay_steps or tc.max_steps
             self.last_val = {k[4:]: v for k, v in meta["metrics"].items() if k.startswith("val/")}
@@ -475,6 +490,7 @@ class Trainer:
             self.model = Transformer(model_cfg).to(device)
             self.state.dropped = dropped
             self.state.schedule_steps = tc.decay_steps or tc.max_steps
+            self.state.data_sha256 = self._data_sha256()
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.optimizer = configure_optimizer(self.model, tc)
         if resume:
@@ -510,6 +526,11 @@ class Trainer:
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
                             "cpu_s": round(self.state.cpu_s, 3)})
+
+    def _data_sha256(self) -> dict[str, str]:
+        if not hasattr(self, "_digests"):
+            self._digests = {"train": self.train_data.digest(), "val": self.val_data.digest()}
+        return self._digests
 
     def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
         cfg, tc, st = self.cfg, self.tc, self.state

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
@@ -95,7 +95,7 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
 
     points = iid_points(out, meta["sizes"])
     if not points:
-        raise DataError(f"{out}: no IID test results yet (run `rlmlab run iid` first)")
+        raise NoResultsError(f"{out}: no IID test results yet (run `rlmlab run iid` first)")
     md = ["| N | learner | seeds | final answer (%) | 95% CI | per seed (%) | per-token (%) | 95% CI |",
           "|---|---|---|---|---|---|---|---|"]
     for p in points:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.tables import (
     curve_clock,
@@ -120,7 +120,7 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
 def report_recipe(out: Path, meta: dict, dest: Path) -> dict:
     rows = [recipe_row(name, out / name) for name in meta["runs"] if (out / name / "metrics.jsonl").exists()]
     if not rows:
-        raise DataError(f"{out}: none of the runs listed in experiment.json has a metrics.jsonl yet")
+        raise NoResultsError(f"{out}: none of the runs listed in experiment.json has a metrics.jsonl yet")
     (dest / "table-recipe.md").write_text(recipe_table(rows))
     plot_recipe(dest / "recipe-curves", rows)
     return {"runs": rows}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_saved, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
@@ -58,7 +58,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
                     row[f"{v}_probe_{set_name}"] = probed[0]
         rows.append(row)
     if not any(len(r) > 1 for r in rows):
-        raise DataError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
+        raise NoResultsError(f"{out}: no shortcut results yet (run `rlmlab run shortcuts` first)")
 
     def acc(r, key):
         return r[key]["accuracy"] if key in r else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
@@ -241,7 +241,7 @@ def report_sweep(out: Path, meta: dict, dest: Path) -> dict:
         per_job.append(report_threshold(out, {"kind": kind, "threshold": threshold, "split": meta["splits"][job]},
                                         dest, job))
     if not per_job:
-        raise DataError(f"{out}: no evaluation results yet (run `rlmlab run sweep` first)")
+        raise NoResultsError(f"{out}: no evaluation results yet (run `rlmlab run sweep` first)")
     points = sweep_points(out, meta)
     md = ("Accuracy (%) against the threshold: below the threshold (its three held-out bins pooled) and per "
           "out-of-domain bin (multiple of the threshold). Out-of-domain cells only for learners whose best "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlmlab.errors import DataError
+from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, load_pool, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
@@ -180,7 +180,7 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     results = {v: eval_results(out, job, v, "eval") for v in learners(out, [job])}
     names = [v for v, r in results.items() if r is not None]
     if not names:
-        raise DataError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
+        raise NoResultsError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
     probes = {v: probe_groups(out, job, v, "eval") for v in names}
     rows = threshold_rows(meta, results, probes)
     runs = training_runs(out, job)
