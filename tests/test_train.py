@@ -183,6 +183,27 @@ def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_pat
     assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
 
 
+def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_them(data, tmp_path):
+    import dataclasses
+
+    from rlmlab.learning import checkpoint as ck
+
+    tr, va = data["rm"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    path = tmp_path / "a" / "last" / "checkpoint.json"
+    meta = json.loads(path.read_text())
+    del meta["trainer"]["data_sha256"]  # as a checkpoint saved before they were recorded
+    meta["digest"] = ck.meta_digest(meta)
+    path.write_text(json.dumps(meta, indent=1))
+    cfg = config(max_steps=8, decay_steps=8)
+    moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet"))
+    with pytest.raises(ConfigError, match="--resume cannot change data.train"):
+        train(moved, tr, va, tmp_path / "a", resume=True, **quiet)
+    assert train(cfg, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+    assert json.loads(path.read_text())["trainer"]["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
+
+
 def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp_path, monkeypatch):
     import os
     import signal

@@ -477,6 +477,9 @@ class Trainer:
                 other = [k for k, v in self._data_sha256().items() if self.state.data_sha256[k] != v]
                 raise DataError(f"{ckpt}: the run was trained on other {' and '.join(other)} examples than the "
                                 "given data (their SHA-256 differs); resume it on the data it started with")
+            # A run saved before digests were recorded resumed on its own files: record them now,
+            # so that from here on it can move too.
+            self.state.data_sha256 = self._data_sha256()
             self.model = build_model(meta, ckpt, device)
             if "schedule_steps" not in meta["trainer"]:  # saved before schedules were fixed at the start
                 self.state.schedule_steps = tc.decay_steps or tc.max_steps
