@@ -181,6 +181,10 @@ def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_pat
     moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet",
                                                               val="elsewhere/val.parquet"))
     assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+    # Each session names the machine it ran on.
+    sessions = records(tmp_path / "a", "start") + records(tmp_path / "a", "resume")
+    assert [r["step"] for r in sessions] == [0, 4]
+    assert all(r["machine"]["torch"] == torch.__version__ and r["machine"]["cpu"] for r in sessions)
 
 
 def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_them(data, tmp_path):

@@ -57,6 +57,7 @@ def run(args) -> int:
         print(f"note: {len(budgeted)} runs of {results} were trained under a wall-clock budget "
               f"({', '.join(budgeted[:4])}{', ...' if len(budgeted) > 4 else ''}); a re-run trains today's "
               "step budgets: a replication, not the same run")
+    logs: dict[str, str] = {}  # per run, its training log against the committed one
     if args.checkpoints is not None:
         agreement = rp.reevaluate(results, Path(args.checkpoints), out, args.sample)
         for name, a in agreement.items():
@@ -67,13 +68,15 @@ def run(args) -> int:
         rp.rerun(results, out, learners, args.sample, dry_run=args.dry_run)
         if args.dry_run:
             return 0
-        for run_name, verdict in rp.compare_training_logs(results, out).items():
+        logs = rp.compare_training_logs(results, out)
+        for run_name, verdict in logs.items():
             print(f"{run_name}: {verdict}")
     checks, missing = rp.compare(results, out)
     table = rp.comparison_table(checks, missing)
     (out / "reproduce.md").write_text(table)
     (out / "reproduce.json").write_text(json.dumps(
         {"results": str(results), "cells": [{"cell": c.cell, "committed": c.committed, "fresh": c.fresh,
-                                              "inside": c.inside} for c in checks], "missing": missing}, indent=1) + "\n")
+                                              "inside": c.inside} for c in checks], "missing": missing,
+         "training_logs": logs}, indent=1) + "\n")
     print(table, end="")
     return 1 if args.strict and not all(c.inside for c in checks) else 0

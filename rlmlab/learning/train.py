@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlmlab.machine import machine_facts
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning.checkpoint import (
     build_model,
@@ -526,9 +527,12 @@ class Trainer:
         self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
         self.interrupted = False
+        # Each session says where it ran: the same steps round differently on another processor.
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
-                            "cpu_s": round(self.state.cpu_s, 3)})
+                            "cpu_s": round(self.state.cpu_s, 3), "machine": machine_facts()})
+        else:
+            self.log.write({"kind": "start", "step": 0, "machine": machine_facts()})
 
     def _data_sha256(self) -> dict[str, str]:
         if not hasattr(self, "_digests"):
