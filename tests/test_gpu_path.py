@@ -134,6 +134,60 @@ def test_flex_mask_equals_the_dense_mask(data):
 
 
 
+def _random_layout(rng: np.random.Generator, B: int, T: int, lanes: bool):
+    """Examples of 1..T/2 positions end to end in each row, the last position of a row left as padding."""
+    row, start, length = [], [], []
+    for r in range(B):
+        t = 0
+        while t < T - 1:
+            n = int(rng.integers(1, min(T // 2, T - 1 - t) + 1))
+            row.append(r), start.append(t), length.append(n)
+            t += n
+    frame = torch.from_numpy(rng.integers(0, 3, (B, T))) if lanes else None
+    branch = torch.from_numpy(rng.integers(-1, 2, (B, T))) if lanes else None
+    return [torch.tensor(a) for a in (row, start, length)], frame, branch
+
+
+def test_flex_tables_are_torchs_own_with_row_major_strides():
+    """Without lanes the block tables are exactly what `create_block_mask` derives from the
+    exact rule, tile for tile, and every table has the row-major strides of its shape. The
+    compiled kernels index the tables by their own stride arithmetic (see `canonical`), so a
+    table with the right values and other strides is read wrong: on CUDA it gave 15% wrong
+    attention outputs while every value check passed."""
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        B, T = int(rng.integers(1, 4)), int(rng.integers(130, 700))
+        (row, start, length), _, _ = _random_layout(rng, B, T, lanes=False)
+        ours = FlexMask(B, T, row, start, length).block_mask()
+        theirs = flex.create_block_mask(ours.mask_mod, B, None, T, T, device="cpu")
+        for name in ours._TENSOR_ATTRS:
+            a, b = getattr(ours, name), getattr(theirs, name)
+            if a is None and b is None:
+                continue
+            assert torch.equal(a, b), name
+            assert a.stride() == torch.empty(a.shape).stride(), (name, a.stride())
+    assert ours.BLOCK_SIZE == theirs.BLOCK_SIZE and ours.seq_lengths == theirs.seq_lengths
+
+
+def test_the_compiled_flex_kernel_equals_the_dense_mask():
+    """The compiled FlexAttention forward, the one kernel on CPU that reads the block tables
+    (it skips the tiles they leave out and drops the mask on the tiles they call full), equals
+    the dense mask at every example position, with and without lanes. The eager form of the
+    test above cannot see a table the kernel misreads."""
+    compiled = torch.compile(flex.flex_attention, dynamic=False)
+    rng = np.random.default_rng(1)
+    B, T = 2, 1000
+    for lanes in (False, True, False):
+        (row, start, length), frame, branch = _random_layout(rng, B, T, lanes)
+        dense = _dense_block_mask(B, T, row, start, length, frame, branch)
+        keep = dense[:, 0].any(-1)[:, None, :, None]
+        q, k, v = (torch.randn(B, 2, T, 16) for _ in range(3))
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense | ~keep)
+        with torch.no_grad():
+            out = compiled(q, k, v, block_mask=FlexMask(B, T, row, start, length, frame, branch).block_mask())
+        torch.testing.assert_close(out * keep, ref * keep, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("learner", ["cot", "rm"])
 def test_the_cuda_path_step_equals_the_cpu_path_step(examples_of, learner):
     """One optimizer step on real packed rows through the CUDA path (rows laid end to end into

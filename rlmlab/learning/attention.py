@@ -53,6 +53,17 @@ def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor
     return idx, pos, labels
 
 
+def canonical(a: np.ndarray) -> torch.Tensor:
+    """`a` as a tensor with the row-major strides of its shape, size-1 dimensions included.
+
+    The compiled FlexAttention kernel indexes its block tables with stride arithmetic of its own:
+    on CPU it reads them as row-major whatever their strides say, and on CUDA it steps from batch
+    to batch by the stride of the (size-1) head dimension. numpy gives a sum over a broadcast mask
+    column-major strides and an inserted axis a stride of 0, which made both kernels read another
+    tile's or another row's table."""
+    return torch.from_numpy(np.asarray(a)).clone(memory_format=torch.contiguous_format)
+
+
 def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """A host tensor on `device`; to CUDA from pinned memory without blocking the host (the copy
     is ordered before any kernel that reads it on the same stream)."""
@@ -207,9 +218,9 @@ class FlexMask:
         full = (j >= full_from) & (j < i)
 
         def ordered(m: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-            count = m.sum(-1).astype(np.int32)
-            index = np.argsort(~m, axis=-1, kind="stable").astype(np.int32)  # allowed tiles first, in order
-            return torch.from_numpy(count[:, None]), torch.from_numpy(np.ascontiguousarray(index[:, None]))
+            count = m.sum(-1).astype(np.int32)[:, None]
+            index = np.argsort(~m, axis=-1, kind="stable").astype(np.int32)[:, None]  # allowed tiles first
+            return canonical(count), canonical(index)
 
         self.tables = BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block,
                                                seq_lengths=(T, T))
