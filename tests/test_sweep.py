@@ -191,3 +191,33 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
     assert not out.exists()
     assert "| length | 96 | rm |" in text and "| depth | 3 | cot |" in text
     assert f"| length | 96 | {len(train):,} |" in text
+
+
+def test_the_sweep_figure_breaks_a_line_at_a_threshold_without_a_cell(tmp_path, monkeypatch):
+    """A learner trained at L = 33 and 359 but not at 96 (another learner was) gets no segment
+    across 96: the figure draws only what was measured."""
+    import math
+
+    import matplotlib.axes
+
+    from rlmlab.experiments.kinds.sweep import plot_sweep
+
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: drawn.append((list(a[0]), list(a[1]))) or real_plot(self, *a, **k))
+
+    def point(learner, threshold, acc):
+        cell = {"accuracy": acc}
+        return {"split": "length", "threshold": threshold, "learner": learner, "fitted": True,
+                "below": cell, "ood": {"1.0-1.25": cell}}
+
+    points = [point("rm", t, 0.9) for t in (33, 96, 359)] + [point("cot", t, 0.5) for t in (33, 359)]
+    plot_sweep(tmp_path / "sweep", points)
+    assert (tmp_path / "sweep.png").exists()
+    cot = [ys for xs, ys in drawn if ys and ys[0] == 50.0]
+    assert len(cot) == 2  # below the threshold and the one out-of-domain bin
+    for ys in cot:
+        assert ys[0] == 50.0 and math.isnan(ys[1]) and ys[2] == 50.0
+    rm = [ys for xs, ys in drawn if ys and ys[0] == 90.0]
+    assert len(rm) == 2 and all(ys == [90.0, 90.0, 90.0] for ys in rm)

@@ -195,19 +195,26 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
         ps = [p for p in points if p["split"] == kind]
         labels = list(ps[0]["ood"])
         names = list(dict.fromkeys(p["learner"] for p in ps))
+        thresholds = sorted({p["threshold"] for p in ps})
         handles = []
+
+        def series(cells: dict) -> list[float]:
+            # NaN at a threshold without a cell breaks the line there: no value is drawn between
+            # two thresholds that were measured around one that was not.
+            return [100 * cells[t]["accuracy"] if cells.get(t) else float("nan") for t in thresholds]
+
         for i, name in enumerate(names):
             ls, marker = LEARNER_STYLES.get(name, (":", "s"))
-            mine = [p for p in ps if p["learner"] == name]
-            xs = [p["threshold"] for p in mine if p["below"]]
-            ys = [100 * p["below"]["accuracy"] for p in mine if p["below"]]
+            mine = {p["threshold"]: p for p in ps if p["learner"] == name}
             color = LEARNER_COLORS.get(name, f"C{i}")
-            ax.plot(xs, ys, ls=ls, marker=marker, color=color, lw=2.4, ms=6)
+            ax.plot(thresholds, series({t: p["below"] for t, p in mine.items()}), ls=ls, marker=marker,
+                    color=color, lw=2.4, ms=6)
             for j, lab in enumerate(labels):
-                pts = [(p["threshold"], 100 * p["ood"][lab]["accuracy"]) for p in mine if p["ood"][lab]]
-                if pts:
-                    ax.plot(*zip(*pts), ls=ls, marker=marker, color=cmap(j / max(1, len(labels) - 1)), lw=1.2,
-                            ms=4, alpha=0.9)
+                cells = {t: p["ood"][lab] for t, p in mine.items()}
+                if any(cells.values()):
+                    ax.plot(thresholds, series(cells), ls=ls, marker=marker,
+                            color=cmap(j / max(1, len(labels) - 1)), lw=1.2, ms=4, alpha=0.9)
+            mine = list(mine.values())
             unfit = [p["threshold"] for p in mine if not p["fitted"]]
             handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
                                   label=learner_name(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
@@ -215,7 +222,6 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
         handles.append(Line2D([], [], color="grey", lw=2.4, label=f"below {UNIT[kind]} (learner's colour)"))
         handles += [Line2D([], [], color=cmap(j / max(1, len(labels) - 1)), lw=1.2, label=f"×{lab}")
                     for j, lab in enumerate(labels)]
-        thresholds = sorted({p["threshold"] for p in ps})
         if kind == "length":
             ax.set_xscale("log")
         # Thresholds close on a log axis (1,060, 1,345, 1,839) would overprint level labels.
