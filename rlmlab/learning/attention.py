@@ -56,11 +56,10 @@ def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor
 def canonical(a: np.ndarray) -> torch.Tensor:
     """`a` as a tensor with the row-major strides of its shape, size-1 dimensions included.
 
-    The compiled FlexAttention kernel indexes its block tables with stride arithmetic of its own:
-    on CPU it reads them as row-major whatever their strides say, and on CUDA it steps from batch
-    to batch by the stride of the (size-1) head dimension. numpy gives a sum over a broadcast mask
-    column-major strides and an inserted axis a stride of 0, which made both kernels read another
-    tile's or another row's table."""
+    The compiled FlexAttention kernels index the block tables as if they had those strides.
+    numpy gives a sum over a broadcast mask column-major strides and an inserted axis a stride
+    of 0; with them the CPU kernel read other tiles' counts, and the CUDA kernel of an H200 read
+    the first batch row's tables for every row (docs/gpu.md)."""
     return torch.from_numpy(np.asarray(a)).clone(memory_format=torch.contiguous_format)
 
 
