@@ -205,16 +205,15 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
 
         for i, name in enumerate(names):
             ls, marker = LEARNER_STYLES.get(name, (":", "s"))
-            mine = {p["threshold"]: p for p in ps if p["learner"] == name}
+            mine = [p for p in ps if p["learner"] == name]
             color = LEARNER_COLORS.get(name, f"C{i}")
-            ax.plot(thresholds, series({t: p["below"] for t, p in mine.items()}), ls=ls, marker=marker,
+            ax.plot(thresholds, series({p["threshold"]: p["below"] for p in mine}), ls=ls, marker=marker,
                     color=color, lw=2.4, ms=6)
             for j, lab in enumerate(labels):
-                cells = {t: p["ood"][lab] for t, p in mine.items()}
+                cells = {p["threshold"]: p["ood"][lab] for p in mine}
                 if any(cells.values()):
                     ax.plot(thresholds, series(cells), ls=ls, marker=marker,
                             color=cmap(j / max(1, len(labels) - 1)), lw=1.2, ms=4, alpha=0.9)
-            mine = list(mine.values())
             unfit = [p["threshold"] for p in mine if not p["fitted"]]
             handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
                                   label=learner_name(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
