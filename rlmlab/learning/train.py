@@ -527,7 +527,7 @@ class Trainer:
         self.cpu_start, self.cpu_before = time.process_time(), self.state.cpu_s
         self.step_times: list[float] = []  # this session's training steps, seconds each
         self.interrupted = False
-        # The machine is logged per session because float rounding, hence the run, depends on the processor.
+        # A resumed run may continue on another processor, where the same steps round differently.
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
                             "cpu_s": round(self.state.cpu_s, 3), "machine": machine_facts()})
