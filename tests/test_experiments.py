@@ -469,6 +469,45 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     assert not list(results.rglob("*.safetensors"))
 
 
+@pytest.mark.parametrize("kind, extra, job", [
+    ("length", [], "length-96"),
+    ("iid", ["--sizes", "100"], "iid-N100-s0"),
+    ("shortcuts", ["--constructions", "position_parity"], "shortcut-position_parity"),
+])
+def test_an_exported_folder_copied_back_runs_again_on_its_rebuilt_data(tmp_path, capsys, kind, extra, job):
+    # An export keeps each data set's JSON and leaves its parquet files out; copied back whole as a
+    # run folder (say, to add a learner beside the exported ones), it rebuilds the same data.
+    def argv(out):
+        return ["run", kind, "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm", *extra]
+
+    first, results, again = tmp_path / "first", tmp_path / "results", tmp_path / "again"
+    assert main(argv(first)) == 0
+    assert main(["export", str(first), str(results)]) == 0
+    data = results / "data" / (job if kind != "iid" else "iid")
+    assert sorted(p.suffix for p in data.iterdir()) == [".json"]
+    shutil.copytree(results, again)
+    summary = again / job / "rm" / "eval"
+    stamps = {p: p.stat().st_mtime_ns for p in summary.rglob("summary.json")}
+    assert stamps and main(argv(again)) == 0
+    assert {p: p.stat().st_mtime_ns for p in summary.rglob("summary.json")} == stamps  # nothing re-ran
+    for table in (first / data.relative_to(results)).glob("*.parquet"):
+        assert pq.read_table(again / table.relative_to(first)).equals(pq.read_table(table)), table.name
+
+    # Data whose JSON records other parameters are refused on one line, and nothing is rebuilt.
+    meta_file = next(data.glob("*.json"))
+    doc = json.loads(meta_file.read_text())
+    key = "n_val" if "n_val" in doc["params"] else next(iter(doc["params"]))
+    doc["params"][key] = 123456
+    tampered = tmp_path / "tampered"
+    shutil.copytree(results, tampered)
+    (tampered / meta_file.relative_to(results)).write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(argv(tampered)) == 2
+    err = capsys.readouterr().err
+    assert "differs from what" in err and err.count("\n") == 1
+    assert not list((tampered / meta_file.relative_to(results)).parent.glob("*.parquet"))
+
+
 def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     out = tmp_path / "length"
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]

@@ -73,6 +73,33 @@ def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):
     return read_pool(path, task=task)
 
 
+def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expected: dict | None = None) -> None:
+    """Make `data` hold a complete saved data set (a split's `split.json`, a shortcut data set's
+    `shortcut.json`, with the parquet files they list), building it with `build()` when a file
+    is missing.
+
+    An export keeps the JSON file and leaves the parquet files out, so an exported folder copied
+    back as a run folder is rebuilt here. The data is a function of the pool (or the seed) and the
+    parameters, so the rebuilt set must come out with the parameters that JSON file records (or,
+    without one, `expected`); otherwise it is refused before anything is written."""
+    from rlmlab.safeio import read_json
+
+    path = data / meta_file
+    if path.exists():
+        doc = read_json(path, DataError, meta_file)
+        entries = doc.get("tables") if isinstance(doc, dict) else None
+        if not isinstance(entries, dict) or all(
+                isinstance(e, dict) and isinstance(e.get("file"), str) and (data / e["file"]).exists()
+                for e in entries.values()):
+            return  # complete, or malformed: the loader names the problem
+        expected = doc.get("params")
+    built = build()
+    if expected is not None and expected != json.loads(json.dumps(built.params)):
+        raise DataError(f"{data}: the data rebuilt from the pool differs from what "
+                        f"{meta_file if path.exists() else 'experiment.json'} records; use another --out")
+    built.save(data)
+
+
 def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict) -> None:
     """Write experiment.json for an experiment of `kind` (an `ExperimentKind`); a folder that
     holds another experiment is refused rather than relabelled, which would hide its runs from

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
@@ -192,9 +192,9 @@ class IIDSweep(ExperimentKind):
                               f"N = {', '.join(map(str, wanted))}), got {seeds!r}")
 
         data = out / "data" / "iid"
-        if not (data / "split.json").exists():
-            iid_split(load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
-                      dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace).save(data)
+        ensure_data(data, "split.json", lambda: iid_split(
+            load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
+            dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace))
         split = Split.load(data, p.task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_saved, read_meta, write_meta
+from rlmlab.experiments.folder import check_saved, ensure_data, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
@@ -199,9 +199,9 @@ class ShortcutSuite(ExperimentKind):
         jobs = []
         for name in names:
             data = out / "data" / self.job_name(name)
-            if not (data / "shortcut.json").exists():
-                build_shortcut_dataset(name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300),
-                                       n_iid=p.shortcut_n_eval, n_ood=p.shortcut_n_eval, config=config).save(data)
+            ensure_data(data, "shortcut.json", lambda: build_shortcut_dataset(
+                name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300), n_iid=p.shortcut_n_eval,
+                n_ood=p.shortcut_n_eval, config=config))
             ds = ShortcutDataset.load(data)
             saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
             check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),

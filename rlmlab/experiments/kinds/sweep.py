@@ -10,10 +10,11 @@ pool joins a sweep without retraining (`rlmlab export SINGLE SWEEP`, `absorb`).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, load_pool, read_meta, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.kinds.threshold import report_threshold
@@ -294,20 +295,16 @@ class ThresholdSweep(ExperimentKind):
         splits = dict(read_meta(out)["splits"]) if (out / "experiment.json").exists() else {}
         jobs = []
         pool = None
+
+        def build(kind: str, threshold: int):
+            nonlocal pool  # loaded once, by the first threshold whose split has to be built
+            pool = pool if pool is not None else load_pool(p, out, progress)
+            return threshold_split(pool, kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap, n_train=p.n_train)
+
         for name in wanted:
             kind, threshold = parse_job(name)
             data = out / "data" / name
-            complete = all((data / f"{t}.parquet").exists() for t in ("train", "val", "eval"))
-            if not ((data / "split.json").exists() and complete):
-                # An export keeps split.json and leaves the parquet files out; the split is a
-                # function of the pool and the parameters, so it is rebuilt and must come out the same.
-                pool = pool if pool is not None else load_pool(p, out, progress)
-                built = threshold_split(pool, kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
-                                        n_train=p.n_train)
-                if name in splits and splits[name] != built.params:
-                    raise DataError(f"{out}: the split {name} rebuilt from the pool differs from the one its "
-                                    "experiment.json records; use another --out")
-                built.save(data)
+            ensure_data(data, "split.json", partial(build, kind, threshold), expected=splits.get(name))
             split = Split.load(data, p.task)
             check_split(data, split.params, p, asked)
             splits[name] = split.params

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, load_pool, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
@@ -286,9 +286,9 @@ class ThresholdSplit(ExperimentKind):
         p = preset
         threshold = self.threshold(p, threshold)
         data = out / "data" / self.job_name(threshold)
-        if not (data / "split.json").exists():
-            threshold_split(load_pool(p, out, progress), self.name, threshold, n_val=p.n_val,
-                            per_bin_cap=p.per_bin_cap, n_train=p.n_train).save(data)
+        ensure_data(data, "split.json", lambda: threshold_split(
+            load_pool(p, out, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+            n_train=p.n_train))
         split = Split.load(data, p.task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
