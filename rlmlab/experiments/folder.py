@@ -73,15 +73,18 @@ def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):
     return read_pool(path, task=task)
 
 
-def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expected: dict | None = None) -> None:
+def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expected: dict | None = None,
+                identity: Callable[[dict], dict] = lambda params: params) -> None:
     """Make `data` hold a complete saved data set (a split's `split.json`, a shortcut data set's
     `shortcut.json`, with the parquet files they list), building it with `build()` when a file
     is missing.
 
     An export keeps the JSON file and leaves the parquet files out, so an exported folder copied
-    back as a run folder is rebuilt here. The data is a function of the pool (or the seed) and the
-    parameters, so the rebuilt set must come out with the parameters that JSON file records (or,
-    without one, `expected`); otherwise it is refused before anything is written."""
+    back as a run folder is rebuilt here. The data are a function of the pool (or the seed) and
+    the parameters, so the rebuilt set must come out with the parameters that JSON file records
+    (or, without one, `expected`), compared through `identity` (which may drop what describes the
+    data rather than determines them, such as a report's wording); otherwise it is refused
+    before anything is written."""
     from rlmlab.safeio import read_json
 
     path = data / meta_file
@@ -94,9 +97,15 @@ def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expecte
             return  # complete, or malformed: the loader names the problem
         expected = doc.get("params")
     built = build()
-    if expected is not None and expected != json.loads(json.dumps(built.params)):
-        raise DataError(f"{data}: the data rebuilt from the pool differs from what "
-                        f"{meta_file if path.exists() else 'experiment.json'} records; use another --out")
+    if isinstance(expected, dict):
+        old, new = identity(expected), identity(json.loads(json.dumps(built.params)))
+        differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        if differ:
+            raise DataError(f"{data}: built again, the data differ from what "
+                            f"{meta_file if path.exists() else 'experiment.json'} records "
+                            f"({', '.join(differ)}); use another --out")
+    elif expected is not None:
+        raise DataError(f"{path}: 'params' should be an object")
     built.save(data)
 
 

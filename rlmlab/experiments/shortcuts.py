@@ -831,6 +831,18 @@ class ShortcutDataset:
     def report(self) -> dict:
         return self.params["validity"]
 
+    @staticmethod
+    def identity(params: dict) -> dict:
+        """What of a data set's `params` the data determine: all of it but the wording of the
+        validity checks' details, which follows the code's vocabulary (a saved record is compared
+        with a rebuilt set through this)."""
+        validity = params.get("validity")
+        if not isinstance(validity, dict) or not isinstance(validity.get("checks"), list):
+            return params
+        checks = [{k: v for k, v in c.items() if k != "detail"} if isinstance(c, dict) else c
+                  for c in validity["checks"]]
+        return {**params, "validity": {**validity, "checks": checks}}
+
     def save(self, folder: str | Path) -> Path:
         from rlmlab.experiments.splits import write_table_folder
 
