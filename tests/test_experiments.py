@@ -74,7 +74,9 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     table = (out / "report" / "table-length-96.md").read_text()
     probed = [line for line in table.splitlines() if line.startswith("| CoT probed expressions")]
     assert probed and probed[0].count("| 2 ") == 10
-    assert "| CoT non-invariant positions (%)" in table and "| CoT non-invariant answers (%)" in table
+    # Smoke runs do not fit: their probe rows say so, as their accuracy rows do.
+    assert "| CoT, not fitted, non-invariant positions (%)" in table
+    assert "| CoT, not fitted, non-invariant answers (%)" in table
 
     # Frame errors of a learner (rlmlab frames) join the table as a section of their own.
     frames = out / "length-96" / "rm" / "frames" / "eval"
@@ -82,7 +84,7 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
                  "--train", str(out / "data" / "length-96" / "train.parquet"), "--per-group", "1"]) == 0
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()
-    assert "Teacher-forced errors per active-frame example, RM" in table
+    assert "Teacher-forced errors per active-frame example, RM, not fitted (best validation" in table
     assert (frames / "table.md").read_text().splitlines()[0] in table.splitlines()
     (frames / "summary.json").write_text(json.dumps({"rows": [{"fn": "add"}]}))
     assert main(["report", str(out)]) == 2

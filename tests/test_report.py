@@ -90,9 +90,14 @@ def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
 def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withheld():
     learners = ["rm", "cot"]
     cell = {"n": 10, "correct": 4, "accuracy": 0.4, "ci95": [0.2, 0.7]}
-    rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 10, "rm": cell, "cot": cell} for i in range(10)]
+    probe = {"position_rate": 0.1, "answer_rate": 0.0, "n_expressions": 5}
+    rows = [{"bin": f"b{i}", "ood": i >= 3, "available": 10, "rm": cell, "cot": cell, "rm_probe": probe,
+             "cot_probe": probe} for i in range(10)]
     md, tex = threshold_tables("length", 595, rows, learners, fits={"rm": 0.99, "cot": 0.985})
     lines = {line.split(" |")[0]: line for line in md.splitlines()}
+    # Probe rates stay, but a learner that did not fit has them labelled.
+    assert lines["| RM non-invariant positions (%)"].count("10.0") == 10
+    assert lines["| CoT, not fitted, non-invariant positions (%)"].count("10.0") == 10
     assert lines["| RM acc. (%)"].count("40.0") == 10
     cot = lines["| CoT acc. (%), not fitted (best validation 98.5)"]
     assert cot.count("40.0") == 3 and cot.count("not fitted") == 8  # label + 7 OOD bins

@@ -42,9 +42,10 @@ PAPER_TABLE2 = {
 FRAME_TABLE_FUNCTIONS = 12  # the most frequent functions out of domain, in `rlmlab frames` tables
 
 
-def _frame_errors(out: Path, job: str, learners: list[str]) -> str:
+def _frame_errors(out: Path, job: str, learners: list[str], fits: dict[str, float | None]) -> str:
     """Markdown sections with `rlmlab frames`' table of each learner whose evaluation set was
-    scored frame by frame (`<learner>/frames/eval/`); empty when none was."""
+    scored frame by frame (`<learner>/frames/eval/`); empty when none was. A learner that did
+    not fit keeps its table, labelled: its out-of-domain columns are a diagnostic, not a result."""
     md = ""
     for v in learners:
         rows = saved_list(out, job, v, "frames", "eval", "rows")
@@ -54,10 +55,16 @@ def _frame_errors(out: Path, job: str, learners: list[str]) -> str:
             table = render_frames(rows, top=FRAME_TABLE_FUNCTIONS)
         except (KeyError, TypeError):
             raise DataError(f"{out / job / v / 'frames' / 'eval' / 'summary.json'}: malformed rows") from None
-        md += (f"\nTeacher-forced errors per active-frame example, {learner_name(v)} (`rlmlab frames`; an "
+        md += (f"\nTeacher-forced errors per active-frame example, {learner_name(v)}{_unfit_label(fits.get(v))} "
+               "(`rlmlab frames`; an "
                "example is wrong if any of its targets is mispredicted; seen: the frame's call occurs among "
                "the frames of the training traces):\n\n" + table + "\n")
     return md
+
+
+def _unfit_label(best: float | None) -> str:
+    """The label a learner's out-of-domain diagnostics carry when it did not fit; empty if it did."""
+    return "" if fitted(best) else f", not fitted (best validation {pct(best)})"
 
 
 def threshold_rows(meta: dict, results: dict[str, list[dict] | None],
@@ -111,7 +118,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
         if not any(probed):
             continue
         for key, what in (("position_rate", "positions"), ("answer_rate", "answers")):
-            md.append(f"| {learner_name(v)} non-invariant {what} (%) | "
+            md.append(f"| {learner_name(v)}{', not fitted,' if v in unfit else ''} non-invariant {what} (%) | "
                       + " | ".join(pct(p.get(key)) if p else "–" for p in probed) + " |")
         md.append(f"| {learner_name(v)} probed expressions | "
                   + " | ".join(str(p["n_expressions"]) if p else "–" for p in probed) + " |")
@@ -200,7 +207,7 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     probed = {v: _probe_rows(out, job, v, "eval") for v in names if v not in unfit}
     predictors = {v: f for v, p in probed.items() if p and (f := failure_predictors(results[v], p))}
     md += failure_prediction_table(predictors)
-    md += _frame_errors(out, job, names)
+    md += _frame_errors(out, job, names, fits)
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
     plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit)
