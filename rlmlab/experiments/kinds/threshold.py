@@ -105,7 +105,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
           "|---" * (len(labels) + 1) + "|"]
     for v in learners:
         if v in unfit:
-            md.append(f"| {learner_name(v)} acc. (%), not fitted (best validation {pct(unfit[v])}) | "
+            md.append(f"| {learner_name(v)} acc. (%){_unfit_label(unfit[v])} | "
                       + " | ".join("not fitted" if r["ood"] else pct(a) for r, a in zip(rows, acc[v])) + " |")
         else:
             md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(pct(a) for a in acc[v]) + " |")
