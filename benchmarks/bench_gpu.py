@@ -93,7 +93,20 @@ def dense_block_mask(B: int, T: int, row, start, length, frame=None, branch=None
 
 
 def check_flex_kernel(device: torch.device) -> None:
-    """The compiled FlexAttention kernel the trainer runs against the dense mask (fp32)."""
+    """The compiled FlexAttention kernel the trainer runs against the dense mask, in true fp32.
+
+    TF32 is switched off for the check: with it, both kernels round their dot products to
+    10-bit mantissas in different orders, and on an H200 that alone put a few of 256,000 elements
+    up to 5e-3 apart, which would hide nothing yet fail a tolerance meant for fp32."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _check_flex_kernel(device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _check_flex_kernel(device: torch.device) -> None:
     gen = torch.Generator().manual_seed(0)
     B, T = 2, 1000
     for lanes in (False, True):

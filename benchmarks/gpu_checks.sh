@@ -6,7 +6,7 @@
 #
 # Runs from the repository root, with rlmlab installed or importable (PYTHONPATH=.). POOL is an
 # expression pool for the short paper-preset training (default: built here, 20,000 at seed 42).
-# Not yet timed end to end; docs/gpu.md has what each step took on an H200 and what it found.
+# docs/gpu.md ("On an H200") has what each step took on an H200 and what it found.
 set -u
 out=${1:?usage: gpu_checks.sh OUT [POOL.parquet]}
 pool=${2:-}
