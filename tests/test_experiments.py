@@ -446,6 +446,12 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     carried = results / "length-96" / "rm"
     assert sorted(p.name for p in (carried / "last").iterdir()) == [
         "checkpoint.json", "model.safetensors", "optimizer.safetensors"]
+    # A plain export now would drop the only copy of the unfinished run's progress: refused, untouched.
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    assert main(["export", str(here), str(results)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "length-96/rm" in err and "--resumable" in err
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before
     assert not (carried / "best").exists()  # only what resuming needs
     # On the other machine: the run folder under a fresh --out, then the same command.
     shutil.copytree(carried, there / "length-96" / "rm")

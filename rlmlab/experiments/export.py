@@ -30,8 +30,9 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     done.json) comes along too, so that the run can be continued on another machine: copy its
     run folder back under a fresh `--out` and re-run its command (docs/cli.md). Whether or not
     `resumable` is set, a `last` checkpoint left in `dest` by an earlier resumable export is
-    removed once its run has finished or is exported without it: it would resume a run that
-    has moved on.
+    removed once its run has finished: it would resume a run that has moved on. An export
+    without `resumable` is refused while `dest` carries the `last` of a run still unfinished in
+    `src`, rather than drop the only copy of its progress.
 
     Files already in `dest` that the source lacks (a README, say) are kept, except the old
     outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
@@ -60,6 +61,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
                 old = absorbed
         meta = merge_meta(old, meta, dest)
     commands = merge_commands(old_commands, new_commands)
+    if not resumable:
+        _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
@@ -100,10 +103,24 @@ def _unfinished_last(ckpt: Path) -> bool:
     return ckpt.name == RESUME_CHECKPOINT and not (ckpt.parent / "done.json").exists()
 
 
+def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
+    """Refuse an export without `resumable` that would remove the `last` checkpoint `dest` carries
+    for a run still unfinished in `src`: in a folder shared by several jobs, exporting after one
+    of them finishes would otherwise silently discard the only copy of another's progress."""
+    carried = sorted(str(meta.parent.parent.relative_to(dest))
+                     for meta in dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json")
+                     if _unfinished_last(src / meta.parent.relative_to(dest)))
+    if carried:
+        raise DataError(f"{dest} carries the `last` checkpoint of {len(carried)} run(s) still unfinished in {src} "
+                        f"({', '.join(carried)}); export with --resumable to update it, or delete "
+                        f"{RESUME_CHECKPOINT}/ there to stop carrying the run")
+
+
 def _drop_stale_resume_points(src: Path, dest: Path, resumable: bool) -> None:
     """Remove the `last` checkpoints in `dest` of the runs this export brings: a run that has
-    finished since would be resumed from an old step, and an export without `resumable` says
-    the run is no longer carried. Runs `src` does not hold (another machine's) keep theirs."""
+    finished since would be resumed from an old step. Runs `src` does not hold (another
+    machine's) keep theirs; a plain export of a run still unfinished in `src` is refused before
+    it gets here (`_refuse_dropping_carried_runs`)."""
     for meta in list(dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json")):
         run = meta.parent.parent.relative_to(dest)
         if (src / run).is_dir() and (not resumable or (src / run / "done.json").exists()):
