@@ -370,6 +370,32 @@ def test_run_records_and_applies_learner_settings(tmp_path):
     assert recorded[-1] == "--learner-setting=shortcut_per_learner.rm.train.batch_size=2"
 
 
+def test_experiment_json_keeps_the_settings_of_every_learners_runs(tmp_path):
+    # Two learners run one after the other into one folder, each with its own learning rate; then
+    # a second folder reruns one of them with the preset's, and both are exported into one place.
+    def run(out, learner, *setting):
+        assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", learner,
+                     *setting]) == 0
+
+    def table(folder):
+        return json.loads((folder / "experiment.json").read_text())["preset"]["per_learner"]
+
+    here, there, results = tmp_path / "here", tmp_path / "there", tmp_path / "results"
+    run(here, "rm", "--learner-setting=per_learner.rm.train.lr=0.002")
+    run(here, "cot@none", "--learner-setting=per_learner.cot@none.train.lr=0.003")
+    assert table(here)["rm"]["train.lr"] == 0.002 and table(here)["cot@none"]["train.lr"] == 0.003
+    for learner, lr in (("rm", 0.002), ("cot@none", 0.003)):
+        run_dir = here / "length-96" / learner
+        assert json.loads((run_dir / "config.json").read_text())["train"]["lr"] == lr
+    run(there, "rm")
+    assert "train.lr" not in table(there).get("rm", {})
+    assert main(["export", str(here), str(results)]) == 0
+    assert table(results) == table(here)
+    assert main(["export", str(there), str(results)]) == 0
+    # rm's runs in results/ are now those of `there`; cot@none's are still those of `here`.
+    assert "train.lr" not in table(results)["rm"] and table(results)["cot@none"]["train.lr"] == 0.003
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"model": "huge"}, "unknown model preset 'huge'"),
     ({"n_val": 0}, "n_val must be a positive integer"),

@@ -11,6 +11,7 @@ from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
+from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.report import report
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
@@ -59,7 +60,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             elif (absorbed := get_kind(meta["kind"]).absorb(old)) is not None:
                 old_commands = [get_kind(meta["kind"]).absorb_command(line, old) for line in old_commands]
                 old = absorbed
-        meta = merge_meta(old, meta, dest)
+        meta = merge_meta(old, meta, dest, {run.parent.name for run in src.glob("*/*/config.json")})
     commands = merge_commands(old_commands, new_commands)
     if not resumable:
         _refuse_dropping_carried_runs(src, dest)
@@ -107,9 +108,8 @@ def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
     """Refuse an export without `resumable` that would remove the `last` checkpoint `dest` carries
     for a run still unfinished in `src`: in a folder shared by several jobs, exporting after one
     of them finishes would otherwise silently discard the only copy of another's progress."""
-    carried = sorted(str(meta.parent.parent.relative_to(dest))
-                     for meta in dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json")
-                     if _unfinished_last(src / meta.parent.relative_to(dest)))
+    runs = (meta.parent.parent.relative_to(dest) for meta in dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json"))
+    carried = sorted(str(run) for run in runs if (src / run).is_dir() and not (src / run / "done.json").exists())
     if carried:
         raise DataError(f"{dest} carries the `last` checkpoint of {len(carried)} run(s) still unfinished in {src} "
                         f"({', '.join(carried)}); export with --resumable to update it, or delete "
@@ -147,16 +147,21 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def merge_meta(old: dict, new: dict, where: Path) -> dict:
-    """`new`'s experiment description, extended by what `old` planned (`ExperimentKind.merge_meta`);
-    refused when the two describe different experiments (`ExperimentKind.identity`)."""
+def merge_meta(old: dict, new: dict, where: Path, learners=()) -> dict:
+    """`new`'s experiment description, extended by what `old` planned (`ExperimentKind.merge_meta`)
+    and by the per-learner settings of `old`'s runs of learners other than `learners`, those
+    `new` holds runs of (`merge_learner_tables`); refused when the two describe different
+    experiments (`ExperimentKind.identity`)."""
     kind = get_kind(new["kind"])
     mine, theirs = kind.identity(new), kind.identity(old)
     for key in mine:
         if theirs.get(key) != mine[key]:
             raise DataError(f"{where} holds another experiment ({key} {theirs.get(key)!r}, exporting {mine[key]!r}); "
                             "export into another folder")
-    return kind.merge_meta(old, new)
+    merged = kind.merge_meta(old, new)
+    if isinstance(old.get("preset"), dict) and isinstance(merged.get("preset"), dict):
+        merged["preset"] = merge_learner_tables(old["preset"], merged["preset"], learners)
+    return merged
 
 
 def merge_commands(old: list[str], new: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.presets import ExperimentPreset, preset_record
+from rlmlab.experiments.presets import ExperimentPreset, merge_learner_tables, preset_record
 
 
 # Lock files (empty, held with flock while a run plans or trains; `rlmlab export` leaves them out).
@@ -109,15 +109,20 @@ def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expecte
     built.save(data)
 
 
-def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict) -> None:
+def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict, learners) -> None:
     """Write experiment.json for an experiment of `kind` (an `ExperimentKind`); a folder that
     holds another experiment is refused rather than relabelled, which would hide its runs from
-    the report."""
+    the report. The per-learner settings of earlier runs of other learners in the folder are kept
+    beside those of this run's `learners` (`merge_learner_tables`)."""
     from rlmlab.task.taskfile import load_task
 
     out.mkdir(parents=True, exist_ok=True)
     meta = {"kind": kind.name, "preset": asdict(p), "task": load_task(p.task).identity, **extra}
     refuse_another_experiment(out, kind.identity(meta), kind.identity)
+    if (out / "experiment.json").exists():
+        old = read_meta(out).get("preset")
+        if isinstance(old, dict):
+            meta["preset"] = merge_learner_tables(old, meta["preset"], learners)
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

@@ -214,7 +214,7 @@ class IIDSweep(ExperimentKind):
             meta["skipped_sizes"] = {"sizes": skipped, "reason": f"the split has {available} training expressions"}
             print(f"rlmlab: IID sizes {', '.join(map(str, skipped))} skipped: the split has {available} training "
                   "expressions", file=sys.stderr)
-        write_meta(out, self, p, meta)
+        write_meta(out, self, p, meta, learners)
         jobs = []
         for n in sizes:
             path = data / f"train-{n}.parquet"

@@ -194,7 +194,7 @@ class ShortcutSuite(ExperimentKind):
             if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
                 self.check_meta(old, out / "experiment.json")
                 planned |= set(old.get("constructions", ()))
-        write_meta(out, self, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]})
+        write_meta(out, self, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]}, learners)
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []
         for name in names:

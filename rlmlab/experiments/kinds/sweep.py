@@ -310,7 +310,7 @@ class ThresholdSweep(ExperimentKind):
             splits[name] = split.params
             jobs += [Job(name, v, str(data / "train.parquet"), str(data / "val.parquet"),
                          {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
-        write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))})
+        write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

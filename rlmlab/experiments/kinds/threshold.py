@@ -299,7 +299,7 @@ class ThresholdSplit(ExperimentKind):
         split = Split.load(data, p.task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
-        write_meta(out, self, p, {"threshold": threshold, "split": split.params})
+        write_meta(out, self, p, {"threshold": threshold, "split": split.params}, learners)
         return [Job(self.job_name(threshold), v, str(data / "train.parquet"), str(data / "val.parquet"),
                     {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
 
