@@ -12,7 +12,7 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
-from rlmlab.learning.train import lr_at, train
+from rlmlab.learning.train import describe_schedule, lr_at, train
 from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
@@ -46,6 +46,20 @@ def test_lr_schedule():
     assert lr_at(0, t, 110) == pytest.approx(0.1) and lr_at(9, t, 110) == pytest.approx(1.0)
     assert lr_at(60, t, 110) == pytest.approx(0.55) and lr_at(110, t, 110) == pytest.approx(0.1)
     assert lr_at(500, t, 110) == pytest.approx(0.1) and lr_at(500, t, None) == 1.0
+
+
+def test_the_schedule_line_says_what_lr_at_does():
+    t = TrainConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1, max_steps=110)
+    assert describe_schedule(t, 110) == "10 warm-up steps to lr 1, then cosine to 0.1 at step 110; stops at step 110"
+    # A run shorter than its warm-up (a short check of the paper preset) never leaves it.
+    short = TrainConfig(lr=1.0, warmup_steps=10, max_steps=4)
+    assert describe_schedule(short, 4).startswith("10 warm-up steps to lr 1, cut short: the run stops in warm-up, "
+                                                  "at lr 0.4;")
+    assert lr_at(3, short, 4) == pytest.approx(0.4)
+    within = TrainConfig(lr=1.0, warmup_steps=10, decay_steps=5, max_steps=50)
+    assert "then constant (the decay horizon, step 5, is within warm-up)" in describe_schedule(within, 5)
+    assert lr_at(30, within, 5) == 1.0
+    assert "then constant (no step horizon" in describe_schedule(TrainConfig(lr=1.0, warmup_steps=10), None)
 
 
 def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, tmp_path, monkeypatch):

@@ -194,6 +194,25 @@ def lr_at(step: int, tc: TrainConfig, horizon: int | None) -> float:
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - floor)
 
 
+def describe_schedule(tc: TrainConfig, horizon: int | None) -> str:
+    """`lr_at`'s schedule in words, with where the run stops."""
+    stop = tc.max_steps
+    if stop and stop <= tc.warmup_steps:
+        shape = (f"{tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, cut short: the run stops in warm-up, "
+                 f"at lr {lr_at(stop - 1, tc, horizon):g}")
+    elif horizon is None:
+        shape = (f"{tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then constant (no step horizon: set "
+                 "train.max_steps or train.decay_steps for a cosine)")
+    elif horizon <= tc.warmup_steps:
+        shape = (f"{tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then constant (the decay horizon, step "
+                 f"{horizon:,}, is within warm-up)")
+    else:
+        shape = (f"{tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then cosine to {tc.lr * tc.min_lr_ratio:g} "
+                 f"at step {horizon:,}")
+    return (shape + (f"; stops at step {stop:,}" if stop else "")
+            + (f"; wall-clock limit {tc.max_minutes:g} min" if tc.max_minutes else ""))
+
+
 def autocast_for(device: torch.device):
     # bf16 on CUDA (no loss scaling needed); CPU bf16 matmuls are far slower than fp32 there.
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -556,12 +575,7 @@ class Trainer:
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
-        floor = tc.lr * tc.min_lr_ratio
-        self.echo(f"schedule: {tc.warmup_steps:,} warm-up steps to lr {tc.lr:g}, then "
-                  + (f"cosine to {floor:g} at step {st.schedule_steps:,}" if st.schedule_steps else
-                     "constant (no step horizon: set train.max_steps or train.decay_steps for a cosine)")
-                  + (f"; stops at step {tc.max_steps:,}" if tc.max_steps else "")
-                  + (f"; wall-clock limit {tc.max_minutes:g} min" if tc.max_minutes else ""))
+        self.echo(f"schedule: {describe_schedule(tc, st.schedule_steps)}")
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
                   + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
                   + (f" (a step may take several: --train.micro_batch_tokens={self.flat_step} makes it one)"
