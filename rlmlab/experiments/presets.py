@@ -241,25 +241,6 @@ class ExperimentPreset:
 
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
 PER_LEARNER_TABLES = ("per_learner", "shortcut_per_learner", "iid_per_learner")
-
-
-def merge_learner_tables(old: dict, new: dict, learners) -> dict:
-    """The preset record `new` (an experiment.json `preset`) written by runs of `learners`, over
-    the record `old` of earlier runs in the same folder. In each per-learner table, a learner of
-    `learners` gets the settings `new` gives it (its own entry, or the one it falls back to,
-    `settings_for`) and every other learner keeps its entry in `old`. Runs of different learners
-    in one folder are often made with different `--learner-setting`s: experiment.json then lists
-    each run's settings rather than only the last run's (each run's config.json has them too)."""
-    learners = list(learners)
-    merged = dict(new)
-    for table in PER_LEARNER_TABLES:
-        before, after = old.get(table), new.get(table)
-        if isinstance(before, dict) and isinstance(after, dict):
-            merged[table] = {**after, **{k: v for k, v in before.items() if k not in learners},
-                             **{name: settings_for(after, name) for name in learners}}
-    return merged
-
-
 # Their old names, still read from `--learner-setting` (stored commands) and experiment.json.
 OLD_TABLES = {"per_view": "per_learner", "shortcut_per_view": "shortcut_per_learner", "iid_per_view": "iid_per_learner"}
 # Settings a job sets for itself (`Job` and `job_settings`), never taken from a per-learner table
@@ -290,6 +271,23 @@ def settings_for(table: dict, name: str) -> dict:
     from rlmlab.learning.learner import learner
 
     return table.get(name, table.get(learner(name).driver, {}))
+
+
+def merge_learner_tables(old: dict, new: dict, learners) -> dict:
+    """The preset record `new` (an experiment.json `preset`) written by runs of `learners`, over
+    the record `old` of earlier runs in the same folder. In each per-learner table, a learner of
+    `learners` gets the settings `new` gives it (its own entry, or the one it falls back to,
+    `settings_for`) and every other learner keeps its entry in `old`. Runs of different learners
+    in one folder are often made with different `--learner-setting`s: experiment.json then lists
+    each run's settings rather than only the last run's (each run's config.json has them too)."""
+    learners = list(learners)
+    merged = dict(new)
+    for table in PER_LEARNER_TABLES:
+        before, after = old.get(table), new.get(table)
+        if isinstance(before, dict) and isinstance(after, dict):
+            merged[table] = {**after, **{k: v for k, v in before.items() if k not in learners},
+                             **{name: settings_for(after, name) for name in learners}}
+    return merged
 
 
 def preset_record(d: dict) -> dict:
