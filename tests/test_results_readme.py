@@ -86,6 +86,7 @@ BIN_ROWS = {
     "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT acc. (%)"),
     "CoT (NoPE), K=10, paper-cpu, steps, not fitted (%)": (
         "depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (NoPE) acc. (%), not fitted (best validation 96.3)"),
+    "CoT (RoPE), K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (RoPE) acc. (%)"),
     "RM, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "RM acc. (%)"),
     "CoT, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "CoT acc. (%)"),
     "RM, paper, K=10 (%)": ("depth-10-paper-cpu", "table-depth-10.md", "paper RM (%)"),
