@@ -147,7 +147,7 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def merge_meta(old: dict, new: dict, where: Path, learners=()) -> dict:
+def merge_meta(old: dict, new: dict, where: Path, learners) -> dict:
     """`new`'s experiment description, extended by what `old` planned (`ExperimentKind.merge_meta`)
     and by the per-learner settings of `old`'s runs of learners other than `learners`, those
     `new` holds runs of (`merge_learner_tables`); refused when the two describe different
