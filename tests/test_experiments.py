@@ -221,6 +221,39 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert parity[4:] == [f"{100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f}",
                           "100.0 / 100.0", "99.7 / 9.7", "90.3", "RM, CoT |"]
     assert paper[2].split(" | ")[4] == "–"  # copy_deep_return was not probed
+    # A third learner on one construction (CoT without positions) gets a table of its own, one
+    # row per learner on that construction only; the paper's two-learner tables stay as they were.
+    assert not (out / "report" / "table-shortcuts-learners.md").exists()
+    run_jobs(get_kind("shortcuts").plan(preset, out, ("cot@none",), constructions=["position_parity"]), out,
+             progress=False)
+    report(out)
+    assert (out / "report" / "table-shortcuts-paper.md").read_text().splitlines() == paper
+    by_learner = (out / "report" / "table-shortcuts-learners.md").read_text().splitlines()
+    assert [line.split(" | ")[:2] for line in by_learner[2:]] == [["| position_parity", learner]
+                                                                  for learner in ("RM", "CoT", "CoT (NoPE)")]
+    # A smoke model fits nothing: its out-of-domain cells are withheld, its probe shown.
+    assert by_learner[3].split(" | ")[3:] == ["not fitted"] * 3 + [
+        f"{100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f} |"]
+
+
+def test_shortcut_learner_table_withholds_unfitted():
+    """The per-learner Table 3 shows a fitted learner's out-of-domain accuracy, shortcut rate and
+    well-formed share, and withholds them for one below 99% IID; constructions that only the
+    paper's two learners ran are left out."""
+    from rlmlab.experiments.kinds.shortcuts import shortcut_learner_table
+
+    def a(x):
+        return {"accuracy": x}
+
+    rows = [{"construction": "hidden_literal", "rm_iid": a(1.0), "cot_iid": a(0.995)},
+            {"construction": "position_parity", "rm_iid": a(0.993), "rm_ood": a(0.993), "rm_shortcut_rate": 0.003,
+             "rm_ood_valid": 0.997, "cot_iid": a(0.99), "cot_ood": a(0.167), "cot_shortcut_rate": 0.82,
+             "cot_ood_valid": 0.99, "cot_probe_ood": {"position_rate": 0.34},
+             "cot@rope_iid": a(0.97), "cot@rope_ood": a(0.5), "cot@rope_shortcut_rate": 0.4, "cot@rope_ood_valid": 1.0}]
+    table = shortcut_learner_table(rows, ["rm", "cot", "cot@none", "cot@rope"]).splitlines()
+    assert table[2:] == ["| position_parity | RM | 99.3 | 99.3 | 0.3 | 99.7 | – |",
+                         "| position_parity | CoT | 99.0 | 16.7 | 82.0 | 99.0 | – / 34.0 |",
+                         "| position_parity | CoT (RoPE) | 97.0 | not fitted | not fitted | not fitted | – |"]
 
 
 def test_report_and_run_errors(tmp_path, capsys):

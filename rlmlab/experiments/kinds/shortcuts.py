@@ -12,6 +12,7 @@ from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
                                        pct, plot_learning_curves, probe_groups, training_runs)
+from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, share
 
 
@@ -65,14 +66,15 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
 
     # One column per probed learner: the theorem's quantity, non-invariant prediction points,
     # on the training distribution (IID) and where S stops agreeing with the answer (OOD).
+    # Table 3 proper stays the paper's two learners; others get table-shortcuts-learners.md.
     probed = [v for v in present if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
-    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed]
+    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed if v in PAPER_LEARNERS]
 
     def probe_cell(r, v):
         return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
 
     def unfit(r):  # the paper's reading needs a learner that fits its training distribution
-        names = [learner_name(v) for v in present if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
+        names = [learner_name(v) for v in PAPER_LEARNERS if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
         return ", ".join(names) or "–"
 
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
@@ -87,7 +89,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
                  gap(acc(r, "rm_ood"), acc(r, "cot_ood")), pct(r.get("cot_shortcut_rate"))]
         md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {pct(r.get('rm_shortcut_rate'))} | "
                   + f"{unfit(r)} | " + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
-                  + "".join(f" {probe_cell(r, v)} |" for v in probed))
+                  + "".join(f" {probe_cell(r, v)} |" for v in probed if v in PAPER_LEARNERS))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     md += ["", "Final-answer accuracy and shortcut rate (OOD answers equal to S) with 95% Wilson intervals; "
@@ -110,6 +112,8 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     (dest / "table-shortcuts-paper.md").write_text(paper_side_by_side(rows, preset, acc, unfit, probe_cell))
     if probed:
         (dest / "table-shortcuts-probe.md").write_text(shortcut_probe_table(rows, probed))
+    if set(present) - set(PAPER_LEARNERS):
+        (dest / "table-shortcuts-learners.md").write_text(shortcut_learner_table(rows, present))
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     return {"rows": rows}
 
@@ -129,6 +133,28 @@ def paper_side_by_side(rows: list[dict], preset: str, acc, unfit, probe_cell) ->
                   f"{pct(acc(r, 'rm_iid'))} / {pct(acc(r, 'cot_iid'))} | {pct(acc(r, 'rm_ood'))} / {pct(acc(r, 'cot_ood'))} | "
                   f"{pct(r.get('rm_shortcut_rate'))} / {pct(r.get('cot_shortcut_rate'))} | "
                   f"{'–' if probe == '– / –' else probe} | {p[0]} / {p[1]} | {p[2]} / {p[3]} | {p[4]} | {unfit(r)} |")
+    return "\n".join(md) + "\n"
+
+
+def shortcut_learner_table(rows: list[dict], present: list[str]) -> str:
+    """Table 3 with one row per learner, on the constructions where learners beyond the paper's
+    two were trained (another position encoding or observation): does the shortcut depend on
+    what they change? Out-of-domain cells only for learners that fit (IID >= 99%)."""
+    md = ["| Construction | Learner | IID acc. (%) | OOD acc. (%) | Shortcut rate (%) | OOD well-formed (%) "
+          "| Non-invariant positions IID / OOD (%) |", "|---" * 7 + "|"]
+    for r in rows:
+        ran = [v for v in present if f"{v}_iid" in r]
+        if not set(ran) - set(PAPER_LEARNERS):
+            continue
+        for v in ran:
+            iid = r[f"{v}_iid"]["accuracy"]
+            ood = [pct(r[f"{v}_ood"]["accuracy"]), pct(r.get(f"{v}_shortcut_rate")), pct(r.get(f"{v}_ood_valid"))] \
+                if f"{v}_ood" in r else ["–"] * 3
+            if not fitted(iid):
+                ood = ["not fitted"] * 3
+            probe = " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+            md.append(f"| {r['construction']} | {learner_name(v)} | {pct(iid)} | " + " | ".join(ood)
+                      + f" | {'–' if probe == '– / –' else probe} |")
     return "\n".join(md) + "\n"
 
 
