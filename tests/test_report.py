@@ -125,6 +125,23 @@ def test_failure_predictors_join_probe_rows_to_answers_by_id():
     assert failure_predictors(results, [dict(r, position_differ=0) for r in probe]) is None
 
 
+def test_wrong_trace_summary_counts_malformed_traces_and_locates_the_first_divergence():
+    from rlmlab.experiments.kinds.threshold import wrong_trace_summary, wrong_trace_table
+
+    # In domain and right answers are left out; a wrong but well-formed trace still diverges.
+    results = [{"ood": False, "correct": False, "valid": False, "diverge_at": 3},
+               {"ood": True, "correct": True, "valid": True, "diverge_at": None}]
+    results += [{"ood": True, "correct": False, "valid": i < 3, "diverge_at": 590 + i} for i in range(8)]
+    w = wrong_trace_summary(results)
+    assert (w["n"], w["malformed"]) == (8, 5 / 8)
+    assert (w["diverge_q1"], w["diverge_median"], w["diverge_q3"]) == (591.75, 593.5, 595.25)
+    assert wrong_trace_summary(results[:2]) is None
+    table = wrong_trace_table({"cot": w}, "L = 595").splitlines()
+    assert "(L = 595; learners that fit only)" in table[1]
+    assert table[-1] == "| CoT | 8 | 62.5 | 593.5 | 591.8 / 595.2 |"
+    assert wrong_trace_table({}, "L = 595") == ""
+
+
 def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
     from rlmlab.experiments.tables import training_table, validation_seconds
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
@@ -206,6 +208,8 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
                "| bin | RM, all | RM, w_max ≤ T_max |\n|---|---|---|\n" + "\n".join(diag) + "\n")
     probed = {v: _probe_rows(out, job, v, "eval") for v in names if v not in unfit}
     predictors = {v: f for v, p in probed.items() if p and (f := failure_predictors(results[v], p))}
+    wrong = {v: w for v in names if v not in unfit and (w := wrong_trace_summary(results[v]))}
+    md += wrong_trace_table(wrong, f"{'L' if kind == 'length' else 'K'} = {threshold}")
     md += failure_prediction_table(predictors)
     md += _frame_errors(out, job, names, fits)
     (dest / f"table-{job}.md").write_text(md)
@@ -213,7 +217,37 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit)
     plot_learning_curves(dest / f"curves-{job}", runs)
     return {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
-            "failure_prediction": predictors}
+            "failure_prediction": predictors, "wrong_ood": wrong}
+
+
+def wrong_trace_summary(results: list[dict]) -> dict | None:
+    """How a learner's wrong out-of-domain answers fail: how many, the share of malformed traces
+    (no answer at all), and where the produced trace first leaves the canonical one (token index
+    of `diverge_at`: median and quartiles, linear interpolation). None without wrong answers."""
+    wrong = [r for r in results if r.get("ood") and not r["correct"]]
+    if not wrong:
+        return None
+    at = np.asarray([r["diverge_at"] for r in wrong if r.get("diverge_at") is not None], dtype=float)
+    q1, median, q3 = (float(x) for x in np.percentile(at, [25, 50, 75])) if len(at) else (None,) * 3
+    return {"n": len(wrong), "malformed": sum(not r["valid"] for r in wrong) / len(wrong),
+            "diverge_median": median, "diverge_q1": q1, "diverge_q3": q3}
+
+
+def wrong_trace_table(summaries: dict[str, dict], threshold_name: str) -> str:
+    """Markdown section of `wrong_trace_summary` per fitted learner; empty when there are none."""
+    if not summaries:
+        return ""
+
+    def tok(x: float | None) -> str:
+        return "–" if x is None else f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
+
+    md = ["| learner | wrong OOD answers | malformed (%) | first divergence, median token | quartiles |",
+          "|---|---|---|---|---|"]
+    md += [f"| {learner_name(v)} | {w['n']} | {pct(w['malformed'])} | {tok(w['diverge_median'])} | "
+           f"{tok(w['diverge_q1'])} / {tok(w['diverge_q3'])} |" for v, w in summaries.items()]
+    return (f"\nHow the wrong out-of-domain answers fail ({threshold_name}; learners that fit only): "
+            "the share of traces that end without an answer, and the token at which the produced trace "
+            "first leaves the canonical one:\n\n" + "\n".join(md) + "\n")
 
 
 def _probe_rows(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
