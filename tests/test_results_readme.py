@@ -98,6 +98,8 @@ BIN_ROWS = {
 BIN_HEADERS = ("Length bin (×L)", "Length bin (×L), L = 595", "Depth bin (×K)", "Depth bin (×K), K = 10")
 SHORTCUT_HEADERS = {"Construction, small": "shortcuts-small", "Construction, paper-cpu": "shortcuts-paper-cpu"}
 IID_FOLDERS = ("iid-small", "iid-paper-cpu")
+# Table 3 with one row per learner, where learners beyond RM and CoT ran (`table-shortcuts-learners.md`).
+LEARNER_HEADERS = {"Construction, by learner": "shortcuts-paper-cpu"}
 IID_SUMMARY = ("training expressions N", "iid-paper-cpu")  # the README's compact IID table
 # Tables that quote no report: the results index and the README's preset table.
 OTHER_HEADERS = ("folder", "preset")
@@ -105,7 +107,7 @@ OTHER_HEADERS = ("folder", "preset")
 
 def test_every_quoted_table_is_checked():
     """A table moved, renamed or added in the README or the results index must be checked here."""
-    known = set(BIN_HEADERS) | set(SHORTCUT_HEADERS) | {"N", IID_SUMMARY[0]} | set(OTHER_HEADERS)
+    known = set(BIN_HEADERS) | set(SHORTCUT_HEADERS) | set(LEARNER_HEADERS) | {"N", IID_SUMMARY[0]} | set(OTHER_HEADERS)
     for doc, tables in QUOTING.items():
         for table in tables:
             assert table[0][0] in known, f"{doc}: table headed {table[0][0]!r} is checked by no test"
@@ -163,6 +165,16 @@ def test_quoted_shortcut_tables_are_the_generated_ones(header, folder):
     assert any(t == side_by_side for _, t in found), f"no document quotes {folder}'s Table 3 whole"
     for doc, quoted in found:
         assert_projection(quoted, side_by_side, doc)
+
+
+@pytest.mark.parametrize("header, folder", sorted(LEARNER_HEADERS.items()))
+def test_quoted_per_learner_shortcut_tables_are_the_generated_ones(header, folder):
+    """Table 3 per learner is quoted whole, every row as generated, in each document that quotes it."""
+    generated_table = generated(folder, "table-shortcuts-learners.md")[0]
+    found = quotes(header)
+    assert found, f"no document quotes {folder}'s per-learner Table 3"
+    for doc, quoted in found:
+        assert quoted == generated_table, doc
 
 
 @pytest.mark.parametrize("folder, complete", [("shortcuts-small", True), ("shortcuts-paper-cpu", False)])

@@ -140,7 +140,7 @@ def shortcut_learner_table(rows: list[dict], present: list[str]) -> str:
     """Table 3 with one row per learner, on the constructions where learners beyond the paper's
     two were trained (another position encoding or observation): does the shortcut depend on
     what they change? Out-of-domain cells only for learners that fit (IID >= 99%)."""
-    md = ["| Construction | Learner | IID acc. (%) | OOD acc. (%) | Shortcut rate (%) | OOD well-formed (%) "
+    md = ["| Construction, by learner | Learner | IID acc. (%) | OOD acc. (%) | Shortcut rate (%) | OOD well-formed (%) "
           "| Non-invariant positions IID / OOD (%) |", "|---" * 7 + "|"]
     for r in rows:
         ran = [v for v in present if f"{v}_iid" in r]
