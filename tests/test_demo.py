@@ -19,7 +19,7 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
         results = [json.loads(line) for line in (run / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
         assert len(results) == 10  # one per bin
         # The released checkpoints are the committed run's: on the first expression of each bin
-        # they give the committed prediction and first divergence (the README's demo table is
+        # they give the committed prediction and first divergence (docs/cli.md's demo table is
         # the committed results cut to 40 per bin, tests/test_results_readme.py).
         committed = [json.loads(line) for line in
                      (COMMITTED / learner / "eval" / "eval" / "results.jsonl").read_text().splitlines()]

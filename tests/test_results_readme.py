@@ -265,8 +265,8 @@ def test_results_readme_tables_equal_the_generated_ones(folder):
 
 
 def demo_output() -> list[str]:
-    """The lines of the README's fenced block that shows `rlmlab demo`'s output."""
-    text = (ROOT / "README.md").read_text()
+    """The lines of docs/cli.md's fenced block that shows `rlmlab demo`'s output."""
+    text = (ROOT / "docs" / "cli.md").read_text()
     start = text.index("```text\n$ rlmlab demo\n")
     return text[start:text.index("\n```", start + 1)].splitlines()[2:]
 
@@ -274,7 +274,7 @@ def demo_output() -> list[str]:
 def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
     """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu-steps
     (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
-    the README shows is the committed per-expression results cut to N per bin."""
+    docs/cli.md shows is the committed per-expression results cut to N per bin."""
     import json
 
     shown = markdown_tables("\n".join(demo_output()))[0]
