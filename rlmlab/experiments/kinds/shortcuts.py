@@ -68,10 +68,8 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     # on the training distribution (IID) and where S stops agreeing with the answer (OOD).
     # Table 3 proper stays the paper's two learners; others get table-shortcuts-learners.md.
     probed = [v for v in present if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
-    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in probed if v in PAPER_LEARNERS]
-
-    def probe_cell(r, v):
-        return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+    paper_probed = [v for v in probed if v in PAPER_LEARNERS]
+    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in paper_probed]
 
     def unfit(r):  # the paper's reading needs a learner that fits its training distribution
         names = [learner_name(v) for v in PAPER_LEARNERS if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
@@ -89,7 +87,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
                  gap(acc(r, "rm_ood"), acc(r, "cot_ood")), pct(r.get("cot_shortcut_rate"))]
         md.append(f"| {r['construction']} | " + " | ".join(cells) + f" | {pct(r.get('rm_shortcut_rate'))} | "
                   + f"{unfit(r)} | " + ("–" if p is None else " / ".join(f"{x:.1f}" for x in p)) + " |"
-                  + "".join(f" {probe_cell(r, v)} |" for v in probed if v in PAPER_LEARNERS))
+                  + "".join(f" {probe_cell(r, v)} |" for v in paper_probed))
         tex.append(r["construction"].replace("_", r"\_") + " & " + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     md += ["", "Final-answer accuracy and shortcut rate (OOD answers equal to S) with 95% Wilson intervals; "
@@ -109,7 +107,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     (dest / "table-shortcuts.md").write_text("\n".join(md) + "\n")
     preset = meta.get("preset", {}).get("name", "?")
-    (dest / "table-shortcuts-paper.md").write_text(paper_side_by_side(rows, preset, acc, unfit, probe_cell))
+    (dest / "table-shortcuts-paper.md").write_text(paper_side_by_side(rows, preset, acc, unfit))
     if probed:
         (dest / "table-shortcuts-probe.md").write_text(shortcut_probe_table(rows, probed))
     if set(present) - set(PAPER_LEARNERS):
@@ -118,7 +116,12 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     return {"rows": rows}
 
 
-def paper_side_by_side(rows: list[dict], preset: str, acc, unfit, probe_cell) -> str:
+def probe_cell(r: dict, v: str) -> str:
+    """A learner's non-invariant prediction points on a construction, "IID / OOD" (%)."""
+    return " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+
+
+def paper_side_by_side(rows: list[dict], preset: str, acc, unfit) -> str:
     """Table 3 in the paper's row names and order, each learner pair beside the paper's, with
     CoT's non-invariant prediction points and the learners that did not fit (the README's table)."""
     md = [f"| Construction, {preset} | IID RM / CoT (%) | OOD RM / CoT (%) | shortcut rate RM / CoT (%) | "
@@ -152,7 +155,7 @@ def shortcut_learner_table(rows: list[dict], present: list[str]) -> str:
                 if f"{v}_ood" in r else ["–"] * 3
             if not fitted(iid):
                 ood = ["not fitted"] * 3
-            probe = " / ".join(pct(r.get(f"{v}_probe_{s}", {}).get("position_rate")) for s in ("iid", "ood"))
+            probe = probe_cell(r, v)
             md.append(f"| {r['construction']} | {learner_name(v)} | {pct(iid)} | " + " | ".join(ood)
                       + f" | {'–' if probe == '– / –' else probe} |")
     return "\n".join(md) + "\n"
