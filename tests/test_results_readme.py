@@ -271,7 +271,7 @@ def demo_output() -> list[str]:
     return text[start:text.index("\n```", start + 1)].splitlines()[2:]
 
 
-def test_readme_demo_output_is_the_committed_run_cut_to_its_bins():
+def test_documented_demo_output_is_the_committed_run_cut_to_its_bins():
     """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu-steps
     (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
     docs/cli.md shows is the committed per-expression results cut to N per bin."""
