@@ -14,6 +14,7 @@ from test_infer import WORKED, Script, _assert_canonical, _assert_same_logits
 from test_packing import _step_loss_and_grads
 
 from rlmlab.decoding.infer import Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
+from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError
 from rlmlab.learning.attention import BlockDiagonal, simulate_rm
 from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
@@ -259,6 +260,21 @@ def test_a_checkpoint_records_its_encoding_and_refuses_another(tmp_path, positio
     other = next(e for e in ENCODINGS if e != positions)
     with pytest.raises(CheckpointError, match=f"trained with model.positions={positions}, not {other}$"):
         load_run(run, positions=other)
+
+
+@pytest.mark.parametrize("positions, named", [("learned", "rm"), ("rope", "rm@rope"), ("none", "rm@none")])
+def test_eval_probe_and_frames_label_a_run_with_its_encoding(tmp_path, capsys, positions, named):
+    """A summary written from a run folder names the learner as `rlmlab run` does ("rm@rope"),
+    so tables and the viewer label it by its encoding; the learned table keeps the plain name."""
+    _, run = _save(tmp_path, positions)
+    data = tmp_path / "set.txt"
+    data.write_text("square(double(3))\nadd(1,2)\n")
+    argv = {"eval": ["--quiet"], "probe": ["--positions-only", "--quiet"], "frames": ["--train", str(data)]}
+    for command, extra in argv.items():
+        out = tmp_path / command
+        assert main([command, str(run), "--data", str(data), "--out", str(out), *extra]) == 0, capsys.readouterr().err
+        assert json.loads((out / "summary.json").read_text())["learner"] == named, command
+    assert f"learner {named}" in capsys.readouterr().out
 
 
 def test_a_checkpoint_without_the_field_is_the_learned_table(tmp_path):

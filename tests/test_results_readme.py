@@ -82,6 +82,7 @@ BIN_ROWS = {
     "CoT (NoPE), L=595, paper-cpu, steps, not fitted (%)": (
         "length-595-paper-cpu-steps", "table-length-595.md", "CoT (NoPE) acc. (%), not fitted (best validation 95.7)"),
     "CoT (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "CoT (RoPE) acc. (%)"),
+    "RM (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM (RoPE) acc. (%)"),
     "RM, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM acc. (%)"),
     "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT acc. (%)"),
     "CoT (NoPE), K=10, paper-cpu, steps, not fitted (%)": (

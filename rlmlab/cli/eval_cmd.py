@@ -111,7 +111,7 @@ def run(args) -> int:
         out = Path(args.out or Path("runs") / f"oracle-{name}" / "eval" / stem)
         header = {"predictor": "oracle"}
     else:
-        name, vocab, model = run_.learner, run_.vocab, run_.model
+        name, vocab, model = run_.named, run_.vocab, run_.model
         predictor = ModelPredictor(model)
         out = Path(args.out or Path(args.run_dir) / "eval" / stem)
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
@@ -138,7 +138,7 @@ def _refuse_another_evaluation(out: Path, header: dict) -> None:
     if folder_kind(out) != "evaluation":
         return
     saved = read_json(out / "summary.json", DataError, "summary.json")
-    # Compared without encodings: an experiment's "cot@rope" is the run `rlmlab eval` calls "cot".
+    # Compared without encodings: summaries written before they named encodings call a "cot@rope" run "cot".
     same = isinstance(saved, dict) and saved.get("predictor") == header.get("predictor") and (
         (summary_learner(saved) or "").partition("@")[0] == header["learner"].partition("@")[0]) and (
         header["predictor"] == "oracle" or isinstance(saved.get("run_dir"), str)

@@ -83,12 +83,12 @@ def run(args) -> int:
     out = Path(args.out or Path(args.run_dir) / "frames" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records), out / "frames.parquet")
-    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "learner": run_.learner,
+    summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "learner": run_.named,
                "data": str(args.data), "train": args.train, "expressions": len(exprs),
                "per_group": args.per_group, "limit": args.limit, "rows": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "table.md").write_text(table + "\n")
-    print(f"teacher-forced frame errors of {args.run_dir} ({args.which}, step {run_.step}, learner {run_.learner}) "
+    print(f"teacher-forced frame errors of {args.run_dir} ({args.which}, step {run_.step}, learner {run_.named}) "
           f"on {len(exprs)} expressions of {args.data}")
     print(table)
     print(f"wrote {out / 'frames.parquet'}, {out / 'summary.json'} and {out / 'table.md'}")

@@ -91,7 +91,7 @@ def run(args) -> int:
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    summary = {"run_dir": source, "which": which, "step": step, "learner": learner,
+    summary = {"run_dir": source, "which": which, "step": step, "learner": learner if run_ is None else run_.named,
                "data": str(args.data), "groups": groups}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(render(summary))

@@ -71,6 +71,14 @@ class LoadedRun:
     metrics: dict  # validation (and training) metrics at that step
     task: Task | None = None  # the task it was trained on (its vocabulary is the task's)
 
+    @property
+    def named(self) -> str:
+        """The learner as experiments name it, which summaries record: `learner`, with
+        "@<encoding>" unless the model has the paper's learned table ("cot@rope"), so that a
+        summary written by `rlmlab eval`, `probe` or `frames` is labelled like one of `rlmlab run`."""
+        positions = self.model.cfg.positions
+        return self.learner if positions == "learned" else f"{self.learner}@{positions}"
+
 
 # --- writing ----------------------------------------------------------------
 

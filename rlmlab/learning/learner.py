@@ -12,9 +12,10 @@ function. A `Learner` bundles what follows from a name such as "rm", "rm-frames"
 - `row_length`: the base packed-row length of its training batches;
 - `label`: its name in tables ("RM", "CoT", else the name itself);
 - `positions`: the position encoding its model uses when the name asks for one, as in
-  "cot@rope" (`rlmlab.learning.positions`); the name without it is `base`, "cot". Only
-  experiments name learners this way (their run folders, tables and figures): `data.learner` is
-  always the base name and `model.positions` the encoding.
+  "cot@rope" (`rlmlab.learning.positions`); the name without it is `base`, "cot". Experiments
+  name learners this way (their run folders, tables and figures), and so do the summaries of
+  `rlmlab eval`, `probe` and `frames` (`LoadedRun.named`); a run's config does not:
+  `data.learner` is always the base name and `model.positions` the encoding.
 
 The command line and the configs resolve a name with `learner(name)` (an unknown name is a
 one-line ConfigError) and pass the object down; `as_learner` lets library functions take
