@@ -202,14 +202,15 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert table[0].endswith("| paper (IID RM/CoT, OOD RM/CoT, rate) | Non-invariant positions IID / OOD, CoT (%) |")
     # Under the table, counts with Wilson intervals per construction and learner.
     ood = rows[1]["cot_ood"]
-    assert any(line.startswith(f"| position_parity | CoT | {rows[1]['cot_iid']['correct']}/6 = ")
+    # (a smoke model fits nothing, so the rows that carry its OOD numbers say so)
+    assert any(line.startswith(f"| position_parity | CoT, not fitted | {rows[1]['cot_iid']['correct']}/6 = ")
                and f"| {ood['correct']}/6 = {100 * ood['accuracy']:.1f} [{100 * ood['ci95'][0]:.1f}, " in line
                for line in table)
     p_iid, p_ood = rows[1]["cot_probe_iid"], rows[1]["cot_probe_ood"]
     assert table[3].endswith(f"| {100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f} |")
     probe_rows = (out / "report" / "table-shortcuts-probe.md").read_text().splitlines()[2:]
-    assert [r.split(" | ")[:3] for r in probe_rows] == [["| position_parity", "CoT", "IID"],
-                                                        ["| position_parity", "CoT", "OOD"]]
+    assert [r.split(" | ")[:3] for r in probe_rows] == [["| position_parity", "CoT, not fitted", "IID"],
+                                                        ["| position_parity", "CoT, not fitted", "OOD"]]
     assert probe_rows[0].split(" | ")[6] == "–"  # no answer-level probe on IID
     # Table 3 as the paper lays it out: its row names and order, each learner pair beside the
     # paper's numbers, CoT's probe where it ran, and who did not fit.
@@ -254,6 +255,14 @@ def test_shortcut_learner_table_withholds_unfitted():
     assert table[2:] == ["| position_parity | RM | 99.3 | 99.3 | 0.3 | 99.7 | – |",
                          "| position_parity | CoT | 99.0 | 16.7 | 82.0 | 99.0 | – / 34.0 |",
                          "| position_parity | CoT (RoPE) | 97.0 | not fitted | not fitted | not fitted | – |"]
+    # The probe table shows every probed learner's whole-set accuracy and shortcut rate beside its
+    # probe; a learner below 99% IID is marked on each of its rows.
+    from rlmlab.experiments.kinds.shortcuts import shortcut_probe_table
+    probe = {"n_expressions": 300, "position_rate": 0.3, "position_ci95": [0.29, 0.31]}
+    rows[1] |= {"cot_probe_ood": probe, "cot@rope_probe_ood": probe}
+    table = shortcut_probe_table(rows, ["cot", "cot@rope"]).splitlines()
+    assert [line.split(" | ")[1] for line in table[2:]] == ["CoT", "CoT (RoPE), not fitted"]
+    assert table[3].endswith("| 50.0 | 40.0 |")
 
 
 def test_report_and_run_errors(tmp_path, capsys):

@@ -100,7 +100,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
                 continue
             ood = r.get(f"{v}_ood")
             follow = None if ood is None else share(round(r[f"{v}_shortcut_rate"] * ood["n"]), ood["n"])
-            md.append(f"| {r['construction']} | {learner_name(v)} | {count_ci(r.get(f'{v}_iid'))} | "
+            md.append(f"| {r['construction']} | {labelled(r, v)} | {count_ci(r.get(f'{v}_iid'))} | "
                       f"{count_ci(ood)} | {count_ci(follow)} | {pct(r.get(f'{v}_ood_valid'))} |")
     for name in meta["constructions"]:
         job = kind.job_name(name)
@@ -114,6 +114,13 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
         (dest / "table-shortcuts-learners.md").write_text(shortcut_learner_table(rows, present))
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
     return {"rows": rows}
+
+
+def labelled(r: dict, v: str) -> str:
+    """A learner's table label on a construction, marked when it did not fit (IID < 99%): the
+    rows that show its out-of-domain numbers carry the mark."""
+    iid = r.get(f"{v}_iid")
+    return learner_name(v) + ("" if iid is None or fitted(iid["accuracy"]) else ", not fitted")
 
 
 def probe_cell(r: dict, v: str) -> str:
@@ -183,7 +190,7 @@ def shortcut_probe_table(rows: list[dict], learners: list[str]) -> str:
                     continue
                 acc = r.get(f"{v}_{s}", {}).get("accuracy")
                 rate = r.get(f"{v}_shortcut_rate") if s == "ood" else None
-                md.append(f"| {r['construction']} | {learner_name(v)} | {s.upper()} | {p['n_expressions']} | "
+                md.append(f"| {r['construction']} | {labelled(r, v)} | {s.upper()} | {p['n_expressions']} | "
                           f"{ci(p, 'position')} | {ci(p, 'witness')} | {ci(p, 'answer')} | "
                           f"{p.get('subproblems', '–')} | "
                           f"{pct(acc)} | {pct(rate)} |")

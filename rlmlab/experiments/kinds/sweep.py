@@ -176,6 +176,9 @@ def sweep_tex(kind: str, points: list[dict]) -> str:
 
 
 LEARNER_STYLES = {"rm": ("-", "o"), "cot": ("--", "^")}
+# Learners beyond the paper's two are often trained at one threshold only, where a line style
+# cannot show: each gets a marker of its own, in order of appearance.
+EXTRA_MARKERS = ("s", "D", "P", "X", "v", "*", "h")
 
 
 def plot_sweep(path: Path, points: list[dict]) -> None:
@@ -204,8 +207,9 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
             # two thresholds that were measured around one that was not.
             return [100 * cells[t]["accuracy"] if cells.get(t) else float("nan") for t in thresholds]
 
+        extra = [n for n in names if n not in LEARNER_STYLES]
         for i, name in enumerate(names):
-            ls, marker = LEARNER_STYLES.get(name, (":", "s"))
+            ls, marker = LEARNER_STYLES.get(name) or (":", EXTRA_MARKERS[extra.index(name) % len(EXTRA_MARKERS)])
             mine = [p for p in ps if p["learner"] == name]
             color = LEARNER_COLORS.get(name, f"C{i}")
             ax.plot(thresholds, series({p["threshold"]: p["below"] for p in mine}), ls=ls, marker=marker,
