@@ -29,8 +29,10 @@ LEARNERS = ("rm", "cot")  # the plan sizes the paper's two learners
 
 
 def measured(run: Path) -> dict | None:
-    """A finished run's CPU seconds per step and CPU hours with its evaluation; None for a run
-    without an end record or an evaluation."""
+    """A finished run's CPU seconds per step and CPU hours with its evaluation; None for a
+    learner not run at this threshold, or a run without an end record or an evaluation."""
+    if not (run / "metrics.jsonl").is_file():
+        return None
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     end = [r for r in recs if r.get("kind") == "end"]
     summaries = sorted((run / "eval").glob("*/summary.json"))

@@ -243,9 +243,10 @@ def typography(cell: str) -> str:
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if (p / "report").is_dir()))
 def test_results_readme_tables_equal_the_generated_ones(folder):
     """Each table in results/X/README.md is a generated table: verbatim where it has the same
-    header, and row for row (by row label, up to typography) where only its typesetting differs."""
-    reports = [t for f in sorted((RESULTS / folder / "report").glob("*.md"))
-               for t in markdown_tables(f.read_text())]
+    header, and row for row (by row label, up to typography) where only its typesetting differs.
+    A sweep's plan, printed by `rlmlab run sweep --plan` before its runs, is stored as plan.md."""
+    sources = sorted((RESULTS / folder / "report").glob("*.md")) + sorted((RESULTS / folder).glob("plan.md"))
+    reports = [t for f in sources for t in markdown_tables(f.read_text())]
     quoted = markdown_tables((RESULTS / folder / "README.md").read_text())
     checked_rows = 0
     for table in quoted:
