@@ -59,7 +59,7 @@ def register(sub) -> None:
                    help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "
                         "different sizes or learners may share --out")
     p.add_argument("--seeds", default=None,
-                   help="iid only: comma-separated seed indices to run, 0 first (default: all the preset's; "
+                   help="iid, length, depth: comma-separated training seed indices to run, 0 first (iid default: all the preset's; "
                         "a size with fewer seeds runs those it has), e.g. --seeds 0 for one full sweep first")
     p.add_argument("--minutes", type=float, default=None,
                    help="wall-clock limit per learner (per run in the IID sweep): stops a run, leaving it "

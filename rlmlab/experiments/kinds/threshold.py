@@ -12,6 +12,7 @@ from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     eval_results,
@@ -297,7 +298,7 @@ def failure_prediction_table(predictors: dict[str, dict]) -> str:
 class ThresholdSplit(ExperimentKind):
     """The length split ("length", threshold L) or the depth split ("depth", threshold K)."""
 
-    options = ("threshold",)
+    options = ("threshold", "seeds")
     meta_fields = {"threshold": int, "split": dict}
 
     def __init__(self, name: str):
@@ -311,21 +312,28 @@ class ThresholdSplit(ExperimentKind):
             threshold = preset.length if self.name == "length" else preset.depth
         return Threshold(self.name, threshold).value
 
-    def job_name(self, threshold: int) -> str:
-        return f"{self.name}-{threshold}"
+    def job_name(self, threshold: int, seed: int = 0) -> str:
+        """Folder of the run at `threshold` with training seed index `seed`: seed 0 keeps the
+        unsuffixed name that single-seed folders have always used (`length-595`), seed k adds
+        `-s<k>` (`length-595-s1`)."""
+        return seeded_job(f"{self.name}-{threshold}", seed)
 
     def identity(self, meta: dict) -> dict:
         return {**super().identity(meta), "threshold": meta.get("threshold")}
 
-    def planned_identity(self, preset, threshold: int | None = None) -> dict:
+    def planned_identity(self, preset, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
         return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
 
     def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
-             threshold: int | None = None) -> list[Job]:
+             threshold: int | None = None, seeds: list[int] | None = None) -> list[Job]:
+        """One job per learner and training seed index (default: seed 0 only). Every seed trains
+        on the same split and is evaluated on the same expressions; the seed sets the model's
+        initialisation and the order of the training data (`train.seed` = 1337 + index)."""
         from rlmlab.experiments.splits import Split, threshold_split
 
         p = preset
         threshold = self.threshold(p, threshold)
+        seeds = check_seeds(seeds)
         data = out / "data" / self.job_name(threshold)
         ensure_data(data, "split.json", lambda: threshold_split(
             load_pool(p, out, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
@@ -334,11 +342,13 @@ class ThresholdSplit(ExperimentKind):
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
         write_meta(out, self, p, {"threshold": threshold, "split": split.params}, learners)
-        return [Job(self.job_name(threshold), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                    {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
+        return [Job(self.job_name(threshold, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
+                    {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
+                for seed in seeds for v in learners]
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
-        return [self.job_name(int(meta["threshold"]))]
+        threshold = int(meta["threshold"])
+        return [self.job_name(threshold, s) for s in seed_indices(out, self.job_name(threshold))]
 
     def report(self, out: Path, meta: dict, dest: Path) -> dict:
         return report_threshold(out, meta, dest, self.job_name(int(meta["threshold"])))
