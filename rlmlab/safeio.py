@@ -150,9 +150,9 @@ def folder_kind(path: str | Path) -> str | None:
     if (path / "experiment.json").exists():
         return "experiment"
     if any((path / name / "checkpoint.json").exists() for name in ("last", "best", ".last.old", ".best.old")) \
-            or ((path / "config.json").exists() and (path / "metrics.jsonl").exists()):
+            or ((path / "config.json").exists() and any((path / n).exists() for n in ("metrics.jsonl", "metrics.parquet"))):
         return "training run"
-    if (path / "summary.json").exists() and (path / "results.jsonl").exists():
+    if (path / "summary.json").exists() and any((path / n).exists() for n in ("results.parquet", "results.jsonl")):
         return "evaluation"
     return None
 

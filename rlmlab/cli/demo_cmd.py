@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.runlog import metrics_file
 
 PRESET = "paper-cpu"
 RELEASED = Path(__file__).resolve().parent.parent / "released" / "paper-cpu-length-595"
@@ -64,9 +65,9 @@ def _install_released(out: Path, threshold: int) -> None:
         (run_dir / "best").mkdir(parents=True, exist_ok=True)
         for name in ("checkpoint.json", "model.safetensors"):
             shutil.copy(RELEASED / learner / "best" / name, run_dir / "best" / name)
-        for name in ("metrics.jsonl",):
-            if (RELEASED / learner / name).exists():
-                shutil.copy(RELEASED / learner / name, run_dir / name)
+        log = metrics_file(RELEASED / learner)
+        if log is not None:
+            shutil.copy(log, run_dir / log.name)
         step = json.loads((RELEASED / learner / "best" / "checkpoint.json").read_text())["step"]
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
                                                        "released": str(RELEASED / learner)}) + "\n")

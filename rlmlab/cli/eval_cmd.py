@@ -1,7 +1,8 @@
 """`rlmlab eval RUN_DIR --data exprs`: greedy decoding of an expression set, scored.
 
-Writes `results.jsonl` (one line per expression: truth, prediction, validity, reason, trace
-statistics, per-token counts, the produced trace where it is not exact) and `summary.json`;
+Writes `results.parquet` (one row per expression: truth, prediction, validity, reason, trace
+statistics, per-token counts), `traces.parquet` (the produced trace where it is not exact) and
+`summary.json`;
 prints a short table. `--oracle rm|cot` runs the true rule instead of a model, to check
 the drivers and the scoring on any expression set.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import learner
-from rlmlab.measuring.results import summary_learner
+from rlmlab.measuring.results import RESULTS, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import add_task_option, load_task
 
@@ -52,7 +53,7 @@ def register(sub) -> None:
                    "what the expression's canonical trace generates, plus 64)")
     p.add_argument("--max-frame-tokens", type=int, default=None, help="active-frame width limit "
                    "(default: none beyond the model's block size)")
-    p.add_argument("--traces", action="store_true", help="save every produced trace in results.jsonl (by "
+    p.add_argument("--traces", action="store_true", help="save every produced trace in traces.parquet (by "
                    "default only those that differ from the canonical trace)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -127,7 +128,7 @@ def run(args) -> int:
     print(render(summary))
     if args.by:
         print(render_groups(group_accuracy(results, args.by), args.by))
-    print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
+    print(f"wrote {out / RESULTS} and {out / 'summary.json'}")
     return 0
 
 

@@ -1,17 +1,17 @@
 """`rlmlab probe RUN_DIR --data exprs`: the invariance probe of a trained model (rlmlab.measuring.probe).
 
-Writes `results.jsonl` (one line per expression: prediction points, non-invariant points,
+Writes `results.parquet` (one row per expression: prediction points, non-invariant points,
 witnesses, subproblems, non-invariant answers, the data file's columns) and `summary.json`
 (the rates overall and per group, 95% Wilson intervals); prints a short table.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.measuring.results import write_results
 from rlmlab.task.taskfile import add_task_option, load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
@@ -87,15 +87,11 @@ def run(args) -> int:
                      stage=stage, library=task.library)
     groups = summarize_probe(rows, by)
     out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.jsonl", "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
     summary = {"run_dir": source, "which": which, "step": step, "learner": learner if run_ is None else run_.named,
                "data": str(args.data), "groups": groups}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    written = write_results(out, rows, summary, indent=1)
     print(render(summary))
-    print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
+    print(f"wrote {written[0]} and {written[1]}")
     return 0
 
 

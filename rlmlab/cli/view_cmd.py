@@ -1,6 +1,6 @@
 """`rlmlab view PATH`: static HTML pages of an evaluation folder or of a whole experiment.
 
-An evaluation folder (`results.jsonl` + `summary.json`) becomes one page: every expression's
+An evaluation folder (`results.parquet` + `summary.json`) becomes one page: every expression's
 produced trace against the canonical one, the first divergence and the frames there. An
 experiment folder (`experiment.json`) becomes an index of the report's tables and figures
 linked to one such page per evaluation set.
@@ -20,7 +20,7 @@ def register(sub) -> None:
                        "and what RM and CoT read there; filters by bin, correctness and failure reason. From an "
                        "experiment folder: an index of the report's tables and figures linked to one page per "
                        "evaluation set.")
-    p.add_argument("path", metavar="PATH", help="an evaluation folder (<run>/eval/<set>/, with results.jsonl) or "
+    p.add_argument("path", metavar="PATH", help="an evaluation folder (<run>/eval/<set>/, with results.parquet) or "
                    "an experiment folder (with experiment.json)")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default PATH/view)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="first N expressions of each set only")

@@ -8,16 +8,22 @@ import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError, NoResultsError
+from rlmlab.experiments.convert import convert_folder
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.report import report
+from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
+from rlmlab.runlog import LEGACY_METRICS, METRICS
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
-# command in commands.jsonl, and checkpoints are megabytes each.
+# command in commands.jsonl, and checkpoints are megabytes each. The Parquet files of results
+# and training logs are records, not data, and come along.
 LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
+LEGACY_OF = {RESULTS: LEGACY_RESULTS, TRACES: LEGACY_RESULTS, METRICS: LEGACY_METRICS}
+RECORD_FILES = tuple(LEGACY_OF)
 RESUME_CHECKPOINT = "last"
 
 
@@ -76,15 +82,18 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         if inside is not None and not (resumable and _unfinished_last(src / Path(*rel.parts[:inside]))):
             checkpoints += path.name == "checkpoint.json"
             continue
-        if inside is None and path.suffix in LEFT_OUT_SUFFIXES:
+        if inside is None and path.suffix in LEFT_OUT_SUFFIXES and path.name not in RECORD_FILES:
             data_files += 1
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest / rel)
+        if path.name in LEGACY_OF:  # an earlier export's JSON lines of the same records are stale now
+            (dest / rel).with_name(LEGACY_OF[path.name]).unlink(missing_ok=True)
         copied += 1
         size += path.stat().st_size
         carried += inside is not None and path.name == "checkpoint.json"
     dest.mkdir(parents=True, exist_ok=True)
+    convert_folder(dest)  # what the source still holds as JSON lines lands as Parquet
     _drop_superseded(src, dest)
     _drop_stale_resume_points(src, dest, resumable)
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")

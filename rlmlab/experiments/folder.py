@@ -4,7 +4,7 @@
     commands.jsonl                every `rlmlab run` that wrote into the folder
     data/                         the pool, the split or the shortcut data sets (parquet + JSON)
     <job>/<learner>/              a training run (rlmlab train's run folder)
-    <job>/<learner>/eval/<set>/   results.jsonl + summary.json of one evaluation set
+    <job>/<learner>/eval/<set>/   results.parquet (+ traces.parquet) + summary.json of one evaluation set
     report/                       tables and figures (`rlmlab report`), pure functions of the above
 
 The checks here keep a re-run from mixing data built under other settings, or one experiment's

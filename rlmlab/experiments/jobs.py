@@ -2,7 +2,7 @@
 
 A job trains one learner on one data set and evaluates it on the experiment's
 evaluation sets, in its own folder `<experiment>/<job>/<learner>/`. It skips what is already there
-(a finished run has `done.json`; an evaluation `results.jsonl` + `summary.json`), so re-running
+(a finished run has `done.json`; an evaluation `results.parquet` + `summary.json`), so re-running
 an experiment resumes it. Jobs run one after another here, or on a Ray cluster.
 """
 
@@ -177,15 +177,15 @@ def _finished(done: Path) -> bool:
 
 def _evaluated(eval_dir: Path) -> dict | None:
     """The summary of a complete evaluation in `eval_dir`, or None when there is none or when its
-    files are damaged (results.jsonl unreadable or not as long as the summary says): then the
+    files are damaged (results unreadable or not as long as the summary says): then the
     set is evaluated again."""
-    from rlmlab.measuring.results import read_results
+    from rlmlab.measuring.results import has_results, read_results
 
-    if not ((eval_dir / "summary.json").exists() and (eval_dir / "results.jsonl").exists()):
+    if not ((eval_dir / "summary.json").exists() and has_results(eval_dir)):
         return None
     try:
         summary = read_json(eval_dir / "summary.json", what="summary.json")
-        complete = isinstance(summary, dict) and summary.get("n") == len(read_results(eval_dir / "results.jsonl"))
+        complete = isinstance(summary, dict) and summary.get("n") == len(read_results(eval_dir, traces=False))
     except (ValueError, RecursionError, DataError):
         complete = False
     if not complete:

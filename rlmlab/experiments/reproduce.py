@@ -26,6 +26,7 @@ from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.report import report
 from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.results import read_results
+from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 
 CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 # Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
@@ -119,17 +120,16 @@ LOG_FIELDS = ("loss", "lr", "tokens", "grad_norm", "token_acc", "example_acc", "
 
 
 def compare_training_logs(committed: Path, fresh: Path) -> dict[str, str]:
-    """For each run that both folders trained (<job>/<learner>/metrics.jsonl): whether the fresh
+    """For each run that both folders trained (a training log in <job>/<learner>/): whether the fresh
     training log equals the committed one on every step both logged ("identical": the same
     run, step for step), or the first step where it does not. Cells that agree within their
     intervals cannot tell a same run from a replication; the log can."""
     verdicts = {}
-    for path in sorted(Path(fresh).glob("*/*/metrics.jsonl")):
-        run = path.parent.relative_to(fresh)
-        old_path = Path(committed) / run / "metrics.jsonl"
-        if not old_path.exists():
+    for run_dir in sorted(p for p in Path(fresh).glob("*/*") if has_metrics(p)):
+        run = run_dir.relative_to(fresh)
+        if not has_metrics(Path(committed) / run):
             continue
-        old, new = _log_records(old_path), _log_records(path)
+        old, new = _log_records(Path(committed) / run), _log_records(run_dir)
         both = sorted((k for k in old if k in new), key=lambda k: (k[1] or 0, k[0]))
         differ = [k for k in both if old[k] != new[k]]
         verdicts[str(run)] = (f"training log identical on all {len(both)} records both hold" if both and not differ
@@ -138,19 +138,11 @@ def compare_training_logs(committed: Path, fresh: Path) -> dict[str, str]:
     return verdicts
 
 
-def _log_records(path: Path) -> dict[tuple, tuple]:
-    """{(kind, step): the LOG_FIELDS values} of a metrics.jsonl's training and validation lines."""
+def _log_records(run_dir: Path) -> dict[tuple, tuple]:
+    """{(kind, step): the LOG_FIELDS values} of a run's training and validation records."""
     out = {}
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not text") from None
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(r, dict) and r.get("kind") in ("train", "val"):
+    for r in read_metrics(run_dir):
+        if r.get("kind") in ("train", "val"):
             out[(r["kind"], r.get("step"))] = tuple(r.get(f) for f in LOG_FIELDS)
     return out
 
@@ -318,9 +310,10 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
         (run_dir / "best").mkdir(parents=True, exist_ok=True)
         for name in ("checkpoint.json", "model.safetensors"):
             shutil.copyfile(src / "best" / name, run_dir / "best" / name)
-        for name in ("metrics.jsonl", "config.json"):  # the committed training log: whether it fitted
-            if (results / job / learner / name).exists():
-                shutil.copyfile(results / job / learner / name, run_dir / name)
+        log = metrics_file(results / job / learner)
+        for path in (log, results / job / learner / "config.json"):  # the committed training log: whether it fitted
+            if path is not None and path.exists():
+                shutil.copyfile(path, run_dir / path.name)
         step = json.loads((src / "best" / "checkpoint.json").read_text()).get("step")
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
                                                        "released": str(src)}) + "\n")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
-from rlmlab.measuring.results import read_results
-from rlmlab.safeio import parse_json, read_json
+from rlmlab.measuring.results import has_results, read_results
+from rlmlab.runlog import has_metrics, read_metrics
+from rlmlab.safeio import read_json
 
 # Best validation final-answer accuracy from which a learner counts as having fitted its training
 # distribution: the paper reports out-of-domain accuracy only from this plateau on.
@@ -71,13 +72,13 @@ def training_runs(out: Path, job: str) -> dict[str, Path]:
     """Every run folder of `job` with a learning curve, finished or not (RM and CoT first)."""
     if not (out / job).is_dir():
         return {}
-    found = {d.name: d for d in (out / job).iterdir() if (d / "metrics.jsonl").exists()}
+    found = {d.name: d for d in (out / job).iterdir() if has_metrics(d)}
     return {v: found[v] for v in paper_order(found)}
 
 
 def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
-    path = out / job / name / "eval" / set_name / "results.jsonl"
-    return read_results(path) if path.exists() else None
+    path = out / job / name / "eval" / set_name
+    return read_results(path) if has_results(path) else None
 
 
 def saved_list(out: Path, job: str, name: str, tool: str, set_name: str, key: str) -> list[dict] | None:
@@ -117,19 +118,8 @@ def gap(a: float | None, b: float | None) -> str:
 
 
 def metrics_records(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl; a line cut short by a killed run is skipped."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    recs = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = parse_json(line, str(path))
-        except DataError:
-            continue
-        if isinstance(rec, dict):
-            recs.append(rec)
-    return recs
+    """The records of a run's training log (metrics.jsonl or metrics.parquet)."""
+    return read_metrics(run_dir)
 
 
 def extensions(records: list[dict], reasons: tuple[str, ...] = ("max_minutes", "max_steps")) -> list[dict]:

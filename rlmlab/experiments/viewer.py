@@ -1,6 +1,6 @@
 """Static HTML pages for reading what a model wrote: one page per evaluation set, an index per experiment.
 
-An evaluation page (`eval_page`) shows every expression of a `results.jsonl`: its canonical
+An evaluation page (`eval_page`) shows every expression of an evaluation folder: its canonical
 trace, re-executed here, aligned token by token with the trace the model produced, the first
 divergence, and the frame stack at that point: the active frame RM reads next to the whole
 prefix CoT reads. The rows are embedded as compact JSON (one character per token) and drawn by
@@ -31,13 +31,13 @@ from rlmlab.experiments.tables import learner_name
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
 from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.learning.learner import learner
-from rlmlab.measuring.results import summary_learner
+from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, read_results, results_file, summary_learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.vocab import Vocab
 
-RESULTS, SUMMARY = "results.jsonl", "summary.json"
+SUMMARY = "summary.json"
 
 # Outcome categories a page filters on; an invalid trace's category names why it stopped.
 EXACT = "exact trace"
@@ -89,24 +89,32 @@ def _short(text: str) -> str:
 # --- reading ---------------------------------------------------------------------------------
 
 def read_eval_set(folder: str | Path, limit: int | None = None) -> EvalSet:
-    """The first `limit` (default all) results of an evaluation folder, checked line by line."""
+    """The first `limit` (default all) results of an evaluation folder, each checked; `lines`
+    numbers them by line of a legacy results.jsonl, by row (from 1) of a results.parquet."""
     folder = Path(folder)
-    path = folder / RESULTS
-    if not path.is_file():
+    path = results_file(folder)
+    if path is None:
         raise DataError(f"{folder}: no {RESULTS} (not an evaluation folder)")
     regular_file(path, DataError, "results file")
     results, lines, total = [], [], 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                total += 1
-                if limit is None or len(results) < limit:
-                    results.append(_check_result(line, path, n))
-                    lines.append(n)
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not a results file (not UTF-8 text)") from None
+    if path.name == RESULTS:
+        rows = read_results(folder, required=())
+        total = len(rows)
+        for n, r in enumerate(rows[:limit], 1):
+            results.append(_check_record(r, f"{path}: row {n}"))
+            lines.append(n)
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    total += 1
+                    if limit is None or len(results) < limit:
+                        results.append(_check_result(line, path, n))
+                        lines.append(n)
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not a results file (not UTF-8 text)") from None
     if not results:
         raise DataError(f"{path}: no results")
     summary = {}
@@ -123,6 +131,10 @@ def _check_result(line: str, path: Path, n: int) -> dict:
         r = parse_json(line, where)
     except DataError as e:
         raise DataError(f"{where}: not JSON ({_short(str(e).removeprefix(where + ': '))})") from None
+    return _check_record(r, where)
+
+
+def _check_record(r, where: str) -> dict:
     if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and isinstance(r.get("correct"), bool)):
         raise DataError(f"{where}: not a per-expression result (needs 'expr' and 'correct')")
     kinds = {"trace": str, "diverge_at": int, "reason": str, "valid": bool, "trace_exact": bool}
@@ -286,8 +298,10 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progr
     categories = fixed + [c for c, _ in Counter(c for c in cats if c.startswith(INVALID)).most_common()]
     cat_index = {c: i for i, c in enumerate(categories)}
     raw = []
+    src = results_file(es.folder)
+    unit = "row" if src is not None and src.name == RESULTS else "line"
     for n, r in zip(es.lines, es.results):
-        where = f"{es.folder / RESULTS}: line {n}: "
+        where = f"{src}: {unit} {n}: "
         ex = executions.get(r["expr"])
         if ex is None:
             try:
@@ -499,7 +513,7 @@ def eval_set_task(es: EvalSet) -> str | None:
 
 def eval_sets(folder: str | Path) -> list[Path]:
     """Evaluation folders of an experiment: `<job>/<learner>/eval/<set>/` with a results file."""
-    return sorted(p.parent for p in Path(folder).glob(f"*/*/eval/*/{RESULTS}"))
+    return sorted({p.parent for name in (RESULTS, LEGACY_RESULTS) for p in Path(folder).glob(f"*/*/eval/*/{name}")})
 
 
 def read_experiment(folder: Path) -> dict:
@@ -555,7 +569,7 @@ def _index_html(folder: Path, meta: dict, rows: list[tuple], limit: int | None) 
                      f"<th>final answer</th><th>valid traces</th><th>exact traces</th></tr></thead><tbody>{trs}"
                      "</tbody></table>")
     else:
-        parts.append("<p>No evaluation sets yet (<code>&lt;run&gt;/&lt;learner&gt;/eval/&lt;set&gt;/results.jsonl"
+        parts.append("<p>No evaluation sets yet (<code>&lt;run&gt;/&lt;learner&gt;/eval/&lt;set&gt;/results.parquet"
                      "</code>).</p>")
     report = folder / "report"
     tables = sorted(report.glob("table-*.md"))
@@ -601,7 +615,7 @@ def build_view(path: str | Path, out: str | Path | None = None, limit: int | Non
     if not path.is_dir():
         raise DataError(f"{path}: not a folder (give an evaluation folder or an experiment folder)")
     out = Path(out) if out is not None else path / "view"
-    if (path / RESULTS).exists():
+    if results_file(path) is not None:
         es = read_eval_set(path, limit)
         return write_page(out / "index.html", lambda: eval_page(es, str(path), stage=stage), len(es.results))
     if (path / "experiment.json").exists():

@@ -87,6 +87,7 @@ from rlmlab.learning.packing import (
     padding_fraction,
 )
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
+from rlmlab.runlog import METRICS, read_metrics
 from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import load_task
@@ -400,6 +401,10 @@ class MetricsLog:
         """A new log, or with `resume_step` the existing one continued after that step; `mirror`
         (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
         self.path, self.mirror = path, mirror
+        if resume_step is not None and not path.exists() and (path.parent / METRICS).exists():
+            # a finished run, converted on export, trained on (`--extend`): its log goes on as lines
+            path.write_text("".join(json.dumps(r) + "\n" for r in read_metrics(path.parent)))
+            (path.parent / METRICS).unlink()
         if resume_step is not None and path.exists():
             # A run killed after its last save logged steps that the resumed run will redo.
             kept = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= resume_step]

@@ -1,5 +1,9 @@
-"""Per-expression result files: `results.jsonl` (one JSON object per expression) and
-`summary.json`, as `rlmlab eval` and `rlmlab run` write them. No model code: reports read them."""
+"""Per-expression result files, as `rlmlab eval`, `rlmlab probe` and `rlmlab run` write them:
+`results.parquet` (one row per expression), `traces.parquet` (the produced traces kept, by
+row, so that a table of answers never reads them) and `summary.json`. Folders written before
+Parquet hold `results.jsonl` (one JSON object per expression, traces inline) and read the same.
+No model code: reports read them. The columns are documented in docs/results-format.md.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,52 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.records import read_records, write_records
 from rlmlab.safeio import read_jsonl
 
+RESULTS = "results.parquet"
+TRACES = "traces.parquet"
+LEGACY_RESULTS = "results.jsonl"
+TRACE_FIELD = "trace"
+ROW_FIELD = "row"
 
-def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict) -> tuple[Path, Path]:
-    """results.jsonl (one expression per line) and summary.json."""
+
+def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict, indent: int = 2) -> tuple[Path, Path]:
+    """results.parquet, traces.parquet (when any record carries a trace) and summary.json;
+    returns the paths of the first and the last. A legacy results.jsonl there is replaced."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    res, summ = out / "results.jsonl", out / "summary.json"
-    with open(res, "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
-    summ.write_text(json.dumps(summary, indent=2) + "\n")
+    res = write_rows(out, results)
+    summ = out / "summary.json"
+    summ.write_text(json.dumps(summary, indent=indent) + "\n")
     return res, summ
+
+
+def write_rows(out: Path, results: Sequence[dict]) -> Path:
+    """results.parquet and traces.parquet of `results` in folder `out`; returns the first."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{k: v for k, v in r.items() if k != TRACE_FIELD} for r in results]
+    traces = [{ROW_FIELD: i, TRACE_FIELD: r[TRACE_FIELD]} for i, r in enumerate(results) if TRACE_FIELD in r]
+    res = write_records(out / RESULTS, rows)
+    if traces:
+        write_records(out / TRACES, traces)
+    elif (out / TRACES).exists():
+        (out / TRACES).unlink()
+    if (out / LEGACY_RESULTS).exists():
+        (out / LEGACY_RESULTS).unlink()
+    return res
+
+
+def results_file(folder: str | Path) -> Path | None:
+    """The per-expression file of a result folder (Parquet, else legacy JSON lines), or None."""
+    folder = Path(folder)
+    for name in (RESULTS, LEGACY_RESULTS):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def has_results(folder: str | Path) -> bool:
+    return results_file(folder) is not None
 
 
 def summary_learner(summary) -> str | None:
@@ -31,17 +68,37 @@ def summary_learner(summary) -> str | None:
     return who if isinstance(who, str) else None
 
 
-def read_results(path: str | Path, required: tuple[str, ...] = ("expr", "correct")) -> list[dict]:
-    """The records of a results.jsonl (or of a folder holding one), each checked for the fields
-    `required` (a probe's per-expression rows have no `correct`)."""
+def read_results(path: str | Path, required: tuple[str, ...] = ("expr", "correct"),
+                 traces: bool = True) -> list[dict]:
+    """The records of a result folder (or of its results.parquet or results.jsonl), each checked
+    for the fields `required` (a probe's per-expression rows have no `correct`). With `traces`
+    the kept traces come back in their records' `trace` field, as in a legacy file."""
     path = Path(path)
-    if path.is_dir():
-        path = path / "results.jsonl"
-    results = read_jsonl(path, DataError, "results file")
+    folder = path if path.is_dir() else path.parent
+    file = results_file(path) if path.is_dir() else path
+    if file is None:
+        raise DataError(f"{path}: no {RESULTS} or {LEGACY_RESULTS} there")
+    if file.suffix == ".jsonl":
+        results = read_jsonl(file, DataError, "results file")
+    else:
+        results = read_records(file)
+        if traces and (folder / TRACES).exists():
+            _attach_traces(results, folder / TRACES)
     types = {"expr": str, "correct": bool}
     for i, r in enumerate(results, 1):
         if not (isinstance(r, dict) and all(isinstance(r.get(k), types.get(k, object)) and k in r for k in required)):
-            raise DataError(f"{path}: record {i} is not a per-expression result (needs "
+            raise DataError(f"{file}: record {i} is not a per-expression result (needs "
                             + " and ".join(f"'{k}'" for k in required) + ")")
+    if not traces:
+        for r in results:
+            r.pop(TRACE_FIELD, None)
     return results
 
+
+def _attach_traces(results: list[dict], path: Path) -> None:
+    for t in read_records(path):
+        row, trace = t.get(ROW_FIELD), t.get(TRACE_FIELD)
+        if not (isinstance(row, int) and not isinstance(row, bool) and 0 <= row < len(results)
+                and isinstance(trace, str) and TRACE_FIELD not in results[row]):
+            raise DataError(f"{path}: a trace row does not name one result of {len(results)}")
+        results[row][TRACE_FIELD] = trace

@@ -221,7 +221,7 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
                   model=None, limits: Limits | None = None, batch_size: int | None = None, limit: int | None = None,
                   columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
                   header: dict | None = None, task=None) -> tuple[list[dict], dict]:
-    """Decode and score the expressions of a data file and write `results.jsonl` and
+    """Decode and score the expressions of a data file and write `results.parquet` and
     `summary.json` to `out_dir`: the one evaluation path of `rlmlab eval` and `rlmlab run`.
 
     Each result carries the expression's pool `id`, or, when the data file has any of `columns`

@@ -18,6 +18,7 @@ from rlmlab.experiments.tables import (
 )
 from rlmlab.learning.learner import learner
 from rlmlab.safeio import read_json
+from rlmlab.runlog import has_metrics
 
 RECIPE_MARKS_MIN = (15, 30, 45, 60, 90, 120)
 """Training minutes at which the recipe table reads each run's best validation so far."""
@@ -118,9 +119,9 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
 
 
 def report_recipe(out: Path, meta: dict, dest: Path) -> dict:
-    rows = [recipe_row(name, out / name) for name in meta["runs"] if (out / name / "metrics.jsonl").exists()]
+    rows = [recipe_row(name, out / name) for name in meta["runs"] if has_metrics(out / name)]
     if not rows:
-        raise NoResultsError(f"{out}: none of the runs listed in experiment.json has a metrics.jsonl yet")
+        raise NoResultsError(f"{out}: none of the runs listed in experiment.json has a training log yet")
     (dest / "table-recipe.md").write_text(recipe_table(rows))
     plot_recipe(dest / "recipe-curves", rows)
     return {"runs": rows}

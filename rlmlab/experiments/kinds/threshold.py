@@ -30,7 +30,7 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.measuring.frame_errors import render_frames
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.results import has_results, read_results
 from rlmlab.measuring.stats import accuracy, auc_with_interval
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
@@ -253,8 +253,8 @@ def wrong_trace_table(summaries: dict[str, dict], threshold_name: str) -> str:
 
 def _probe_rows(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
     """`rlmlab probe`'s per-expression rows of a learner's evaluation set, if it was probed."""
-    path = out / job / name / "probe" / set_name / "results.jsonl"
-    return read_results(path, required=("expr", "positions", "position_differ")) if path.exists() else None
+    path = out / job / name / "probe" / set_name
+    return read_results(path, required=("expr", "positions", "position_differ")) if has_results(path) else None
 
 
 def failure_predictors(results: list[dict], probe_rows: list[dict]) -> dict | None:

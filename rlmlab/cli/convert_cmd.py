@@ -1,0 +1,19 @@
+"""`rlmlab convert FOLDER...`: a results folder's JSON-lines records rewritten as Parquet."""
+
+from __future__ import annotations
+
+from rlmlab.experiments.convert import convert_folder
+
+
+def register(sub) -> None:
+    p = sub.add_parser("convert", help="rewrite a results folder's results.jsonl and metrics.jsonl as Parquet")
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="experiment, run or evaluation folders")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    for folder in args.folders:
+        n = convert_folder(folder)
+        print(f"{folder}: {n['results']} result files and {n['metrics']} training logs converted, "
+              f"{n['bytes_before'] / 1e6:.1f} MB -> {n['bytes_after'] / 1e6:.1f} MB")
+    return 0

@@ -1,0 +1,65 @@
+"""Convert a folder's JSON-lines records to Parquet: every per-expression results.jsonl (an
+evaluation's or a probe's, with its traces moved to traces.parquet) and every metrics.jsonl.
+Each file is replaced only after its Parquet form has been read back equal to it, record for
+record; `rlmlab export` converts what it copies the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlmlab.errors import DataError
+from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, read_results, write_rows
+from rlmlab.runlog import LEGACY_METRICS, convert_metrics
+from rlmlab.safeio import read_jsonl
+
+
+def _files(root: Path, name: str) -> list[Path]:
+    """Every regular file called `name` under `root`, symbolic links neither followed nor taken."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        if name in filenames and not os.path.islink(os.path.join(dirpath, name)):
+            found.append(Path(dirpath) / name)
+    return sorted(found)
+
+
+def convert_results(folder: Path) -> None:
+    """Replace `folder`'s results.jsonl by results.parquet (+ traces.parquet), summary.json
+    untouched."""
+    src = folder / LEGACY_RESULTS
+    records = read_jsonl(src, DataError, "results file")
+    keep = src.with_name(src.name + ".converting")
+    src.replace(keep)  # write_rows removes a legacy file; it stays until the copy is checked
+    try:
+        write_rows(folder, records)
+        if read_results(folder, required=()) != records:
+            raise DataError(f"{src}: its records do not come back from Parquet unchanged; left as it is")
+    except (DataError, ValueError) as e:
+        for name in (RESULTS, TRACES):
+            (folder / name).unlink(missing_ok=True)
+        keep.replace(src)
+        raise DataError(str(e) if isinstance(e, DataError) else f"{src}: {e}") from None
+    keep.unlink(missing_ok=True)
+
+
+def convert_folder(root: str | Path) -> dict:
+    """Convert every JSON-lines record file under `root`; returns counts and bytes before/after."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder")
+    counts = {"results": 0, "metrics": 0, "bytes_before": 0, "bytes_after": 0}
+    for path in _files(root, LEGACY_RESULTS):
+        counts["bytes_before"] += path.stat().st_size
+        convert_results(path.parent)
+        counts["results"] += 1
+        counts["bytes_after"] += sum((path.parent / n).stat().st_size for n in (RESULTS, TRACES)
+                                     if (path.parent / n).exists())
+    for path in _files(root, LEGACY_METRICS):
+        size = path.stat().st_size
+        if convert_metrics(path.parent):
+            counts["metrics"] += 1
+            counts["bytes_before"] += size
+            counts["bytes_after"] += (path.parent / "metrics.parquet").stat().st_size
+    return counts

@@ -1,0 +1,133 @@
+"""Lists of flat JSON records as Parquet tables, and back, record for record.
+
+Per-expression results, probe rows and training logs are lists of dicts of scalars, which
+`records_to_table` stores column by column (zstd). The reading side gives back the same dicts:
+the same keys in the same order, the same values and types. Two things JSON lines say that
+columns do not are kept in the file's metadata: which keys some records lack (their nulls
+mean "absent"), and which columns hold mixed or nested values (stored as JSON text). A list
+whose records would not come back as they went in is refused rather than written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlmlab.errors import DataError, RlmlabError
+from rlmlab.safeio import parse_json
+
+META_KEY = b"rlmlab.records"
+FORMAT = "rlmlab-records/1"
+COMPRESSION = "zstd"
+# Python types a column stores natively when all its non-null values share one of them.
+NATIVE = (bool, int, float, str)
+
+
+def _column_kind(values: list) -> str:
+    """"native" when the non-null values share one type of `NATIVE` (or there are none),
+    else "json"."""
+    kinds = {type(v) for v in values if v is not None}
+    if not kinds:
+        return "native"
+    return "native" if len(kinds) == 1 and next(iter(kinds)) in NATIVE else "json"
+
+
+def records_to_table(records: Sequence[dict]):
+    """A pyarrow Table of `records` (dicts with string keys), whose `table_to_records` is
+    `records` again; ValueError when it would not be (a key absent from some records and null
+    in others)."""
+    import pyarrow as pa
+
+    keys: dict[str, None] = {}
+    for r in records:
+        if not isinstance(r, dict) or not all(isinstance(k, str) for k in r):
+            raise ValueError("a record is not an object with string keys")
+        keys.update(dict.fromkeys(r))
+    optional, json_columns, arrays = [], [], []
+    for k in keys:
+        values = [r.get(k) for r in records]
+        if any(k not in r for r in records):
+            if any(k in r and r[k] is None for r in records):
+                raise ValueError(f"key {k!r} is absent from some records and null in others")
+            optional.append(k)
+        if _column_kind(values) == "native":
+            try:
+                arrays.append(pa.array(values))
+                continue
+            except (pa.ArrowException, OverflowError):
+                pass
+        json_columns.append(k)
+        arrays.append(pa.array([None if v is None else json.dumps(v) for v in values], type=pa.string()))
+    meta = {"format": FORMAT, "optional": optional, "json": json_columns}
+    if not keys:
+        return pa.table({}, metadata={META_KEY: json.dumps({**meta, "rows": len(records)})})
+    return pa.Table.from_arrays(arrays, names=list(keys), metadata={META_KEY: json.dumps(meta)})
+
+
+def table_to_records(table, where: str) -> list[dict]:
+    """The records `records_to_table` stored in `table`."""
+    meta = _meta(table, where)
+    if table.num_columns == 0:
+        rows = meta.get("rows")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise DataError(f"{where}: a table without columns needs a row count")
+        return [{} for _ in range(rows)]
+    names = table.column_names
+    optional, json_columns = set(meta["optional"]), set(meta["json"])
+    columns = []
+    for name in names:
+        values = table.column(name).to_pylist()
+        if name in json_columns:
+            values = [None if v is None else parse_json(v, f"{where}: column {name}") for v in values]
+        columns.append(values)
+    out = []
+    for row in zip(*columns):
+        out.append({k: v for k, v in zip(names, row) if not (v is None and k in optional)})
+    return out
+
+
+def _meta(table, where: str) -> dict:
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    meta = parse_json(raw.decode("utf-8", "replace"), where) if raw is not None else None
+    if not (isinstance(meta, dict) and meta.get("format") == FORMAT
+            and all(isinstance(meta.get(k), list) and all(isinstance(x, str) for x in meta[k])
+                    for k in ("optional", "json"))):
+        raise DataError(f"{where}: not a table of records written by rlmlab (no {FORMAT} metadata)")
+    return meta
+
+
+def write_records(path: str | Path, records: Sequence[dict]) -> Path:
+    """`records` as a zstd Parquet file at `path`, written to a temporary name and moved into
+    place, so that a killed writer leaves the old file or none."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    table = records_to_table(records)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression=COMPRESSION)
+    tmp.replace(path)
+    return path
+
+
+def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns: list[str] | None = None) -> list[dict]:
+    """The records of a Parquet file `write_records` wrote (only `columns`, when given, of those
+    it has); a damaged, truncated or foreign file is one-line `error`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such file")
+    try:
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        table = pf.read(columns=[c for c in columns if c in names] if columns is not None else None)
+        # the file's own metadata, which a read of some columns keeps
+        table = table.replace_schema_metadata(pf.schema_arrow.metadata)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise error(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    try:
+        return table_to_records(table, str(path))
+    except DataError as e:
+        raise error(str(e)) from None
