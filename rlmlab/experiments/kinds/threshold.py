@@ -13,6 +13,8 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
+from rlmlab.experiments.spread import cell as spread_cell
+from rlmlab.experiments.spread import correctness, paired
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     eval_results,
@@ -150,8 +152,10 @@ def _tex_label(label: str) -> str:
 
 
 def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners: list[str],
-              unfit: frozenset = frozenset()) -> None:
-    """Accuracy per bin with Wilson bands; a learner in `unfit` is drawn in domain only."""
+              unfit: frozenset = frozenset(), spread: dict | None = None) -> None:
+    """Accuracy per bin with Wilson bands; a learner in `unfit` is drawn in domain only. A learner
+    with several seeds in `spread` (`seed_spread`) is drawn as its mean over seeds with the
+    seeds-and-expressions band, each seed a faint line beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,6 +164,10 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     xs = list(range(len(rows)))
     for v in learners:
+        multi = spread["learners"].get(v) if spread is not None else None
+        if multi is not None and len(multi["seeds"]) > 1:
+            _plot_seeds(ax, xs, v, multi)
+            continue
         pts = [(x, r[v]) for x, r in zip(xs, rows) if r.get(v) and not (r["ood"] and v in unfit)]
         if not pts:
             continue
@@ -183,6 +191,22 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners:
     for ext in ("png", "pdf"):
         save_figure(fig, path.with_suffix(f".{ext}"))
     plt.close(fig)
+
+
+def _plot_seeds(ax, xs: list[int], v: str, d: dict) -> None:
+    color, style = learner_line(v)
+    pts = [(x, c) for x, c in zip(xs, d["cells"]) if c is not None and c["mean"] is not None]
+    x = [p[0] for p in pts]
+    line, = ax.plot(x, [100 * c["mean"] for _, c in pts], "o", linestyle=style, color=color, lw=2.2,
+                    label=f"{learner_name(v)}, mean of {len(d['seeds'])} seeds")
+    ax.fill_between(x, [100 * c["ci95"][0] for _, c in pts], [100 * c["ci95"][1] for _, c in pts],
+                    color=line.get_color(), alpha=0.15)
+    for s in map(str, d["seeds"]):
+        seed_pts = [(xx, c["per_seed"].get(s)) for xx, c in zip(xs, d["cells"])
+                    if c is not None and c["per_seed"].get(s) is not None]
+        if seed_pts:
+            ax.plot([p[0] for p in seed_pts], [100 * p[1] for p in seed_pts], linestyle=style,
+                    color=line.get_color(), lw=0.8, alpha=0.35)
 
 
 def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
@@ -213,12 +237,121 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     md += wrong_trace_table(wrong, f"{'L' if kind == 'length' else 'K'} = {threshold}")
     md += failure_prediction_table(predictors)
     md += _frame_errors(out, job, names, fits)
+    spread = seed_spread(out, meta, job, names)
+    if spread is not None:
+        md = md.replace(" acc. (%)", ", seed 0, acc. (%)")
+        md += spread_tables(spread, meta["split"]["bins"], kind, threshold)
     (dest / f"table-{job}.md").write_text(md)
     (dest / f"table-{job}.tex").write_text(tex)
-    plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit)
+    plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit, spread)
     plot_learning_curves(dest / f"curves-{job}", runs)
-    return {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
+    data = {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
             "failure_prediction": predictors, "wrong_ood": wrong}
+    if spread is not None:
+        data["seeds"] = spread
+    return data
+
+
+def seed_spread(out: Path, meta: dict, job: str, names: list[str]) -> dict | None:
+    """Each learner's cells over its training seeds (`rlmlab.experiments.spread`), per bin, and
+    the paired differences between learners, when some learner has evaluations of more than one
+    seed; else None (a single-seed folder reports as it always has).
+
+    A learner's out-of-domain cell stands only where every one of its seeds fitted; its
+    per-seed values stand for the seeds that fitted."""
+    seeds = seed_indices(out, job)
+    by_learner: dict[str, dict[int, list[dict]]] = {}
+    fits: dict[str, dict[int, float | None]] = {}
+    for v in names:
+        for s in seeds:
+            res = eval_results(out, seeded_job(job, s), v, "eval")
+            if res is None:
+                continue
+            by_learner.setdefault(v, {})[s] = res
+            runs = training_runs(out, seeded_job(job, s))
+            fits.setdefault(v, {})[s] = training_summary(runs[v])["best"] if v in runs else None
+    if not any(len(r) > 1 for r in by_learner.values()):
+        return None
+    labels = [b["label"] for b in meta["split"]["bins"]]
+    ood = {b["label"]: b["ood"] for b in meta["split"]["bins"]}
+    learners_out, matrices = {}, {}
+    for v, per_seed in by_learner.items():
+        fitted_seeds = [s for s, best in fits[v].items() if fitted(best)]
+        cells = []
+        for label in labels:
+            in_bin = {s: [r for r in res if r.get("bin") == label] for s, res in per_seed.items()}
+            if not all(in_bin.values()):
+                cells.append(None)
+                continue
+            keep = [s for s in in_bin if not ood[label] or s in fitted_seeds]
+            m = correctness([in_bin[s] for s in in_bin], f"{out / job} {v} bin {label}")
+            matrices[(v, label)] = (m, len(keep) == len(in_bin))
+            c = spread_cell(m) if len(keep) == len(in_bin) else {"seeds": len(in_bin), "n": m.shape[1], "mean": None}
+            c["per_seed"] = {str(s): (float(row.mean()) if s in keep else None) for s, row in zip(in_bin, m)}
+            cells.append(c)
+        learners_out[v] = {"seeds": sorted(per_seed), "fitted_seeds": sorted(fitted_seeds),
+                           "best_validation": {str(s): b for s, b in fits[v].items()}, "cells": cells}
+    pairs = [(a, b) for a, b in _comparisons(list(by_learner))]
+    paired_out = []
+    for a, b in pairs:
+        diffs = []
+        for label in labels:
+            ma, mb = matrices.get((a, label)), matrices.get((b, label))
+            usable = ma is not None and mb is not None and ma[1] and mb[1]
+            diffs.append(paired(ma[0], mb[0]) if usable else None)
+        paired_out.append({"a": a, "b": b, "cells": diffs})
+    return {"bins": labels, "learners": learners_out, "paired": paired_out}
+
+
+def _comparisons(names: list[str]) -> list[tuple[str, str]]:
+    """The pairs a report compares: RM with CoT, and each learner with another position encoding
+    with the same learner's learned table."""
+    pairs = [("rm", "cot")] if "rm" in names and "cot" in names else []
+    for v in names:
+        base = v.split("@")[0]
+        if "@" in v and base in names:
+            pairs.append((v, base))
+    return pairs
+
+
+def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> str:
+    """Markdown of `seed_spread`: per learner the mean over seeds, its interval and each seed's
+    value; then the paired differences."""
+    unit = "L" if kind == "length" else "K"
+    n_iid = sum(not b["ood"] for b in bins)
+    head = (f"| {kind.capitalize()} bin (×{unit}, {unit}={threshold}) | "
+            + " | ".join(f"{b['label']}{' (IID)' if i < n_iid else ''}" for i, b in enumerate(bins)) + " |\n"
+            + "|---" * (len(bins) + 1) + "|\n")
+
+    def mean(c):
+        return "–" if c is None else "not fitted" if c["mean"] is None else pct(c["mean"])
+
+    def interval(c):
+        return "–" if c is None or c["mean"] is None else f"{pct(c['ci95'][0])}–{pct(c['ci95'][1])}"
+
+    def seeds_of(c):
+        return "–" if c is None else " / ".join("n.f." if x is None else pct(x) for x in c["per_seed"].values())
+
+    md = ["\nOver training seeds: each learner's mean accuracy over its seeds (all scored on the same "
+          "expressions), a 95% interval from a bootstrap that resamples seeds and expressions, and each "
+          "seed's accuracy in seed order (n.f.: that seed did not fit). An out-of-domain mean stands only "
+          "where every seed fitted.\n\n" + head.rstrip("\n")]
+    for v, d in spread["learners"].items():
+        k, f = len(d["seeds"]), len(d["fitted_seeds"])
+        name = f"{learner_name(v)}, {k} seed{'s' if k > 1 else ''} ({', '.join(map(str, d['seeds']))}), {f} fitted"
+        md.append(f"| {name}: mean (%) | " + " | ".join(mean(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_name(v)}: 95% interval | " + " | ".join(interval(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_name(v)}: per seed (%) | " + " | ".join(seeds_of(c) for c in d["cells"]) + " |")
+    if spread["paired"]:
+        md.append("\nPaired differences (percentage points, first learner minus second; expressions resampled "
+                  "together, each learner's seeds on their own; 95% interval; `>` or `<` where the interval "
+                  "excludes zero):\n\n" + head.rstrip("\n"))
+        for p in spread["paired"]:
+            cells = ["–" if c is None else
+                     f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
+                     + {"higher": " >", "lower": " <"}.get(c["verdict"], "") for c in p["cells"]]
+            md.append(f"| {learner_name(p['a'])} − {learner_name(p['b'])} | " + " | ".join(cells) + " |")
+    return "\n".join(md) + "\n"
 
 
 def wrong_trace_summary(results: list[dict]) -> dict | None:
