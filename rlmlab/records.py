@@ -2,10 +2,10 @@
 
 Per-expression results, probe rows and training logs are lists of dicts of scalars, which
 `records_to_table` stores column by column (zstd). The reading side gives back the same dicts:
-the same keys in the same order, the same values and types. Two things JSON lines say that
-columns do not are kept in the file's metadata: which keys some records lack (their nulls
-mean "absent"), and which columns hold mixed or nested values (stored as JSON text). A list
-whose records would not come back as they went in is refused rather than written.
+the same keys, values and types. Two things JSON lines say that columns do not are kept in the
+file's metadata: which keys some records lack (their nulls mean "absent"; where such a key is
+also null in other records, a boolean column `_present.<key>` says which), and which columns
+hold mixed or nested values (stored as JSON text).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rlmlab.errors import DataError, RlmlabError
 from rlmlab.safeio import parse_json
 
 META_KEY = b"rlmlab.records"
+PRESENT = "_present."
 FORMAT = "rlmlab-records/1"
 COMPRESSION = "zstd"
 # Python types a column stores natively when all its non-null values share one of them.
@@ -35,8 +36,7 @@ def _column_kind(values: list) -> str:
 
 def records_to_table(records: Sequence[dict]):
     """A pyarrow Table of `records` (dicts with string keys), whose `table_to_records` is
-    `records` again; ValueError when it would not be (a key absent from some records and null
-    in others)."""
+    `records` again; ValueError for a record that is not such a dict."""
     import pyarrow as pa
 
     keys: dict[str, None] = {}
@@ -44,13 +44,16 @@ def records_to_table(records: Sequence[dict]):
         if not isinstance(r, dict) or not all(isinstance(k, str) for k in r):
             raise ValueError("a record is not an object with string keys")
         keys.update(dict.fromkeys(r))
-    optional, json_columns, arrays = [], [], []
+    optional, json_columns, presence, arrays, names = [], [], {}, [], []
     for k in keys:
         values = [r.get(k) for r in records]
         if any(k not in r for r in records):
-            if any(k in r and r[k] is None for r in records):
-                raise ValueError(f"key {k!r} is absent from some records and null in others")
             optional.append(k)
+            if any(k in r and r[k] is None for r in records):  # null and absent both occur
+                presence[k] = f"{PRESENT}{k}"
+                while presence[k] in keys:
+                    presence[k] = "_" + presence[k]
+        names.append(k)
         if _column_kind(values) == "native":
             try:
                 arrays.append(pa.array(values))
@@ -59,10 +62,13 @@ def records_to_table(records: Sequence[dict]):
                 pass
         json_columns.append(k)
         arrays.append(pa.array([None if v is None else json.dumps(v) for v in values], type=pa.string()))
-    meta = {"format": FORMAT, "optional": optional, "json": json_columns}
+    for k, column in presence.items():
+        names.append(column)
+        arrays.append(pa.array([k in r for r in records], type=pa.bool_()))
+    meta = {"format": FORMAT, "optional": optional, "json": json_columns, "present": presence}
     if not keys:
         return pa.table({}, metadata={META_KEY: json.dumps({**meta, "rows": len(records)})})
-    return pa.Table.from_arrays(arrays, names=list(keys), metadata={META_KEY: json.dumps(meta)})
+    return pa.Table.from_arrays(arrays, names=names, metadata={META_KEY: json.dumps(meta)})
 
 
 def table_to_records(table, where: str) -> list[dict]:
@@ -73,7 +79,9 @@ def table_to_records(table, where: str) -> list[dict]:
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise DataError(f"{where}: a table without columns needs a row count")
         return [{} for _ in range(rows)]
-    names = table.column_names
+    presence = meta.get("present", {})
+    hidden = set(presence.values())
+    names = [n for n in table.column_names if n not in hidden]
     optional, json_columns = set(meta["optional"]), set(meta["json"])
     columns = []
     for name in names:
@@ -81,9 +89,11 @@ def table_to_records(table, where: str) -> list[dict]:
         if name in json_columns:
             values = [None if v is None else parse_json(v, f"{where}: column {name}") for v in values]
         columns.append(values)
+    present = {k: table.column(c).to_pylist() for k, c in presence.items() if c in table.column_names}
     out = []
-    for row in zip(*columns):
-        out.append({k: v for k, v in zip(names, row) if not (v is None and k in optional)})
+    for i, row in enumerate(zip(*columns)):
+        out.append({k: v for k, v in zip(names, row)
+                    if not (v is None and k in optional and not (k in present and present[k][i]))})
     return out
 
 
@@ -92,7 +102,9 @@ def _meta(table, where: str) -> dict:
     meta = parse_json(raw.decode("utf-8", "replace"), where) if raw is not None else None
     if not (isinstance(meta, dict) and meta.get("format") == FORMAT
             and all(isinstance(meta.get(k), list) and all(isinstance(x, str) for x in meta[k])
-                    for k in ("optional", "json"))):
+                    for k in ("optional", "json"))
+            and isinstance(meta.get("present", {}), dict)
+            and all(isinstance(x, str) for x in meta.get("present", {}).values())):
         raise DataError(f"{where}: not a table of records written by rlmlab (no {FORMAT} metadata)")
     return meta
 

@@ -58,7 +58,10 @@ def convert_metrics(run_dir: str | Path) -> bool:
     if not src.is_file():
         return False
     records = read_jsonl_log(src)
-    write_records(run_dir / METRICS, records)
+    try:
+        write_records(run_dir / METRICS, records)
+    except ValueError as e:
+        raise DataError(f"{src}: {e}") from None
     if read_records(run_dir / METRICS) != records:
         raise DataError(f"{src}: its records do not come back from Parquet unchanged; left as it is")
     src.unlink()

@@ -37,6 +37,13 @@ def seeded_job(job: str, seed: int) -> str:
     return job + (f"-s{seed}" if seed else "")
 
 
+def split_seed(job: str) -> tuple[str, int]:
+    """(the seed-0 job name, the seed index) of a job folder's name: `length-595-s2` ->
+    (`length-595`, 2), `iid-N300-s1` -> (`iid-N300`, 1), `length-595` -> (`length-595`, 0)."""
+    m = re.fullmatch(r"(.+)-s([0-9]{1,2})", job)
+    return (m.group(1), int(m.group(2))) if m else (job, 0)
+
+
 def seed_indices(out: Path, job: str) -> list[int]:
     """The seed indices of `job` that have a folder under `out` (seed 0: `job` itself, seed k:
     `job-s<k>`), in order; [0] when none has, so that a folder without runs reads as before."""
