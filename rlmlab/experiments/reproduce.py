@@ -27,6 +27,7 @@ from rlmlab.experiments.report import report
 from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.results import read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
+from rlmlab.safeio import refuse_outside
 
 CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 # Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
@@ -42,16 +43,23 @@ class CellCheck:
     cell: str
     committed: dict
     fresh: dict
+    spread: dict | None = None
+    """The committed cell's spread over training seeds ({seeds, lo, hi}), where it has several."""
 
     @property
     def inside(self) -> bool:
-        """Whether the two agree: either accuracy lies in the other's 95% interval. (A fresh cell
-        of a sample has a wide interval around a committed cell of the whole set; a fresh cell
-        of the whole set is held to the committed interval.)"""
+        """Whether the two agree. Against a cell with several seeds: the fresh accuracy lies within
+        the seeds' spread (their range, widened to the seeds-and-expressions bootstrap interval
+        of their mean), since a fresh run is one more seed on another machine. Otherwise either
+        accuracy lies in the other's 95% interval. (A fresh cell of a sample has a wide interval
+        around a committed cell of the whole set; a fresh cell of the whole set is held to the
+        committed interval.)"""
         def within(x: dict, ci: dict) -> bool:
             lo, hi = ci["ci95"]
             return lo - 1e-12 <= x["accuracy"] <= hi + 1e-12
 
+        if self.spread is not None:
+            return self.spread["lo"] - 1e-12 <= self.fresh["accuracy"] <= self.spread["hi"] + 1e-12
         return within(self.fresh, self.committed) or within(self.committed, self.fresh)
 
 
@@ -93,10 +101,32 @@ def _report_json(folder: Path) -> dict:
     return data
 
 
+def seed_spreads(report_json: dict) -> dict[str, dict]:
+    """{cell path: {seeds, lo, hi}} of the per-bin cells whose learner has several seeds in a
+    threshold report (its "seeds" section): the seeds' range, widened to the bootstrap interval
+    of their mean."""
+    spread = report_json.get("seeds")
+    if not isinstance(spread, dict) or not isinstance(spread.get("learners"), dict):
+        return {}
+    out = {}
+    for v, d in spread["learners"].items():
+        if not isinstance(d, dict) or len(d.get("seeds", ())) < 2:
+            continue
+        for label, c in zip(spread.get("bins", ()), d.get("cells", ())):
+            if not isinstance(c, dict) or c.get("mean") is None:
+                continue
+            values = [x for x in c["per_seed"].values() if x is not None]
+            out[f"rows[bin={label}].{v}"] = {"seeds": len(values), "lo": min(values + [c["ci95"][0]]),
+                                             "hi": max(values + [c["ci95"][1]])}
+    return out
+
+
 def compare(committed: Path, fresh: Path) -> tuple[list[CellCheck], list[str]]:
     """The cells both reports hold, and the committed cells the fresh report lacks."""
-    old, new = report_cells(_report_json(Path(committed))), report_cells(_report_json(Path(fresh)))
-    checks = [CellCheck(cell, old[cell], new[cell]) for cell in old if cell in new]
+    committed_report = _report_json(Path(committed))
+    old, new = report_cells(committed_report), report_cells(_report_json(Path(fresh)))
+    spreads = seed_spreads(committed_report)
+    checks = [CellCheck(cell, old[cell], new[cell], spreads.get(cell)) for cell in old if cell in new]
     return checks, [cell for cell in old if cell not in new]
 
 
@@ -105,13 +135,22 @@ def comparison_table(checks: list[CellCheck], missing: list[str]) -> str:
     def cell(c: dict) -> str:
         return f"{100 * c['accuracy']:.1f} [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}] (n={c['n']})"
 
+    def committed(c: CellCheck) -> str:
+        if c.spread is None:
+            return cell(c.committed)
+        return (f"{cell(c.committed)}; seeds' spread {100 * c.spread['lo']:.1f}–{100 * c.spread['hi']:.1f} "
+                f"({c.spread['seeds']} seeds)")
+
     lines = ["| cell | committed (%) | fresh (%) | |", "|---|---|---|---|"]
-    lines += [f"| {c.cell} | {cell(c.committed)} | {cell(c.fresh)} | {'' if c.inside else 'DISAGREE'} |"
+    lines += [f"| {c.cell} | {committed(c)} | {cell(c.fresh)} | {'' if c.inside else 'DISAGREE'} |"
               for c in checks]
     outside = sum(not c.inside for c in checks)
-    lines.append(f"\n{len(checks)} cells compared: {len(checks) - outside} agree (either accuracy in the other's 95% "
-                 f"interval), {outside} disagree" + (f"; {len(missing)} committed cells not re-made" if missing else "")
-                 + ".")
+    seeded = sum(c.spread is not None for c in checks)
+    rule = ("either accuracy in the other's 95% interval" if not seeded else
+            f"{seeded} cells with several seeds judged against the seeds' spread, the others by either accuracy "
+            "in the other's 95% interval")
+    lines.append(f"\n{len(checks)} cells compared: {len(checks) - outside} agree ({rule}), {outside} disagree"
+                 + (f"; {len(missing)} committed cells not re-made" if missing else "") + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -302,6 +341,13 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
     taken = [str(out / job / learner) for job, learner in runs if (out / job / learner).exists()]
     if taken:
         raise DataError(f"{taken[0]} exists already: re-evaluate into a new --out")
+    refuse_outside(results / "experiment.json", results)
+    for (job, learner), src in runs.items():
+        for name in ("checkpoint.json", "model.safetensors"):
+            refuse_outside(src / "best" / name, checkpoints)
+        for path in (metrics_file(results / job / learner), results / job / learner / "config.json"):
+            if path is not None and path.exists():
+                refuse_outside(path, results)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(results / "experiment.json", out / "experiment.json")
     agreement = {}

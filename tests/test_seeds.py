@@ -1,0 +1,116 @@
+"""Training seeds: the seed dimension of the length and depth splits, the spread statistics over
+seeds, and reproduction judged against the spread."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rlmlab.cli import main
+from rlmlab.errors import ConfigError
+from rlmlab.experiments.reproduce import CellCheck, seed_spreads
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job, split_seed
+from rlmlab.experiments.spread import cell, correctness, paired
+from rlmlab.measuring.results import read_results
+from rlmlab.runlog import read_metrics
+
+
+def test_seed_names_and_values():
+    assert seeded_job("length-595", 0) == "length-595" and seeded_job("length-595", 2) == "length-595-s2"
+    assert split_seed("length-595-s2") == ("length-595", 2) and split_seed("length-595") == ("length-595", 0)
+    assert split_seed("iid-N300-s0") == ("iid-N300", 0)
+    assert seed_value(0) == 1337 and seed_value(2) == 1339  # seed 0 is the seed every committed run used
+    assert check_seeds(None) == [0] and check_seeds([2, 0, 2]) == [0, 2]
+    for bad in ([], [-1], [100], [True]):
+        with pytest.raises(ConfigError):
+            check_seeds(bad)
+
+
+def test_seed_indices_reads_the_folders(tmp_path):
+    assert seed_indices(tmp_path, "depth-10") == [0]  # nothing yet: reads as a single-seed folder
+    for name in ("depth-10", "depth-10-s2", "depth-10-s1", "depth-100-s1", "depth-10-sx"):
+        (tmp_path / name).mkdir()
+    assert seed_indices(tmp_path, "depth-10") == [0, 1, 2]
+
+
+def _results(exprs, correct):
+    return [{"expr": e, "correct": bool(c)} for e, c in zip(exprs, correct)]
+
+
+def test_cell_over_seeds_and_expressions():
+    rng = np.random.default_rng(0)
+    m = (rng.random((3, 200)) < np.array([[0.9], [0.6], [0.75]])).astype(float)
+    c = cell(m)
+    assert c["mean"] == pytest.approx(m.mean()) and c["per_seed"] == pytest.approx(list(m.mean(axis=1)))
+    assert (c["min"], c["max"]) == (min(c["per_seed"]), max(c["per_seed"]))
+    lo, hi = c["ci95"]
+    assert lo < c["mean"] < hi
+    # Resampling the seeds too: wider than a bootstrap over expressions with the seeds fixed.
+    same = cell(np.repeat(m.mean(axis=0, keepdims=True) > 0.5, 3, axis=0).astype(float))
+    assert hi - lo > same["ci95"][1] - same["ci95"][0]
+    assert cell(m) == c  # a fixed bootstrap seed: a report regenerates byte for byte
+    one = cell(m[:1])
+    assert one["seeds"] == 1 and one["ci95"][0] <= one["mean"] <= one["ci95"][1]
+
+
+def test_paired_difference_and_verdict():
+    rng = np.random.default_rng(1)
+    a = (rng.random((3, 300)) < 0.95).astype(float)
+    b = (rng.random((3, 300)) < 0.20).astype(float)
+    d = paired(a, b)
+    assert d["diff"] == pytest.approx(a.mean() - b.mean()) and d["verdict"] == "higher"
+    assert paired(b, a)["verdict"] == "lower"
+    assert paired(a, a)["diff"] == 0 and paired(a, a)["verdict"] == "not separated"
+    with pytest.raises(ValueError):
+        paired(a, b[:, :10])
+
+
+def test_correctness_refuses_seeds_scored_on_other_expressions():
+    r0 = _results(["a", "b"], [1, 0])
+    assert correctness([r0, _results(["a", "b"], [1, 1])], "x").tolist() == [[1, 0], [1, 1]]
+    with pytest.raises(ValueError, match="same expressions"):
+        correctness([r0, _results(["b", "a"], [1, 1])], "x")
+
+
+def test_reproduction_is_judged_against_the_seed_spread():
+    report = {"seeds": {"bins": ["1.0-1.25"], "learners": {
+        "rm": {"seeds": [0, 1, 2], "cells": [{"mean": 0.9, "ci95": [0.85, 0.95],
+                                              "per_seed": {"0": 0.97, "1": 0.84, "2": 0.9}}]},
+        "cot": {"seeds": [0], "cells": [{"mean": 0.1, "ci95": [0.05, 0.15], "per_seed": {"0": 0.1}}]}}}}
+    spreads = seed_spreads(report)
+    assert set(spreads) == {"rows[bin=1.0-1.25].rm"}  # one seed: no spread, the Wilson rule stands
+    assert spreads["rows[bin=1.0-1.25].rm"] == {"seeds": 3, "lo": 0.84, "hi": 0.97}
+    committed = {"n": 310, "accuracy": 0.97, "ci95": [0.945, 0.985]}
+    fresh = {"n": 310, "accuracy": 0.86, "ci95": [0.82, 0.90]}
+    assert not CellCheck("c", committed, fresh).inside  # one run's intervals: disagree
+    assert CellCheck("c", committed, fresh, spreads["rows[bin=1.0-1.25].rm"]).inside  # within the seeds
+    assert not CellCheck("c", committed, {**fresh, "accuracy": 0.7}, spreads["rows[bin=1.0-1.25].rm"]).inside
+
+
+def test_length_split_trains_seeds_on_the_same_split_and_reports_the_spread(tmp_path):
+    out = tmp_path / "length"
+    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--seeds", "0,1", "--quiet"]) == 0
+    for learner in ("rm", "cot"):
+        s0, s1 = out / "length-96" / learner, out / "length-96-s1" / learner
+        assert json.loads((s0 / "config.json").read_text())["train"]["seed"] == 1337
+        assert json.loads((s1 / "config.json").read_text())["train"]["seed"] == 1338
+        for key in ("train", "val"):  # the same split for every seed
+            assert json.loads((s0 / "config.json").read_text())["data"][key] == \
+                json.loads((s1 / "config.json").read_text())["data"][key]
+        e0, e1 = read_results(s0 / "eval" / "eval"), read_results(s1 / "eval" / "eval")
+        assert [r["expr"] for r in e0] == [r["expr"] for r in e1]  # scored on the same expressions
+        first = [[r["loss"] for r in read_metrics(d) if r["kind"] == "train"][0] for d in (s0, s1)]
+        assert first[0] != first[1]  # another initialisation and data order
+    assert main(["report", str(out)]) == 0
+    saved = json.loads((out / "report" / "report.json").read_text())
+    spread = saved["seeds"]
+    assert set(spread["learners"]) == {"rm", "cot"} and spread["learners"]["rm"]["seeds"] == [0, 1]
+    assert [p["a"] + "-" + p["b"] for p in spread["paired"]] == ["rm-cot"]
+    table = (out / "report" / "table-length-96.md").read_text()
+    assert "Over training seeds" in table and "RM, seed 0, acc. (%)" in table and "Paired differences" in table
+    assert [t["job"] for t in saved["training"]] == ["length-96", "length-96", "length-96-s1", "length-96-s1"]
+    # A learner's out-of-domain mean stands only when every seed fitted (the smoke runs do not).
+    rm = spread["learners"]["rm"]
+    ood = [c for c, b in zip(rm["cells"], json.loads((out / "experiment.json").read_text())["split"]["bins"])
+           if b["ood"] and c is not None]
+    assert ood and all(c["mean"] is None for c in ood) == (len(rm["fitted_seeds"]) < 2)
