@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.measuring.results import has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
@@ -33,10 +34,9 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
     if not (folder / "experiment.json").is_file():
         raise DataError(f"{folder}: not an experiment folder (no experiment.json)")
     rows = []
-    for run_dir in sorted(p for p in folder.glob("*/*") if p.is_dir() and p.parent.name not in ("data", "report")):
-        job = run_dir.parent.name
+    for job, learner, run_dir in experiment_runs(folder):
         base, seed = split_seed(job)
-        where = {"job": job, "experiment_job": base, "seed": seed, "learner": run_dir.name}
+        where = {"job": job, "experiment_job": base, "seed": seed, "learner": learner}
         if what == "metrics":
             if has_metrics(run_dir):
                 rows += [{**where, **r} for r in read_metrics(run_dir)]

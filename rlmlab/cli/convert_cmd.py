@@ -15,5 +15,7 @@ def run(args) -> int:
     for folder in args.folders:
         n = convert_folder(folder)
         print(f"{folder}: {n['results']} result files and {n['metrics']} training logs converted, "
-              f"{n['bytes_before'] / 1e6:.1f} MB -> {n['bytes_after'] / 1e6:.1f} MB")
+              f"{n['bytes_before'] / 1e6:.1f} MB -> {n['bytes_after'] / 1e6:.1f} MB"
+              + (f"; {len(n['referred'])} runs held by reference to a folder beside it ({', '.join(n['referred'])})"
+                 if n["referred"] else ""))
     return 0

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, read_results, write_rows
 from rlmlab.runlog import LEGACY_METRICS, convert_metrics
 from rlmlab.safeio import read_jsonl
@@ -40,12 +41,15 @@ def convert_results(folder: Path) -> None:
         for name in (RESULTS, TRACES):
             (folder / name).unlink(missing_ok=True)
         keep.replace(src)
-        raise DataError(str(e) if isinstance(e, DataError) else f"{src}: {e}") from None
+        # named by the file left as it is, not by the Parquet files just removed
+        raise DataError(str(e) if str(e).startswith(f"{src}:") else f"{src}: not converted ({e})") from None
     keep.unlink(missing_ok=True)
 
 
 def convert_folder(root: str | Path) -> dict:
-    """Convert every JSON-lines record file under `root`; returns counts and bytes before/after."""
+    """Convert every JSON-lines record file under `root`, then, for an experiment folder, hold by
+    reference each run that a folder beside it holds byte for byte (`refs.refer_to_siblings`);
+    returns counts and bytes before/after."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder")
@@ -62,4 +66,5 @@ def convert_folder(root: str | Path) -> dict:
             counts["metrics"] += 1
             counts["bytes_before"] += size
             counts["bytes_after"] += (path.parent / "metrics.parquet").stat().st_size
+    counts["referred"] = refer_to_siblings(root) if (root / "experiment.json").is_file() else []
     return counts

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
+from rlmlab.experiments.refs import has_job, read_refs
 
 BASE_SEED = 1337
 MAX_SEED_INDEX = 99
@@ -48,7 +49,8 @@ def seed_indices(out: Path, job: str) -> list[int]:
     """The seed indices of `job` that have a folder under `out` (seed 0: `job` itself, seed k:
     `job-s<k>`), in order; [0] when none has, so that a folder without runs reads as before."""
     pattern = re.compile(re.escape(job) + r"-s([1-9][0-9]?)")
-    found = [0] if (out / job).is_dir() else []
-    if out.is_dir():
-        found += sorted(int(m.group(1)) for d in out.iterdir() if d.is_dir() and (m := pattern.fullmatch(d.name)))
+    found = [0] if has_job(out, job) else []
+    names = {d.name for d in out.iterdir() if d.is_dir()} if out.is_dir() else set()
+    names |= {key.split("/")[0] for key in read_refs(out)} if out.is_dir() else set()
+    found += sorted(int(m.group(1)) for name in names if (m := pattern.fullmatch(name)))
     return found or [0]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.experiments.refs import job_runs, run_path
 from rlmlab.measuring.results import has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 from rlmlab.safeio import read_json
@@ -53,8 +54,7 @@ def learner_name(name: str) -> str:
 def learners(out: Path, jobs: list[str]) -> list[str]:
     """The learners with a run folder in any of `jobs`: RM and CoT first, then the rest by name,
     so that a third learner run with `rlmlab run --learners` gets its own rows."""
-    found = {d.name for job in jobs if (out / job).is_dir() for d in (out / job).iterdir()
-             if (d / "eval").is_dir()}
+    found = {name for job in jobs for name, d in job_runs(out, job).items() if (d / "eval").is_dir()}
     return paper_order(found)
 
 
@@ -69,22 +69,21 @@ def paper_order(names) -> list[str]:
 
 
 def training_runs(out: Path, job: str) -> dict[str, Path]:
-    """Every run folder of `job` with a learning curve, finished or not (RM and CoT first)."""
-    if not (out / job).is_dir():
-        return {}
-    found = {d.name: d for d in (out / job).iterdir() if has_metrics(d)}
+    """Every run folder of `job` with a learning curve, finished or not (RM and CoT first),
+    its own or one its experiment folder refers to (`rlmlab.experiments.refs`)."""
+    found = {name: d for name, d in job_runs(out, job).items() if has_metrics(d)}
     return {v: found[v] for v in paper_order(found)}
 
 
 def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
-    path = out / job / name / "eval" / set_name
+    path = run_path(out, job, name) / "eval" / set_name
     return read_results(path) if has_results(path) else None
 
 
 def saved_list(out: Path, job: str, name: str, tool: str, set_name: str, key: str) -> list[dict] | None:
     """The list under `key` of a learner's `<learner>/<tool>/<set>/summary.json`, if there is one
     (`rlmlab probe|frames <out>/<job>/<learner> --data <the set's parquet>` writes it)."""
-    path = out / job / name / tool / set_name / "summary.json"
+    path = run_path(out, job, name) / tool / set_name / "summary.json"
     if not path.exists():
         return None
     what = f"{path}: not an `rlmlab {tool}` summary"

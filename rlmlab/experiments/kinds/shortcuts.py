@@ -10,6 +10,7 @@ from rlmlab.experiments.folder import check_saved, ensure_data, read_meta, write
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
                                        pct, plot_learning_curves, probe_groups, training_runs)
 from rlmlab.learning.learner import PAPER_LEARNERS
@@ -199,16 +200,17 @@ def shortcut_probe_table(rows: list[dict], learners: list[str]) -> str:
 
 class ShortcutSuite(ExperimentKind):
     name = "shortcuts"
-    options = ("constructions",)
+    options = ("constructions", "seeds")
     meta_fields = {"constructions": list}
 
     def job_name(self, construction: str) -> str:
         return f"shortcut-{construction}"
 
     def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
-             constructions=None) -> list[Job]:
-        """Jobs of `constructions` (default: all six). Runs on subsets share the folder: the
-        experiment lists every construction any of them planned, in the table's order."""
+             constructions=None, seeds=None) -> list[Job]:
+        """Jobs of `constructions` (default: all six) and training seed indices `seeds` (default:
+        seed 0; a seed k > 0 trains in `shortcut-<construction>-s<k>/`). Runs on subsets share the
+        folder: the experiment lists every construction any of them planned, in the table's order."""
         import pyarrow.parquet as pq
 
         from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
@@ -216,6 +218,7 @@ class ShortcutSuite(ExperimentKind):
         from rlmlab.task.taskfile import load_task
 
         p = preset
+        seeds = check_seeds(seeds)
         task = load_task(p.task)
         if not task.is_paper:
             raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
@@ -246,15 +249,19 @@ class ShortcutSuite(ExperimentKind):
             for part in ("iid", "ood"):
                 if not (data / f"{part}.parquet").exists():
                     pq.write_table(getattr(ds, part), data / f"{part}.parquet")
-            for v in learners:
-                jobs.append(Job(self.job_name(name), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                                {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
-                                p.job_settings(v, per_learner=p.shortcut_per_learner),
-                                p.eval_batch))
+            for seed in seeds:
+                for v in learners:
+                    jobs.append(Job(seeded_job(self.job_name(name), seed), v, str(data / "train.parquet"),
+                                    str(data / "val.parquet"),
+                                    {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
+                                    p.job_settings(v, seed=seed_value(seed), per_learner=p.shortcut_per_learner),
+                                    p.eval_batch))
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
-        return [self.job_name(name) for name in meta["constructions"]]
+        """Every construction's job folders, seed 0 first (Table 3 reads seed 0's)."""
+        return [seeded_job(self.job_name(name), s) for name in meta["constructions"]
+                for s in seed_indices(out, self.job_name(name))]
 
     def report(self, out: Path, meta: dict, dest: Path) -> dict:
         return report_shortcuts(self, out, meta, dest)

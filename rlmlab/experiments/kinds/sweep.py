@@ -10,6 +10,7 @@ pool joins a sweep without retraining (`rlmlab export SINGLE SWEEP`, `absorb`).
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
 from rlmlab.experiments.kinds.threshold import report_threshold
 from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     LEARNER_COLORS,
@@ -272,23 +274,26 @@ class ThresholdSweep(ExperimentKind):
     """Length thresholds (`lengths`) and depth thresholds (`depths`) in one folder."""
 
     name = "sweep"
-    options = ("lengths", "depths")
+    options = ("lengths", "depths", "seeds")
     meta_fields = {"splits": dict, "shared": dict}
 
     def identity(self, meta: dict) -> dict:
         return {"kind": meta.get("kind"), "shared": meta.get("shared"), "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, lengths=None, depths=None) -> dict:
+    def planned_identity(self, preset, lengths=None, depths=None, seeds=None) -> dict:
         return {"kind": self.name, "shared": shared(preset), "task": preset_task_digest(preset)}
 
     def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, lengths=None,
-             depths=None) -> list[Job]:
-        """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths). Runs on
-        other thresholds or learners may share the folder: its experiment.json lists the split of
-        every threshold any of them planned."""
-        from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS, Split, threshold_split
+             depths=None, seeds=None) -> list[Job]:
+        """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths) and the
+        training seed indices `seeds` (default: seed 0; `rlmlab.experiments.seeds`). Runs on
+        other thresholds, seeds or learners may share the folder: its experiment.json lists the
+        split of every threshold any of them planned."""
+        from rlmlab.experiments.splits import (DEPTH_THRESHOLDS, LENGTH_THRESHOLDS, Split, threshold_split,
+                                              without_ood)
 
         p = preset
+        seeds = check_seeds(seeds)
         if lengths is None and depths is None:
             lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
         for ts in (lengths, depths):
@@ -311,14 +316,17 @@ class ThresholdSweep(ExperimentKind):
             ensure_data(data, "split.json", partial(build, kind, threshold), expected=splits.get(name))
             split = Split.load(data, p.task)
             check_split(data, split.params, p, asked)
+            if (why := without_ood(split.params)) is not None:
+                print(f"{data}: warning: {why}", file=sys.stderr)
             splits[name] = split.params
-            jobs += [Job(name, v, str(data / "train.parquet"), str(data / "val.parquet"),
-                         {"eval": str(data / "eval.parquet")}, p.job_settings(v), p.eval_batch) for v in learners]
+            jobs += [Job(seeded_job(name, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
+                         {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
+                     for seed in seeds for v in learners]
         write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
-        return ordered_jobs(meta["splits"])
+        return [seeded_job(job, s) for job in ordered_jobs(meta["splits"]) for s in seed_indices(out, job)]
 
     def report(self, out: Path, meta: dict, dest: Path) -> dict:
         return report_sweep(out, meta, dest)

@@ -3,6 +3,7 @@ threshold, tested per multiplier bin above and below it."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness, paired
@@ -59,7 +61,7 @@ def _frame_errors(out: Path, job: str, learners: list[str], fits: dict[str, floa
         try:
             table = render_frames(rows, top=FRAME_TABLE_FUNCTIONS)
         except (KeyError, TypeError):
-            raise DataError(f"{out / job / v / 'frames' / 'eval' / 'summary.json'}: malformed rows") from None
+            raise DataError(f"{run_path(out, job, v) / 'frames' / 'eval' / 'summary.json'}: malformed rows") from None
         md += (f"\nTeacher-forced errors per active-frame example, {learner_name(v)}{_unfit_label(fits.get(v))} "
                "(`rlmlab frames`; an "
                "example is wrong if any of its targets is mispredicted; seen: the frame's call occurs among "
@@ -386,7 +388,7 @@ def wrong_trace_table(summaries: dict[str, dict], threshold_name: str) -> str:
 
 def _probe_rows(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
     """`rlmlab probe`'s per-expression rows of a learner's evaluation set, if it was probed."""
-    path = out / job / name / "probe" / set_name
+    path = run_path(out, job, name) / "probe" / set_name
     return read_results(path, required=("expr", "positions", "position_differ")) if has_results(path) else None
 
 
@@ -462,7 +464,7 @@ class ThresholdSplit(ExperimentKind):
         """One job per learner and training seed index (default: seed 0 only). Every seed trains
         on the same split and is evaluated on the same expressions; the seed sets the model's
         initialisation and the order of the training data (`train.seed` = 1337 + index)."""
-        from rlmlab.experiments.splits import Split, threshold_split
+        from rlmlab.experiments.splits import Split, threshold_split, without_ood
 
         p = preset
         threshold = self.threshold(p, threshold)
@@ -474,6 +476,8 @@ class ThresholdSplit(ExperimentKind):
         split = Split.load(data, p.task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
+        if (why := without_ood(split.params)) is not None:
+            print(f"{data}: warning: {why}", file=sys.stderr)
         write_meta(out, self, p, {"threshold": threshold, "split": split.params}, learners)
         return [Job(self.job_name(threshold, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
                     {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
