@@ -108,6 +108,7 @@ def test_length_split_trains_seeds_on_the_same_split_and_reports_the_spread(tmp_
     assert [p["a"] + "-" + p["b"] for p in spread["paired"]] == ["rm-cot"]
     table = (out / "report" / "table-length-96.md").read_text()
     assert "Over training seeds" in table and "RM, seed 0, acc. (%)" in table and "Paired differences" in table
+    assert "RM: mean over seeds (%)" in table and "RM: seeds 0, 1, " in table
     assert [t["job"] for t in saved["training"]] == ["length-96", "length-96", "length-96-s1", "length-96-s1"]
     # A learner's out-of-domain mean stands only when every seed fitted (the smoke runs do not).
     rm = spread["learners"]["rm"]

@@ -334,14 +334,15 @@ def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> 
     def seeds_of(c):
         return "–" if c is None else " / ".join("n.f." if x is None else pct(x) for x in c["per_seed"].values())
 
+    fits = "; ".join(f"{learner_name(v)}: seed{'s' if len(d['seeds']) > 1 else ''} "
+                     f"{', '.join(map(str, d['seeds']))}, {len(d['fitted_seeds'])} of {len(d['seeds'])} fitted"
+                     for v, d in spread["learners"].items())
     md = ["\nOver training seeds: each learner's mean accuracy over its seeds (all scored on the same "
           "expressions), a 95% interval from a bootstrap that resamples seeds and expressions, and each "
           "seed's accuracy in seed order (n.f.: that seed did not fit). An out-of-domain mean stands only "
-          "where every seed fitted.\n\n" + head.rstrip("\n")]
+          f"where every seed fitted. {fits}.\n\n" + head.rstrip("\n")]
     for v, d in spread["learners"].items():
-        k, f = len(d["seeds"]), len(d["fitted_seeds"])
-        name = f"{learner_name(v)}, {k} seed{'s' if k > 1 else ''} ({', '.join(map(str, d['seeds']))}), {f} fitted"
-        md.append(f"| {name}: mean (%) | " + " | ".join(mean(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_name(v)}: mean over seeds (%) | " + " | ".join(mean(c) for c in d["cells"]) + " |")
         md.append(f"| {learner_name(v)}: 95% interval | " + " | ".join(interval(c) for c in d["cells"]) + " |")
         md.append(f"| {learner_name(v)}: per seed (%) | " + " | ".join(seeds_of(c) for c in d["cells"]) + " |")
     if spread["paired"]:
