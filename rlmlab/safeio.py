@@ -169,6 +169,15 @@ def _article(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
+def refuse_outside(path: str | Path, root: str | Path, error: type[RlmlabError] = DataError) -> None:
+    """Refuse to copy `path` when it, or a folder on its way, is a symbolic link that leads out
+    of `root`, the tree being copied: the copy would carry a file from elsewhere on the machine."""
+    path, root = Path(path), Path(root)
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise error(f"{path}: a symbolic link to {shorten(str(path.resolve()))}, outside {root}; "
+                    "only files inside it are copied")
+
+
 def refuse_symlinks(root: str | Path, option: str, error: type[RlmlabError] = DataError) -> None:
     """Refuse a destination tree that holds symbolic links: writing through one would change
     files outside it."""

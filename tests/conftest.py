@@ -105,3 +105,26 @@ def draw_packed_layout(data, max_len: int):
     if not row:
         row, start, length = [0], [0], [T]
     return B, T, *(torch.tensor(a) for a in (row, start, length))
+
+
+def write_as_legacy(ckpt) -> None:
+    """Rewrite a checkpoint as format /1 wrote it: no digest, the learner and `data.learner`
+    under their old name "view", and tensor files whose header names format /1."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from rlmlab.learning import checkpoint as ck
+
+    meta = json.loads((ckpt / ck.META_FILE).read_text())
+    for name in meta["files"]:
+        path = ckpt / name
+        with safe_open(str(path), "pt") as f:
+            header, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, str(path), metadata={**header, "format": ck.LEGACY_FORMAT})
+        meta["files"][name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    learner = meta.pop("learner", None) or meta.pop("view")
+    data = meta["config"].get("data")
+    if isinstance(data, dict) and "learner" in data:
+        data["view"] = data.pop("learner")
+    meta = {k: v for k, v in meta.items() if k != "digest"} | {"format": ck.LEGACY_FORMAT, "view": learner}
+    (ckpt / ck.META_FILE).write_text(json.dumps(meta, indent=1))

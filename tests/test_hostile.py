@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import one_line_error as conftest_one_line_error
-from conftest import reseal_examples_cache
+from conftest import reseal_examples_cache, write_as_legacy
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
@@ -225,11 +225,11 @@ def test_an_empty_files_entry_is_refused_and_legacy_checkpoints_still_load(tmp_p
         meta_path.write_text(json.dumps(forged))
         with pytest.raises(CheckpointError, match="lacks the SHA-256 of model.safetensors"):
             ck.load_run(run)
-    # A checkpoint written before the digest (and before the learner had its name) loads by its
-    # tensor checksums, as it did.
-    legacy = {k: v for k, v in meta.items() if k not in ("digest", "learner")} | {"format": ck.LEGACY_FORMAT,
-                                                                                 "view": meta["learner"]}
-    meta_path.write_text(json.dumps(legacy))
+    # A checkpoint written before the digest (and before the learner had its name), its tensor
+    # files as that format wrote them, loads by its tensor checksums, as it did.
+    meta_path.write_text(json.dumps(meta))
+    write_as_legacy(run / "best")
+    legacy = json.loads(meta_path.read_text())
     assert ck.load_run(run).step == 3
     meta_path.write_text(json.dumps({**legacy, "files": {}}))
     with pytest.raises(CheckpointError, match="lacks the SHA-256"):

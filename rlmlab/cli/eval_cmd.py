@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.learning.config import MAX_THREADS
 from rlmlab.learning.learner import learner
 from rlmlab.measuring.results import RESULTS, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
@@ -81,6 +82,8 @@ def _check_args(args) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise ConfigError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
 
 
 def run(args) -> int:

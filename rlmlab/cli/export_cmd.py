@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rlmlab.experiments.export import export_results
 
 
@@ -19,6 +21,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     n = export_results(args.src, args.dest, resumable=args.resumable)
+    if n["skipped_links"]:
+        links = n["skipped_links"]
+        print(f"{args.src}: skipped {len(links)} symbolic link(s), neither followed nor copied: "
+              + ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else ""), file=sys.stderr)
     carried = (f" (with the `last` checkpoints of {n['resume_checkpoints']} unfinished runs)"
                if args.resumable else "")
     print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}{carried}; left out "

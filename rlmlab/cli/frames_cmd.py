@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.learning.config import MAX_THREADS
 from rlmlab.task.taskfile import add_task_option
 
 GROUP_COLUMNS = ("ood", "split", "construction")  # the default grouping, when the data has one
@@ -61,6 +62,8 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise ConfigError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     # --per-group takes the first N of each bin when the data has bins (a length or depth split is
     # stored bin by bin, so the first N of each OOD flag would all come from the nearest bins).
     run_ = load_run(args.run_dir, which=args.which, task=args.task)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
+from rlmlab.learning.config import MAX_THREADS
 from rlmlab.measuring.results import write_results
 from rlmlab.task.taskfile import add_task_option, load_task
 
@@ -55,6 +56,8 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise ConfigError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     if args.run_dir is None and args.oracle is None:
         raise ConfigError("nothing to probe: give RUN_DIR (a trained model) or --oracle LEARNER")
     if args.run_dir is not None and args.oracle is not None:

@@ -16,7 +16,7 @@ from rlmlab.errors import ConfigError
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
-from rlmlab.learning.config import field_docs
+from rlmlab.learning.config import MAX_THREADS, field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
 from rlmlab.safeio import refuse_other_folder
 
@@ -147,8 +147,8 @@ def run(args) -> int:
         if not 0 <= args.ray_gpus_per_job <= 1:
             raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {args.ray_gpus_per_job:g}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError("--threads must be at least 1")
+        if not 1 <= args.threads <= MAX_THREADS:
+            raise ConfigError(f"--threads must lie in [1, {MAX_THREADS}], got {args.threads}")
         train["threads"] = args.threads
     preset = (preset.with_overrides(train=train).with_budget(args.minutes, args.max_steps)
               .with_learner_settings(args.learner_setting))

@@ -4,6 +4,7 @@ runs of the same experiment made elsewhere."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,7 @@ LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
 LEGACY_OF = {RESULTS: LEGACY_RESULTS, TRACES: LEGACY_RESULTS, METRICS: LEGACY_METRICS}
 RECORD_FILES = tuple(LEGACY_OF)
 RESUME_CHECKPOINT = "last"
+REBUILT = ("report", "view")  # the report is rebuilt from the copy; `rlmlab view` makes its pages on demand
 
 
 def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -> dict:
@@ -46,8 +48,9 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     has are overwritten, except the two that describe the whole experiment: when `dest` holds
     the results of other runs of the same experiment (another session, machine or subset of
     constructions or sizes), `experiment.json` lists what either planned and `commands.jsonl`
-    keeps both histories (`merge_meta`, `merge_commands`). Returns counts of what was copied
-    and left out."""
+    keeps both histories (`merge_meta`, `merge_commands`). Symbolic links in `src` are neither
+    followed nor copied (`skipped_links` names them). Returns counts of what was copied and
+    left out."""
     src, dest = Path(src).resolve(), Path(dest).resolve()
     meta = read_meta(src)
     if dest == src or src in dest.parents:
@@ -71,10 +74,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     if not resumable:
         _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
-    for path in sorted(src.rglob("*")):
+    files, links = _plain_files(src)
+    for path in files:
         rel = path.relative_to(src)
-        rebuilt = rel.parts[0] in ("report", "view")  # the report below; `rlmlab view` pages on demand
-        if (rebuilt or not path.is_file() or path.name == LOCK_NAME
+        if (rel.parts[0] in REBUILT or path.name == LOCK_NAME
                 or rel.parts in (("experiment.json",), ("commands.jsonl",))):
             continue
         inside = next((i for i in range(1, len(rel.parts))
@@ -105,7 +108,31 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
         reported = False
     return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
-            "resume_checkpoints": carried}
+            "resume_checkpoints": carried, "skipped_links": [str(link.relative_to(src)) for link in links]}
+
+
+def _plain_files(src: Path) -> tuple[list[Path], list[Path]]:
+    """The regular files under `src`, and the symbolic links there (outside the folders the
+    export rebuilds), neither followed nor copied: a link may lead anywhere on the machine
+    (/etc, a home folder), and an export is meant to be committed and shared."""
+    files, links = [], []
+    for dirpath, dirnames, filenames in os.walk(src):
+        here = Path(dirpath)
+        if here != src and here.relative_to(src).parts[0] in REBUILT:
+            dirnames[:] = []
+            continue
+        for name in list(dirnames):
+            if (here / name).is_symlink():
+                dirnames.remove(name)
+                if not (here == src and name in REBUILT):
+                    links.append(here / name)
+        for name in filenames:
+            path = here / name
+            if path.is_symlink():
+                links.append(path)
+            elif path.is_file():  # not a FIFO or a device
+                files.append(path)
+    return sorted(files), sorted(links)
 
 
 def _unfinished_last(ckpt: Path) -> bool:

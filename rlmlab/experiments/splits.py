@@ -508,6 +508,18 @@ def threshold_split(pool: pa.Table, kind: Literal["length", "depth"], threshold:
     return Split(f"{kind}-{threshold}", kind, params, _take(pool, train), _take(pool, val), test, eval_table)
 
 
+def without_ood(params: Mapping) -> str | None:
+    """Why a threshold split (its `params`) can say nothing out of domain, or None: no pool
+    expression lies above its threshold (a threshold beyond the pool's longest or deepest), so
+    its evaluation set is in-domain only and its report has no out-of-domain column."""
+    bins = [b for b in params.get("bins") or () if isinstance(b, Mapping)]
+    if not bins or any(b.get("ood") and b.get("sampled") for b in bins):
+        return None
+    n_iid = sum(b.get("sampled") or 0 for b in bins if not b.get("ood"))
+    return (f"no expression of the pool lies above the threshold {params.get('threshold')}: the evaluation set "
+            f"holds {n_iid} in-domain expressions and no out-of-domain bin")
+
+
 def length_split(pool: pa.Table, L: int, **kwargs) -> Split:
     """`threshold_split(pool, "length", L, ...)`."""
     return threshold_split(pool, "length", L, **kwargs)
@@ -530,5 +542,5 @@ def paper_splits(pool: pa.Table, seed: int = 0, **kwargs) -> dict[str, Split]:
 
 __all__ = ["IID_SIZES", "LENGTH_THRESHOLDS", "DEPTH_THRESHOLDS", "REPRESENTATIVE", "PER_BIN_CAP",
            "Bin", "LENGTH_BINS", "DEPTH_BINS", "Threshold", "bin_of", "bin_labels", "Split",
-           "iid_split", "threshold_split", "length_split", "depth_split", "paper_splits",
+           "iid_split", "threshold_split", "length_split", "depth_split", "paper_splits", "without_ood",
            "pool_fingerprint", "write_table_folder", "read_table_folder"]

@@ -21,6 +21,13 @@ A checkpoint is written into a temporary folder next to its final place, synced,
 renamed into place; the previous one is moved aside first and deleted last. A save killed at
 any point leaves either the old or the new checkpoint complete (`load` falls back to the
 moved-aside one if the kill came between the two renames).
+
+The digest detects accidents, not forgery: anyone can edit checkpoint.json and seal it again.
+So what the metadata says is also checked against what the rest of the checkpoint says
+(`check_metadata`): the learner and model config against the run config they were saved with
+and the run folder's config.json, the step against the run's budget, every tensor's dtype and
+shape against the model config, and the format against the one its tensor files were written
+in (a newer checkpoint relabelled as the format without a digest is refused).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
 from rlmlab.safeio import read_json, shorten
+from rlmlab.learning.config import RunConfig, apply_dict
+from rlmlab.learning.learner import learner as named_learner
 from rlmlab.learning.model import ModelConfig, Transformer
 from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.vocab import Vocab
@@ -50,6 +59,10 @@ FORMAT = "rlmlab-checkpoint/3"
 VIEW_FORMAT = "rlmlab-checkpoint/2"
 LEGACY_FORMAT = "rlmlab-checkpoint/1"
 READABLE = (FORMAT, VIEW_FORMAT, LEGACY_FORMAT)
+# Every format names itself in its tensor files' header too ({"format": ...}), which is how a
+# checkpoint.json relabelled as /1 (to escape the digest) is told from one /1 wrote. The sealed
+# formats are not held to their header: /2 and /3 are sealed alike, so a /3 file under a /2
+# label loses no check.
 MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
 # What checkpoint.json must hold, and the JSON type of each entry (formats /1 and /2 hold the
 # learner as "view": `read_meta` hands it on as "learner").
@@ -57,6 +70,13 @@ META_TYPES = {"step": int, "learner": str, "model_config": dict, "config": dict,
               "files": dict, "optimizer": dict, "trainer": dict}
 JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 WHICH = ("best", "last")
+RUN_CONFIG = "config.json"
+MAX_STEP = 2**63 - 1  # a step of a run with no step budget: what the trainer state's counters allow
+# What each parameter is stored as: the model is trained and saved in float32 (CUDA runs
+# autocast their matmuls, their weights stay float32); a loader would cast any other dtype
+# silently.
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
 
 
 @dataclass
@@ -126,15 +146,18 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for name, t in tensors.items():
         try:
-            _, idx, key = name.split(".", 2)
+            state, idx, key = name.split(".", 2)
             idx = int(idx)
         except ValueError:
-            raise CheckpointError(f"optimizer state is malformed (tensor {name!r})") from None
-        if key.startswith(("exp_avg", "max_exp_avg")) and 0 <= idx < len(params):
-            p = params[idx]
-            if t.shape != p.shape or t.dtype != p.dtype:
-                raise CheckpointError(f"optimizer state does not fit this model ({name}: {tuple(t.shape)} {t.dtype}, "
-                                      f"parameter {tuple(p.shape)} {p.dtype})")
+            raise CheckpointError(f"optimizer state is malformed (tensor {shorten(repr(name))})") from None
+        if state != "state" or key not in OPTIMIZER_KEYS or not 0 <= idx < len(params):
+            raise CheckpointError(f"optimizer state holds a tensor this model's AdamW has not ({shorten(name)})")
+        p = params[idx]
+        # AdamW keeps its step count as a float32 scalar (fused or not) and its moments like the parameter.
+        shape, dtype = (torch.Size([]), torch.float32) if key == "step" else (p.shape, p.dtype)
+        if t.shape != shape or t.dtype != dtype:
+            raise CheckpointError(f"optimizer state does not fit this model ({name}: {tuple(t.shape)} {t.dtype}, "
+                                  f"expected {tuple(shape)} {dtype})")
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise CheckpointError(f"optimizer state holds non-finite values ({name})")
     try:
@@ -263,13 +286,105 @@ def read_meta(ckpt: Path) -> dict:
         raise CheckpointError(f"{ckpt}: {META_FILE}: 'files' lacks the SHA-256 of {MODEL_FILE}")
     if sealed and meta.get("digest") != sealed_as:
         raise CheckpointError(f"{ckpt}: {META_FILE} was edited after it was saved (its digest does not match)")
+    if not sealed and "digest" in meta:
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'format' says {LEGACY_FORMAT}, which wrote no 'digest': "
+                              "a newer checkpoint relabelled as the format without a metadata digest is refused")
     for name, digest in meta["files"].items():
         path = ckpt / name
         if not path.exists():
             raise CheckpointError(f"{ckpt}: {name} is missing")
         if _sha256(path) != digest:
             raise CheckpointError(f"{ckpt}: {name} is corrupt (checksum mismatch)")
+        if not sealed and (written := _written_as(path)) != LEGACY_FORMAT:
+            raise CheckpointError(f"{ckpt}: {META_FILE}: 'format' says {LEGACY_FORMAT}, but its {name} was written "
+                                  f"as {shorten(str(written))}: a newer checkpoint relabelled as the format without "
+                                  "a metadata digest is refused")
+    check_metadata(meta, ckpt)
     return meta
+
+
+def _written_as(path: Path) -> str | None:
+    """The format a tensor file's header names (save_checkpoint writes it there too)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            header = f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read its header ({str(e).splitlines()[0]})") from None
+    return header.get("format")
+
+
+def check_metadata(meta: dict, ckpt: Path) -> None:
+    """What checkpoint.json says, checked against what else the checkpoint says: the digest
+    cannot tell a forged checkpoint.json from a saved one, and a /1 checkpoint has none. The
+    step must lie within the run's step budget (and be its trainer state's); the learner must be
+    the one its run config and the run folder's config.json name; the model config must be the
+    one those make for that learner and vocabulary, so that a model config edited to other
+    heads, or a learner swapped over weights of another (RM's 512 positions under CoT's 4,096),
+    is refused rather than decoded wrongly. Run configs without a `model` or `data` section
+    (checkpoints saved by hand) are checked for what they do say."""
+    step, config = meta["step"], meta["config"]
+    train = config.get("train")
+    budget = train.get("max_steps") if isinstance(train, dict) else None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        budget = None
+    if not 0 <= step <= (budget or MAX_STEP):
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'step' is {shorten(str(step))}, not a step of its run (0 to "
+                              + (f"train.max_steps={budget:,})" if budget else f"{MAX_STEP:,})"))
+    trainer = meta.get("trainer")
+    if isinstance(trainer, dict) and "step" in trainer and trainer["step"] != step:
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'step' is {step:,}, its trainer state's step "
+                              f"{shorten(repr(trainer['step']))}")
+    name = meta["learner"]
+    try:
+        encoding = named_learner(name).positions
+    except RlmlabError as e:
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'learner': {shorten(str(e))}") from None
+    if encoding is not None:
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'learner' {shorten(repr(name))} names an encoding "
+                              "(a checkpoint records it in model_config.positions)")
+    try:
+        cfg = ModelConfig(**meta["model_config"]).to_dict()
+    except (TypeError, RlmlabError) as e:
+        raise CheckpointError(f"{ckpt}: bad model config ({shorten(str(e))})") from None
+    _check_run_config(config, name, len(meta["vocab"]), cfg, ckpt)
+    path = ckpt.parent / RUN_CONFIG
+    if path.exists():
+        run_config = read_json(path, CheckpointError, RUN_CONFIG)
+        if not isinstance(run_config, dict):
+            raise CheckpointError(f"{path}: not a run configuration (an object with sections model, data, train)")
+        _check_run_config(run_config, name, len(meta["vocab"]), cfg, ckpt, path)
+
+
+def _check_run_config(config: dict, name: str, vocab_size: int, model_config: dict, ckpt: Path,
+                      path: Path | None = None) -> None:
+    """`config` (a run configuration, whole or in part: the checkpoint's own, or with `path` the
+    run folder's config.json) names learner `name` and makes `model_config` for it."""
+    where = f"{ckpt}: {META_FILE}: its run config" if path is None else f"{path}"
+    data = config.get("data")
+    said = data.get("learner", data.get("view")) if isinstance(data, dict) else None
+    if said is not None and said != name:
+        raise CheckpointError(f"{ckpt}: {META_FILE}: 'learner' is {name!r}, but its run config has data.learner="
+                              f"{shorten(repr(said))}" if path is None else
+                              f"{path}: data.learner is {shorten(repr(said))}, but {ckpt} was saved as learner {name!r}")
+    section = config.get("model")
+    if section is None:
+        return
+    try:
+        settings = apply_dict(RunConfig(), {"model": section}, where=where).model
+        # With a preset, every size follows from it and the learner; without one (a partial
+        # config written by hand), only the sizes it names.
+        made = (settings.build(name, vocab_size).to_dict() if "preset" in section
+                else {k: v for k, v in section.items() if k in model_config and v is not None})
+    except RlmlabError as e:
+        raise CheckpointError(f"{where}: its model settings make no model for learner {name!r} "
+                              f"({shorten(str(e))})") from None
+    for key, value in made.items():
+        if model_config.get(key) != value:
+            makes = (f"(model.preset={section['preset']}, learner {name!r}) makes model.{key}={value!r}"
+                     if "preset" in section else f"has model.{key}={value!r}")
+            raise CheckpointError(f"{ckpt}: {META_FILE}: 'model_config' has {key}={model_config.get(key)!r}, but its "
+                                  f"run config {makes}" if path is None else
+                                  f"{path}: {makes}, but {ckpt} holds a model with {key}={model_config.get(key)!r}")
 
 
 def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu",
@@ -300,25 +415,33 @@ def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu",
 
 
 def _check_shapes(cfg: ModelConfig, ckpt: Path) -> None:
-    """The weights file holds tensors of the shapes `cfg` builds, read from its header before
-    anything is allocated: a damaged config (a block size of 10^8) must not allocate gigabytes."""
+    """The weights file holds the tensors `cfg` builds, of their shapes and dtype, read from its
+    header before anything is allocated: a damaged config (a block size of 10^8) must not
+    allocate gigabytes, and weights of another dtype (int32) would be cast silently on load."""
     try:
         with safe_open(str(ckpt / MODEL_FILE), "pt") as f:
-            saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+            saved = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{ckpt}: cannot read {MODEL_FILE} ({str(e).splitlines()[0]})") from None
     if cfg.n_layer > len(saved):  # every layer holds tensors; this bounds the meta model below
         raise CheckpointError(f"{ckpt}: model config has {cfg.n_layer} layers, {MODEL_FILE} {len(saved)} tensors")
     with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in Transformer(cfg).state_dict().items()}
+        expected = {name: (tuple(t.shape), SAFETENSORS_DTYPES.get(t.dtype, str(t.dtype)))
+                    for name, t in Transformer(cfg).state_dict().items()}
     if ("wpe.weight" in saved) != ("wpe.weight" in expected):
         raise CheckpointError(f"{ckpt}: {MODEL_FILE} {'holds' if 'wpe.weight' in saved else 'lacks'} a positional "
                               f"table, which its model config's positions={cfg.positions!r} "
                               f"{'does not have' if 'wpe.weight' in saved else 'needs'}")
-    for name, shape in saved.items():
-        if name in expected and expected[name] != shape:
+    for name, (shape, dtype) in saved.items():
+        if name not in expected:
+            raise CheckpointError(f"{ckpt}: {MODEL_FILE} holds a tensor its model config does not make "
+                                  f"({shorten(name)})")
+        if expected[name][0] != shape:
             raise CheckpointError(f"{ckpt}: {MODEL_FILE} does not match its model config "
-                                  f"({name} is {list(shape)}, the config makes {list(expected[name])})")
+                                  f"({name} is {list(shape)}, the config makes {list(expected[name][0])})")
+        if expected[name][1] != dtype:
+            raise CheckpointError(f"{ckpt}: {MODEL_FILE}: {name} is stored as {dtype}, the model's weights are "
+                                  f"{expected[name][1]}")
 
 
 def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> None:

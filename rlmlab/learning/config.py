@@ -274,6 +274,8 @@ class TrainConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _seed(self.seed, "train.seed")
+        if self.threads is not None and self.threads > MAX_THREADS:
+            raise ConfigError(f"train.threads must be at most {MAX_THREADS}, got {self.threads}")
 
     @property
     def checkpoint_every(self) -> int:
@@ -383,6 +385,10 @@ def _typecheck(obj, section: str) -> None:
             raise ConfigError(f"{section}.{f.name}: expected {_type_name(hints[f.name])}, got {v!r}")
 
 
+# A fixed bound rather than this machine's core count: a run's config.json, resumed or carried
+# to a smaller machine, must still load there. No machine has this many hardware threads, and
+# torch.set_num_threads(10**9) would try to start them all.
+MAX_THREADS = 1024
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit seed; NumPy's generators any non-negative one
 
 

@@ -213,11 +213,15 @@ class ExampleSet:
         meta = json.dumps({"format": EXAMPLES_FORMAT, "learner": self.learner, "vocab": list(self.vocab.tokens),
                            "n_expressions": self.n_expressions, "sha256": self.digest()})
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            extra = {} if self.layout is None else {"layout": self.layout}
-            np.savez(f, ids=self.ids, loss=self.loss, offsets=self.offsets, source=self.source,
-                     meta=np.array(meta), **extra)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                extra = {} if self.layout is None else {"layout": self.layout}
+                np.savez(f, ids=self.ids, loss=self.loss, offsets=self.offsets, source=self.source,
+                         meta=np.array(meta), **extra)
+            os.replace(tmp, path)
+        except BaseException:  # a full disk, a folder in the way, Ctrl-C: no tens of megabytes left behind
+            tmp.unlink(missing_ok=True)
+            raise
 
     def digest(self) -> str:
         """SHA-256 of the arrays: a cache damaged inside its arrays still parses, and would
@@ -326,6 +330,18 @@ def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task | Non
     return h.hexdigest()[:24]
 
 
+def _check_cache_path(path: Path) -> None:
+    """Refuse a cache entry that could never be written: its folder is a file, or its own
+    name is taken by a folder (or a device, a FIFO), which no rename replaces."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise DataError(f"data.cache_dir: {path.parent} is not a folder")
+    if path.is_symlink() or not path.exists():
+        return
+    if not path.is_file():
+        raise DataError(f"data.cache_dir: {path} is {'a folder' if path.is_dir() else 'not a regular file'}, "
+                        "where the cache of these examples goes; remove it or choose another data.cache_dir")
+
+
 def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
                     where: Sequence[str] | None = None, task: Task | str | None = None) -> ExampleSet:
@@ -342,6 +358,8 @@ def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: in
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)
     cache_path = Path(cache_dir) / f"{learner}-{cache_key(exprs, learner, vocab, task)}.npz" if cache_dir else None
+    if cache_path is not None:
+        _check_cache_path(cache_path)  # before the examples are built: the save would fail after
     if cache_path is not None and cache_path.exists():
         try:
             return ExampleSet.load(cache_path)

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from rlmlab.machine import machine_facts
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning.checkpoint import (
+    META_FILE,
     build_model,
     checkpoint_dir,
     load_optimizer_state,
@@ -495,6 +496,10 @@ class Trainer:
             if fixed:
                 raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run was trained with "
                                   f"{', '.join(f'{k}={_get(saved, k)!r}' for k in fixed)})")
+            if tc.max_steps is not None and tc.max_steps < self.state.step:
+                # its checkpoints would record a step beyond their own budget, which loading refuses
+                raise ConfigError(f"--resume: train.max_steps={tc.max_steps} is below the step the run has reached "
+                                  f"({self.state.step}); give at least {self.state.step}")
             run_task(meta, ckpt, self.task)  # a run continues on its own task only
             if meta["vocab"] != list(self.vocab.tokens) or meta["learner"] != self.learner:
                 raise DataError(f"{ckpt}: trained as another learner or on another vocabulary than the given data")
@@ -519,11 +524,12 @@ class Trainer:
             self.state.dropped = dropped
             self.state.schedule_steps = tc.decay_steps or tc.max_steps
             self.state.data_sha256 = self._data_sha256()
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.optimizer = configure_optimizer(self.model, tc)
         if resume:
             load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"].get("rng"))
+        # only now: a resume refused for its checkpoint leaves the run folder as it was
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.fwd = torch.compile(self.model) if tc.compile else self.model
         self.attention = attention_kind(device, model_cfg.dropout)
         if model_cfg.positions == "alibi":  # the flex path has no score_mod for ALiBi's bias
@@ -628,9 +634,12 @@ class Trainer:
         then says the last good step, the one the weights still hold."""
         try:
             self.guard.check()
-        except TrainingDiverged:
+        except TrainingDiverged as e:
             self.state.step = self.guard.last_good
-            raise
+            kept = any((self.run_dir / w / META_FILE).exists() for w in ("last", ".last.old"))
+            raise TrainingDiverged(f"{e}; " + ("the last good checkpoint is kept: lower train.lr or resume from it"
+                                              if kept else "no checkpoint was saved before it: lower train.lr and "
+                                              "train again")) from None
 
     def _read_losses(self) -> None:
         """Fold the losses of the steps since the last read into the log window (one wait)."""
@@ -782,8 +791,7 @@ class FiniteGuard:
             return None
         self.last_good = int(step) - 1
         raise TrainingDiverged(f"non-finite training loss or gradient at step {int(step)} (loss {loss}, "
-                               f"gradient norm {norm}); the last good checkpoint is kept: lower train.lr "
-                               "or resume from it")
+                               f"gradient norm {norm})")
 
 
 def train_step(fwd, model: Transformer, optimizer, data: ExampleSet, rows: list[Row], pad_id: int,
