@@ -59,8 +59,10 @@ def register(sub) -> None:
                    help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "
                         "different sizes or learners may share --out")
     p.add_argument("--seeds", default=None,
-                   help="iid, length, depth: comma-separated training seed indices to run, 0 first (iid default: all the preset's; "
-                        "a size with fewer seeds runs those it has), e.g. --seeds 0 for one full sweep first")
+                   help="comma-separated training seed indices to run, 0 first: seed k trains with train.seed "
+                        "1337+k on the same data and evaluation sets, in <job>-s<k>/ (seed 0 keeps <job>/). "
+                        "iid default: all the preset's (a size with fewer seeds runs those it has); length, "
+                        "depth, sweep, shortcuts default: 0")
     p.add_argument("--minutes", type=float, default=None,
                    help="wall-clock limit per learner (per run in the IID sweep): stops a run, leaving it "
                         "unfinished and resumable, and never changes its schedule; machine-dependent")

@@ -23,6 +23,7 @@ from rlmlab.experiments.folder import read_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.jobs import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
 from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.results import read_results
@@ -311,7 +312,7 @@ def _released_runs(checkpoints: Path, results: Path, jobs: list[str]) -> dict[tu
     for job in jobs:
         for base in (checkpoints / job, checkpoints) if len(jobs) == 1 else (checkpoints / job,):
             for run in sorted(p.parent.parent for p in base.glob("*/best/checkpoint.json")):
-                if (results / job / run.name / "eval").is_dir():
+                if (run_path(results, job, run.name) / "eval").is_dir():
                     found.setdefault((job, run.name), run)
     if not found:
         raise DataError(f"{checkpoints}: no checkpoint (<learner>/best/checkpoint.json) of a learner evaluated in "
@@ -345,7 +346,7 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
     for (job, learner), src in runs.items():
         for name in ("checkpoint.json", "model.safetensors"):
             refuse_outside(src / "best" / name, checkpoints)
-        for path in (metrics_file(results / job / learner), results / job / learner / "config.json"):
+        for path in (metrics_file(run_path(results, job, learner)), run_path(results, job, learner) / "config.json"):
             if path is not None and path.exists():
                 refuse_outside(path, results)
     out.mkdir(parents=True, exist_ok=True)
@@ -356,15 +357,15 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
         (run_dir / "best").mkdir(parents=True, exist_ok=True)
         for name in ("checkpoint.json", "model.safetensors"):
             shutil.copyfile(src / "best" / name, run_dir / "best" / name)
-        log = metrics_file(results / job / learner)
-        for path in (log, results / job / learner / "config.json"):  # the committed training log: whether it fitted
+        log = metrics_file(run_path(results, job, learner))
+        for path in (log, run_path(results, job, learner) / "config.json"):  # the committed training log: whether it fitted
             if path is not None and path.exists():
                 shutil.copyfile(path, run_dir / path.name)
         step = json.loads((src / "best" / "checkpoint.json").read_text()).get("step")
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
                                                        "released": str(src)}) + "\n")
         evals, committed = {}, {}
-        for set_dir in sorted(p for p in (results / job / learner / "eval").iterdir() if p.is_dir()):
+        for set_dir in sorted(p for p in (run_path(results, job, learner) / "eval").iterdir() if p.is_dir()):
             rows = _sampled(read_results(set_dir), sample)
             columns = ["expr"] + [c for c in RESULT_COLUMNS if rows and all(c in r for r in rows)]
             path = out / "data" / f"{job}-{learner}-{set_dir.name}.parquet"
