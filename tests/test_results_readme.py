@@ -77,12 +77,20 @@ BIN_ROWS = {
     "CoT, L=595, paper-cpu (%)": ("length-595-paper-cpu", "table-length-595.md", "CoT acc. (%)"),
     "RM, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper RM (%)"),
     "CoT, paper, L=595 (%)": ("length-595-paper-cpu", "table-length-595.md", "paper CoT (%)"),
-    "RM, L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM acc. (%)"),
-    "CoT, L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "CoT acc. (%)"),
+    # Over training seeds (the report's second table of the file), then seed 0's rows.
+    "RM, L=595, paper-cpu, steps, mean over seeds (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                                         "RM: mean over seeds (%)"),
+    "CoT, L=595, paper-cpu, steps, mean over seeds (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                                          "CoT: mean over seeds (%)"),
+    "RM, 95% interval, seeds and expressions": ("length-595-paper-cpu-steps", "table-length-595.md", "RM: 95% interval"),
+    "RM, per seed (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM: per seed (%)"),
     "CoT (NoPE), L=595, paper-cpu, steps, not fitted (%)": (
-        "length-595-paper-cpu-steps", "table-length-595.md", "CoT (NoPE) acc. (%), not fitted (best validation 95.7)"),
-    "CoT (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "CoT (RoPE) acc. (%)"),
-    "RM (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM (RoPE) acc. (%)"),
+        "length-595-paper-cpu-steps", "table-length-595.md",
+        "CoT (NoPE), seed 0, acc. (%), not fitted (best validation 95.7)"),
+    "CoT (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                                "CoT (RoPE), seed 0, acc. (%)"),
+    "RM (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                               "RM (RoPE), seed 0, acc. (%)"),
     "RM, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM acc. (%)"),
     "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT acc. (%)"),
     "CoT (NoPE), K=10, paper-cpu, steps, not fitted (%)": (
@@ -122,7 +130,8 @@ def test_readme_quotes_the_headline_tables():
                    IID_SUMMARY[0]):
         assert header in firsts, header
     length = next(t for t in QUOTING["README.md"] if t[0][0] == "Length bin (×L), L = 595")
-    assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu, steps (%)", "CoT, L=595, paper-cpu, steps (%)"]
+    assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu, steps, mean over seeds (%)",
+                                           "CoT, L=595, paper-cpu, steps, mean over seeds (%)"]
     depth = next(t for t in QUOTING["README.md"] if t[0][0] == "Depth bin (×K), K = 10")
     assert [r[0] for r in depth[1:3]] == ["RM, K=10, paper-cpu, steps (%)", "CoT, K=10, paper-cpu, steps (%)"]
 
@@ -135,7 +144,9 @@ def test_quoted_bin_tables_match_reports(header):
         for label, *cells in quoted[1:]:
             assert label in BIN_ROWS, f"{doc}: row {label!r} of {header!r} is not a known report row"
             folder, name, report_label = BIN_ROWS[label]
-            report = generated(folder, name)[0]
+            # the file's table that holds the row: Table 2, or the one over training seeds
+            report = next((t for t in generated(folder, name) if any(r[0] == report_label for r in t)),
+                          generated(folder, name)[0])
             assert cells == row(report, report_label), (doc, label)
             assert ([typography(c) for c in quoted[0][1:]]
                     == [typography(c) for c in report[0][1:]]), (doc, header, folder)
@@ -277,7 +288,7 @@ def test_documented_demo_output_is_the_committed_run_cut_to_its_bins():
     """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu-steps
     (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
     docs/cli.md shows is the committed per-expression results cut to N per bin."""
-    import json
+    from rlmlab.measuring.results import read_results
 
     shown = markdown_tables("\n".join(demo_output()))[0]
     report = generated("length-595-paper-cpu-steps", "table-length-595.md")[0]
@@ -288,8 +299,7 @@ def test_documented_demo_output_is_the_committed_run_cut_to_its_bins():
     per_bin = n.pop()
     acc = {}
     for learner, name in (("rm", "RM"), ("cot", "CoT")):
-        path = RESULTS / "length-595-paper-cpu-steps" / "length-595" / learner / "eval" / "eval" / "results.jsonl"
-        results = [json.loads(line) for line in path.read_text().splitlines()]
+        results = read_results(RESULTS / "length-595-paper-cpu-steps" / "length-595" / learner / "eval" / "eval")
         acc[name] = [100 * sum(r["correct"] for r in [r for r in results if r["bin"] == b][:per_bin]) / per_bin
                      for b in bins]
         assert row(shown, f"{name} acc. (%)") == [f"{a:.1f}" for a in acc[name]], name

@@ -187,8 +187,13 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners:
     ax.set_xlabel(f"bin (multiple of {'L' if kind == 'length' else 'K'}={threshold})")
     ax.set_ylabel("final-answer accuracy (%)")
     ax.set_ylim(-2, 102)
-    ax.legend()
-    ax.set_title(f"{kind} split, {'L' if kind == 'length' else 'K'}={threshold}: accuracy per bin (95% Wilson)")
+    unit = "L" if kind == "length" else "K"
+    if spread is None:
+        ax.legend()
+        ax.set_title(f"{kind} split, {unit}={threshold}: accuracy per bin (95% Wilson)")
+    else:  # the seeds' lines run along the top right, where the default legend would sit
+        ax.legend(loc="center", bbox_to_anchor=(0.62, 0.42), fontsize=8)
+        ax.set_title(f"{kind} split, {unit}={threshold}: accuracy per bin (faint lines: seeds; bands: 95%)")
     fig.tight_layout()
     for ext in ("png", "pdf"):
         save_figure(fig, path.with_suffix(f".{ext}"))
@@ -335,7 +340,7 @@ def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> 
         return "–" if c is None else " / ".join("n.f." if x is None else pct(x) for x in c["per_seed"].values())
 
     fits = "; ".join(f"{learner_name(v)}: seed{'s' if len(d['seeds']) > 1 else ''} "
-                     f"{', '.join(map(str, d['seeds']))}, {len(d['fitted_seeds'])} of {len(d['seeds'])} fitted"
+                     f"{', '.join(map(str, d['seeds']))} ({len(d['fitted_seeds'])} of {len(d['seeds'])} fitted)"
                      for v, d in spread["learners"].items())
     md = ["\nOver training seeds: each learner's mean accuracy over its seeds (all scored on the same "
           "expressions), a 95% interval from a bootstrap that resamples seeds and expressions, and each "
