@@ -19,6 +19,7 @@ from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.learning.train import TrainerState
 from rlmlab.learning.examples import build_examples
+from rlmlab.measuring.results import read_results, write_rows
 from rlmlab.measuring.score import data_columns
 from rlmlab.task.expr import MAX_NESTING, parse
 from rlmlab.task.pool import read_pool
@@ -169,12 +170,17 @@ def test_damaged_finished_markers_are_not_trusted(tmp_path, capsys):
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     assert main(argv) == 0
     run = out / "length-96" / "rm"
-    good = (run / "eval" / "eval" / "results.jsonl").read_text()
-    # A truncated results file is evaluated again, to the same results.
-    (run / "eval" / "eval" / "results.jsonl").write_text(good.splitlines()[0] + "\n")
-    assert main(argv) == 0
-    assert "damaged evaluation files" in capsys.readouterr().err
-    assert (run / "eval" / "eval" / "results.jsonl").read_text() == good
+    eval_dir = run / "eval" / "eval"
+    good = read_results(eval_dir)
+    raw = (eval_dir / "results.parquet").read_bytes()
+    # A truncated results file (cut short, or holding fewer results than its summary counts) is
+    # evaluated again, to the same results.
+    for damage in (lambda: (eval_dir / "results.parquet").write_bytes(raw[: len(raw) // 2]),
+                   lambda: write_rows(eval_dir, good[:1])):
+        damage()
+        assert main(argv) == 0
+        assert "damaged evaluation files" in capsys.readouterr().err
+        assert read_results(eval_dir) == good
     # A garbage done.json is not taken as finished: the run resumes from its last checkpoint.
     (run / "done.json").write_text("garbage")
     assert main(argv) == 0

@@ -160,7 +160,7 @@ def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
     from rlmlab.measuring.results import read_results
     from rlmlab.task.trace import execute
 
-    rows = read_results(tmp_path / "n_frames" / "results.jsonl")
+    rows = read_results(tmp_path / "n_frames")
     assert [r["n_frame_examples"] for r in rows] == [execute(r["expr"]).n_frame_examples for r in rows] == [1, 3, 5]
 
 

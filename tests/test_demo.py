@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from rlmlab.cli import main
+from rlmlab.measuring.results import read_results
 
 COMMITTED = Path(__file__).resolve().parent.parent / "results" / "length-595-paper-cpu-steps" / "length-595"
 
@@ -16,13 +17,12 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
         run = out / "length-595" / learner
         assert json.loads((run / "done.json").read_text())["stop_reason"] == "released"
         assert not (run / "last").exists()  # nothing was trained
-        results = [json.loads(line) for line in (run / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
+        results = read_results(run / "eval" / "eval")
         assert len(results) == 10  # one per bin
         # The released checkpoints are the committed run's: on the first expression of each bin
         # they give the committed prediction and first divergence (docs/cli.md's demo table is
         # the committed results cut to 40 per bin, tests/test_results_readme.py).
-        committed = [json.loads(line) for line in
-                     (COMMITTED / learner / "eval" / "eval" / "results.jsonl").read_text().splitlines()]
+        committed = read_results(COMMITTED / learner / "eval" / "eval")
         first = {}
         for r in committed:
             first.setdefault(r["bin"], r)

@@ -14,6 +14,10 @@ from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
+from rlmlab.measuring.results import has_results, read_results
+from rlmlab.runlog import has_metrics, read_metrics
+
+RECORD_FILES = ("results.parquet", "traces.parquet", "metrics.parquet")
 
 
 def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
@@ -21,7 +25,7 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
     for learner in ("rm", "cot"):
         assert (out / "length-96" / learner / "done.json").exists()
-        results = [json.loads(x) for x in (out / "length-96" / learner / "eval" / "eval" / "results.jsonl").open()]
+        results = read_results(out / "length-96" / learner / "eval" / "eval")
         assert len(results) == 40 and {r["bin"] for r in results} == {b["label"] for b in
                                                                       json.loads((out / "experiment.json").read_text())
                                                                       ["split"]["bins"]}
@@ -35,15 +39,14 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
         assert (out / "report" / name).exists()
     saved = json.loads((out / "report" / "report.json").read_text())
     assert sum(r["rm"]["n"] for r in saved["rows"] if r.get("rm")) == 40
-    # The training table is read from each run's metrics.jsonl: steps, best validation, stop rule.
+    # The training table is read from each run's training log: steps, best validation, stop rule.
     for t in saved["training"]:
         done = json.loads((out / "length-96" / t["learner"] / "done.json").read_text())
         assert (t["step"], t["best"], t["best_step"], t["stop"]) == \
             (done["step"], done["best_score"], done["best_step"], done["stop_reason"])
     assert [t["learner"] for t in saved["training"]] == ["rm", "cot"]
     for t in saved["training"]:  # every validation logs its own time, so none is left out
-        vals = [json.loads(line) for line in (out / "length-96" / t["learner"] / "metrics.jsonl").open()
-                if '"kind": "val"' in line]
+        vals = [r for r in read_metrics(out / "length-96" / t["learner"]) if r["kind"] == "val"]
         assert t["validations_untimed"] == 0
         assert abs(t["validation_minutes"] * 60 - sum(v["val_s"] for v in vals)) < 1e-9
         assert 0 < t["validation_minutes"] < t["minutes"]
@@ -54,16 +57,22 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
         assert curve.count(" min)") == len(t["validations"]) > 0
     assert "| length-96 | CoT |" in capsys.readouterr().out  # `rlmlab report` prints it with the tables
 
-    # Exporting keeps results, configs and curves but no weights or data, and rebuilds the report.
+    # Exporting keeps results, configs and curves but no weights or data, and rebuilds the report;
+    # the per-expression results and the training logs it copies land as Parquet, record for record.
     dest = tmp_path / "results" / "length-smoke"
     dest.mkdir(parents=True)
     (dest / "README.md").write_text("notes")
     assert main(["export", str(out), str(dest)]) == 0
-    assert not list(dest.rglob("*.safetensors")) and not list(dest.rglob("*.parquet"))
+    assert not list(dest.rglob("*.safetensors")) and not [p for p in dest.rglob("*.parquet") if p.name not in RECORD_FILES]
+    assert not list(dest.rglob("results.jsonl")) and not list(dest.rglob("metrics.jsonl"))
     assert not (dest / "length-96" / "rm" / "best").exists() and (dest / "README.md").read_text() == "notes"
-    for name in ("length-96/rm/eval/eval/results.jsonl", "length-96/cot/config.json", "commands.jsonl",
+    for name in ("length-96/rm/eval/eval/results.parquet", "length-96/cot/config.json", "commands.jsonl",
                  "data/length-96/split.json", "report/table-length-96.md", "report/table-training.md"):
         assert (dest / name).read_bytes() == (out / name).read_bytes(), name
+    for learner in ("rm", "cot"):
+        run, exported = out / "length-96" / learner, dest / "length-96" / learner
+        assert read_results(exported / "eval" / "eval") == read_results(run / "eval" / "eval")
+        assert (exported / "metrics.parquet").exists() and read_metrics(exported) == read_metrics(run) != []
     assert main(["export", str(out), str(out / "copy")]) == 2  # not into the folder it copies
     assert main(["export", str(dest / "length-96"), str(tmp_path / "x")]) == 2  # not an experiment folder
 
@@ -530,9 +539,8 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
 
     def outcome(out):
         run = out / "length-96" / "rm"
-        return ([r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                 if r["kind"] in ("train", "val")],
-                (run / "eval" / "eval" / "results.jsonl").read_text())
+        return ([r for r in read_metrics(run) if r["kind"] in ("train", "val")],
+                read_results(run / "eval" / "eval"))
 
     def steps_and_losses(out):
         records, results_ = outcome(out)
@@ -595,20 +603,20 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     run_dir = out / "length-96" / "rm"
     assert main(argv) == 0
-    first = (run_dir / "eval" / "eval" / "results.jsonl").read_text()
+    first = read_results(run_dir / "eval" / "eval")
     assert json.loads((run_dir / "done.json").read_text())["step"] == 3  # smoke: max_steps 3
     assert main([*argv, "--max-steps", "5"]) == 0  # without --extend a finished run is skipped
     assert json.loads((run_dir / "done.json").read_text())["step"] == 3
     assert main([*argv, "--max-steps", "5", "--extend"]) == 0
     done = json.loads((run_dir / "done.json").read_text())
     assert (done["step"], done["stop_reason"]) == (5, "max_steps")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records if r["kind"] == "end"] == [3, 5]  # one log, continued past the old end
     assert [r["step"] for r in records] == sorted(r["step"] for r in records)
     # The old outputs describe the old model: kept aside, and the evaluation is redone.
     old = run_dir / "superseded-step3"
     assert json.loads((old / "done.json").read_text())["step"] == 3
-    assert (old / "eval" / "eval" / "results.jsonl").read_text() == first
+    assert read_results(old / "eval" / "eval") == first
     assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 5
     assert main(["report", str(out)]) == 0
     # The report marks the extension, where the learning rate restarted, apart from plain resumes.
@@ -639,7 +647,7 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
     assert (done["step"], done["stop_reason"]) == (6, "plateau")  # one more stalled validation allowed
     assert json.loads((run_dir / "superseded-step4" / "done.json").read_text())["step"] == 4
     assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 6
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records if r["kind"] in ("end", "resume")] == [4, 4, 6]
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-training.md").read_text()
@@ -666,13 +674,13 @@ def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
     assert main(["export", str(out), str(dest)]) == 0
     run_dir, exported = out / "length-96" / "rm", dest / "length-96" / "rm"
-    assert (exported / "done.json").exists() and (exported / "eval" / "eval" / "results.jsonl").exists()
+    assert (exported / "done.json").exists() and has_results(exported / "eval" / "eval")
     # Extended and still training at the next export: the results say so, not the old end.
     assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
     assert main(["export", str(out), str(dest)]) == 0
     assert not (exported / "done.json").exists() and not (exported / "eval").exists()
     assert json.loads((exported / "superseded-step3" / "done.json").read_text())["step"] == 3
-    assert (exported / "config.json").exists() and (exported / "metrics.jsonl").exists()
+    assert (exported / "config.json").exists() and has_metrics(exported)
     assert (dest / "length-96" / "cot" / "done.json").exists()  # the other learner's run is untouched
     assert not list(dest.rglob(".lock")) and list(out.rglob(".lock"))  # lock files stay behind
 

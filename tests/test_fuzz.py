@@ -258,8 +258,44 @@ def test_any_results_file_is_read_or_refused_on_one_line(tmp_path, lines, summar
         assert all(isinstance(r["expr"], str) and isinstance(r["correct"], bool) for r in rows)
 
 
-MARKERS = ["experiment.json", "config.json", "metrics.jsonl", "last/checkpoint.json", "best/checkpoint.json",
-           "summary.json", "results.jsonl", "done.json", "eval/x/summary.json"]
+RESULT_RECORDS = st.lists(st.one_of(st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3),
+                                    st.fixed_dictionaries({"expr": st.text(max_size=8), "correct": st.booleans()},
+                                                          optional={"trace": JSON_VALUES, "valid": JSON_VALUES})),
+                          max_size=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=RESULT_RECORDS, damage=st.one_of(st.none(), DAMAGE), which=st.sampled_from(["results", "traces"]),
+       summary=st.one_of(JSON_VALUES.map(json.dumps), DEEP_JSON))
+def test_any_results_parquet_is_read_or_refused_on_one_line(tmp_path, records, damage, which, summary):
+    """The Parquet twin of the test above: any records as `rlmlab eval` would store them (traces
+    of any JSON value included), the file then damaged or not, read or refused on one line."""
+    from rlmlab.experiments.viewer import read_eval_set
+    from rlmlab.measuring.results import read_results, write_rows
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by the examples
+    try:
+        write_rows(tmp_path, records)
+    except ValueError:  # records the codec refuses are not written
+        assert not (tmp_path / "results.parquet").exists()
+        return
+    target = tmp_path / f"{which}.parquet"
+    if damage is not None and target.exists():
+        target.write_bytes(_damaged(target.read_bytes(), damage))
+    (tmp_path / "summary.json").write_text(summary)
+    for read in (read_results, read_eval_set):
+        try:
+            out = read(tmp_path)
+        except DataError as e:
+            assert "\n" not in str(e)
+            continue
+        rows = out if isinstance(out, list) else out.results
+        assert all(isinstance(r["expr"], str) and isinstance(r["correct"], bool) for r in rows)
+
+
+MARKERS = ["experiment.json", "config.json", "metrics.jsonl", "metrics.parquet", "last/checkpoint.json",
+           "best/checkpoint.json", "summary.json", "results.jsonl", "results.parquet", "done.json",
+           "eval/x/summary.json"]
 
 
 def _snapshot(folder):

@@ -40,6 +40,7 @@ from rlmlab.learning.train import (
     step_batches,
 )
 from rlmlab.learning.examples import build_examples
+from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
 from rlmlab.task.vocab import default_vocab
 from test_model import _dense_block_mask
@@ -441,8 +442,6 @@ def test_ray_gpu_share_is_checked_before_anything_is_written(tmp_path, capsys):
 def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_path, monkeypatch):
     """`train` with the CUDA path's attention (fixed-length rows, FlexAttention, validation
     included) logs the losses and validation metrics of the CPU path, within float noise."""
-    import json
-
     import rlmlab.learning.train as training
     from rlmlab.learning.config import ModelSettings, RunConfig
 
@@ -456,7 +455,7 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_p
         monkeypatch.setattr(training, "attention_kind", lambda device, dropout, kind=kind: kind)
         with cpu_flex():
             training.train(cfg, tr, va, tmp_path / kind, progress=False, echo=lambda s: None)
-        logs[kind] = [json.loads(line) for line in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()]
+        logs[kind] = read_metrics(tmp_path / kind)
     a, b = ([(r["kind"], r.get("loss"), r.get("token_acc")) for r in logs[k] if r["kind"] in ("train", "val")]
             for k in ("blocks", "flex"))
     assert [x[0] for x in a] == [x[0] for x in b] == ["train"] * 3 + ["val"]
@@ -469,7 +468,6 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     skipped on the device and caught before the next validation or save: the run stops
     naming it, `last` stays at the save before it, and no validation runs after it."""
     import itertools
-    import json
 
     import rlmlab.learning.train as training
     from rlmlab.errors import TrainingDiverged
@@ -498,7 +496,7 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     monkeypatch.setattr(training, "batch_loss", loss)
     with pytest.raises(TrainingDiverged, match="at step 7"):
         training.train(cfg, tr, va, tmp_path, progress=False, echo=lambda s: None)
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     assert [r["step"] for r in records if r["kind"] == "val"] == [4]  # none at step 8
     assert [r["step"] for r in records if r["kind"] == "diverged"] == [6]  # the last good step
     last = load_run(tmp_path, "last")

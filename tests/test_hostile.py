@@ -23,7 +23,7 @@ from rlmlab.learning import checkpoint as ck
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.train import TrainerState
 from rlmlab.learning.examples import ExampleSet, build_examples
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.results import read_results, write_results
 from rlmlab.measuring.score import read_expressions
 from rlmlab.safeio import MAX_DEPTH, parse_json
 from rlmlab.task.pool import read_pool
@@ -119,6 +119,27 @@ def test_deep_json_in_results_and_summaries_is_one_error(tmp_path, text):
         read_eval_set(tmp_path)
 
 
+@pytest.mark.parametrize("text", [DEEP, MODERATE, '{"a": 1}\n' + "{" * 3000])
+def test_deep_json_in_a_results_parquet_and_its_metadata_is_one_error(tmp_path, text):
+    """The Parquet twin: a column the file's metadata says holds JSON text, or that metadata itself."""
+    from rlmlab.experiments.viewer import read_eval_set
+    from rlmlab.records import FORMAT, META_KEY
+
+    meta = json.dumps({"format": FORMAT, "optional": [], "json": ["extra"]})
+    table = pa.table({"expr": ["add(1,2)"], "correct": [True], "extra": [text]})
+    for metadata in ({META_KEY: meta}, {META_KEY: text}):
+        pq.write_table(table.replace_schema_metadata(metadata), tmp_path / "results.parquet")
+        for read in (read_results, read_eval_set):
+            with pytest.raises(DataError, match="nested too deeply|not valid JSON") as e:
+                read(tmp_path)
+            assert "\n" not in str(e.value)
+    (tmp_path / "results.parquet").unlink()
+    write_results(tmp_path, [{"expr": "add(1,2)", "correct": True}], {})
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(DataError, match="nested too deeply|not valid JSON"):
+        read_eval_set(tmp_path)
+
+
 def test_parquet_vocabulary_metadata_deep_or_not_utf8_is_one_error(tmp_path):
     table = pa.table({"expr": ["add(1,2)"]})
     for raw, message in ((DEEP.encode(), "nested too deeply"), (b'{"tokens": ["\xff"]}', "not UTF-8")):
@@ -144,10 +165,9 @@ def test_id_columns_binary_refused_nan_written_as_null(tmp_path, capsys):
     assert main(["eval", "--oracle", "rm", "--data", str(tmp_path / "n.parquet"), "--quiet",
                  "--out", str(tmp_path / "o")]) == 0
 
-    def strict(text):  # JSON as other languages read it: no NaN
-        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in results.jsonl"))
-
-    rows = [strict(line) for line in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    # A null, as other readers of the table see it, not a NaN.
+    assert pq.read_table(tmp_path / "o" / "results.parquet", columns=["id"]).column("id").null_count == 1
+    rows = read_results(tmp_path / "o")
     assert sorted(r["id"] for r in rows if r["id"] is not None) == [2.0] and sum(r["id"] is None for r in rows) == 1
 
 
@@ -442,7 +462,9 @@ def test_the_experiment_index_links_folder_names_as_paths_never_as_urls(experime
     from rlmlab.experiments.viewer import experiment_index
 
     folder = tmp_path / "exp"
-    shutil.copytree(experiment, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.parquet", "*.npz"))
+    shutil.copytree(experiment, folder, ignore=lambda _, names: {  # weights and data; the results stay
+        n for n in names if n.endswith((".safetensors", ".npz"))
+        or (n.endswith(".parquet") and n not in ("results.parquet", "traces.parquet", "metrics.parquet"))})
     (folder / "length-96").rename(folder / "javascript:alert(7)")
     page = experiment_index(folder, tmp_path / "view")
     index = (tmp_path / "view" / "index.html").read_text()

@@ -13,6 +13,7 @@ from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.learning import checkpoint as ck
+from rlmlab.runlog import read_metrics
 from rlmlab.learning.config import RunConfig, apply_overrides, apply_settings, load_config_file
 from rlmlab.task.pool import build_pool, write_pool
 
@@ -229,7 +230,7 @@ def test_an_experiment_in_progress_under_the_old_names_resumes(tmp_path, capsys)
     shutil.rmtree(run / "eval")
     assert main([*argv, "--max-steps", "4"]) == 0
     assert json.loads((run / "done.json").read_text())["step"] == 4
-    resumed = [json.loads(line) for line in (run / "metrics.jsonl").open() if '"resume"' in line]
+    resumed = [r for r in read_metrics(run) if r.get("kind") == "resume"]
     assert resumed and resumed[-1]["step"] == 2
     assert json.loads((run / "last" / "checkpoint.json").read_text())["format"] == ck.FORMAT
     assert "per_learner" in json.loads((out / "experiment.json").read_text())["preset"]

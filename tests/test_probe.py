@@ -13,6 +13,7 @@ from rlmlab.cli import main
 from rlmlab.decoding.infer import NO_TOKEN, ModelPredictor, Oracle, oracle_predictor
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.results import read_results
 from rlmlab.measuring.probe import (
     completed_calls,
     forced_predictions,
@@ -159,10 +160,10 @@ def test_probe_cli(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["learner"] == "cot" and summary["groups"][0]["n_expressions"] == 3
     assert [g["group"] for g in summary["groups"][1:]] == ["train", "test"]  # as they first appear
-    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    assert len(read_results(out, required=("expr",))) == 3
     assert main(["probe", str(run), "--data", str(data), "--out", str(out), "--per-group", "1",
                  "--positions-only"]) == 0
-    kept = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    kept = read_results(out, required=("expr",))
     assert [(r["expr"], r["split"]) for r in kept] == [(exprs[0], "train"), (exprs[1], "test")]
     for argv, message in ([str(run), "--data", str(tmp_path / "none.parquet")], "no such file"), \
                          ([str(tmp_path / "norun"), "--data", str(data)], "norun"), \

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from rlmlab.cli import main
+from rlmlab.measuring.results import has_results, read_results
+from rlmlab.runlog import read_metrics
 
 SMOKE = ["run", "length", "--preset", "smoke", "--threads", "1", "--quiet"]
 HEAD_START_TIMEOUT_S = 90
@@ -111,10 +113,10 @@ def both_runs(tmp_path_factory, request):
 def _results(out: Path) -> dict:
     """{job/learner/set: (per-expression results, summary without paths and timings)} of an experiment folder."""
     found = {}
-    for path in sorted(out.glob("*/*/eval/*/results.jsonl")):
-        summary = json.loads((path.parent / "summary.json").read_text())
+    for folder in sorted(p for p in out.glob("*/*/eval/*") if has_results(p)):
+        summary = json.loads((folder / "summary.json").read_text())
         summary = {k: v for k, v in summary.items() if k not in PATHS_AND_TIMINGS}
-        found[str(path.parent.relative_to(out))] = (path.read_text().splitlines(), summary)
+        found[str(folder.relative_to(out))] = (read_results(folder), summary)
     return found
 
 
@@ -141,14 +143,13 @@ def test_rerun_on_the_cluster_resumes_only_unfinished_jobs(both_runs, ray_addres
     assert {p: p.stat().st_mtime_ns for p in rm_files} == rm_files
     # Resumed, not trained again: a new run would log its validations anew, with other timings.
     assert _step_records(cot) == trained and (cot / "done.json").exists()
-    assert '"kind": "resume"' in (cot / "metrics.jsonl").read_text()
+    assert any(r["kind"] == "resume" for r in read_metrics(cot))
     assert _results(cwd / "local") == before
 
 
-def _step_records(run_dir: Path) -> list[str]:
-    """The training and validation lines of a run's metrics.jsonl (timings included)."""
-    return [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if '"kind": "end"' not in line and '"kind": "resume"' not in line]
+def _step_records(run_dir: Path) -> list[dict]:
+    """The training and validation records of a run's training log (timings included)."""
+    return [r for r in read_metrics(run_dir) if r["kind"] not in ("end", "resume")]
 
 
 def test_a_failing_job_is_a_one_line_error(both_runs, ray_address, tmp_path):

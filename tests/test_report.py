@@ -1,5 +1,6 @@
 """Tables as pure functions of saved results, on hand-made results folders."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -8,26 +9,37 @@ import pytest
 from rlmlab.experiments.kinds.iid import iid_points
 from rlmlab.experiments.kinds.threshold import threshold_tables
 from rlmlab.experiments.report import report
+from rlmlab.measuring.results import write_rows
 from rlmlab.measuring.stats import wilson
+from rlmlab.records import write_records
+
+# Hand-made folders in both forms a report reads: legacy JSON lines and Parquet.
+FORMS = ["jsonl", "parquet"]
 
 
-def _write_results(path, correct: list[bool], tf_correct: list[int] | None = None):
+def _write_results(path, correct: list[bool], tf_correct: list[int] | None = None, form: str = "jsonl"):
     path.mkdir(parents=True)
-    with open(path / "results.jsonl", "w") as f:
-        for i, ok in enumerate(correct):
-            r = {"expr": f"add({i % 10},{i // 10 % 10})", "correct": ok}
-            if tf_correct is not None:
-                r |= {"tf_correct": tf_correct[i], "tf_total": 10}
-            f.write(json.dumps(r) + "\n")
+    records = []
+    for i, ok in enumerate(correct):
+        r = {"expr": f"add({i % 10},{i // 10 % 10})", "correct": ok}
+        if tf_correct is not None:
+            r |= {"tf_correct": tf_correct[i], "tf_total": 10}
+        records.append(r)
+    if form == "parquet":
+        write_rows(path, records)
+    else:
+        (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path, form):
+    write = functools.partial(_write_results, form=form)
     right = [i < 25 for i in range(50)]
     # N = 100 has only seed 1 (seed 0 was never run): it is found, with Wilson's interval.
-    _write_results(tmp_path / "iid-N100-s1" / "rm" / "eval" / "test", right, [10] * 50)
+    write(tmp_path / "iid-N100-s1" / "rm" / "eval" / "test", right, [10] * 50)
     # N = 200: two seeds tested on the same 50 expressions, perfectly correlated.
     for seed in (0, 1):
-        _write_results(tmp_path / f"iid-N200-s{seed}" / "rm" / "eval" / "test", right, [9] * 50)
+        write(tmp_path / f"iid-N200-s{seed}" / "rm" / "eval" / "test", right, [9] * 50)
     p100, p200 = iid_points(tmp_path, [100, 200])
     assert (p100["N"], p100["seeds"], p100["accuracy"]) == (100, 1, 0.5)
     assert p100["ci95"] == list(wilson(25, 50))
@@ -39,8 +51,8 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path)
     assert width > 1.2 * (pooled[1] - pooled[0])
     assert abs(width - (wilson(25, 50)[1] - wilson(25, 50)[0])) < 0.06
     # Each seed's own accuracy is kept beside the mean: seeds that disagree show their spread.
-    _write_results(tmp_path / "iid-N300-s0" / "rm" / "eval" / "test", right, [8] * 50)
-    _write_results(tmp_path / "iid-N300-s1" / "rm" / "eval" / "test", [True] * 50, [10] * 50)
+    write(tmp_path / "iid-N300-s0" / "rm" / "eval" / "test", right, [8] * 50)
+    write(tmp_path / "iid-N300-s1" / "rm" / "eval" / "test", [True] * 50, [10] * 50)
     (p300,) = iid_points(tmp_path, [300])
     assert (p300["accuracy"], p300["seed_accuracy"], p200["seed_accuracy"]) == (0.75, [0.5, 1.0], [0.5, 0.5])
     assert (p300["per_token"], p300["seed_per_token"]) == (0.9, [0.8, 1.0])
@@ -56,9 +68,9 @@ def test_paper_rows_only_for_the_learners_the_paper_has():
     assert "| rm-frames acc. (%) |" in md and "rm-frames" in tex
 
 
-def _write_run(path, learner, batch, vals):
-    """A run folder as `rlmlab train` leaves it: config.json and metrics.jsonl with validations at
-    (wall seconds, CPU seconds, answer accuracy)."""
+def _write_run(path, learner, batch, vals, form="jsonl"):
+    """A run folder as `rlmlab train` leaves it: config.json and metrics.jsonl (or, converted,
+    metrics.parquet) with validations at (wall seconds, CPU seconds, answer accuracy)."""
     path.mkdir(parents=True)
     cfg = {"model": {"preset": "small", "n_layer": None, "n_head": None, "n_embd": 192},
            "data": {"learner": learner}, "train": {"batch_size": batch, "lr": 3e-3, "warmup_steps": 100}}
@@ -67,15 +79,19 @@ def _write_run(path, learner, batch, vals):
     for i, (wall, cpu, acc) in enumerate(vals, 1):
         recs.append({"kind": "val", "step": 100 * i, "loss": 1 - acc, "token_acc": 0.9, "answer_acc": acc,
                      "elapsed_s": wall, "cpu_s": cpu})
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if form == "parquet":
+        write_records(path / "metrics.parquet", recs)
+    else:
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_recipe_report_reads_accuracy_against_cpu_minutes(tmp_path, form):
     from rlmlab.experiments.report import report
 
     # Run a shared the machine: 35 wall minutes were 25 minutes of its own CPU time.
-    _write_run(tmp_path / "a", "cot", 32, [(600, 500, 0.5), (2100, 1500, 0.995), (2700, 1900, 0.99)])
-    _write_run(tmp_path / "b", "rm", 64, [(600, 600, 0.9), (1200, 1200, 0.98)])
+    _write_run(tmp_path / "a", "cot", 32, [(600, 500, 0.5), (2100, 1500, 0.995), (2700, 1900, 0.99)], form)
+    _write_run(tmp_path / "b", "rm", 64, [(600, 600, 0.9), (1200, 1200, 0.98)], form)
     (tmp_path / "experiment.json").write_text(json.dumps({"kind": "recipe", "runs": ["a", "b", "never-started"]}))
     rows = json.loads((report(tmp_path) / "report.json").read_text())["runs"]
     a, b = rows
@@ -184,15 +200,20 @@ def test_every_committed_results_folder_is_checked():
     assert len(COMMITTED) >= 10 and "length-595-paper-cpu" in COMMITTED
 
 
+def assert_report_regenerates(committed: Path, regenerated: Path, label: str) -> None:
+    """The report folder `regenerated` holds the tables and report.json of `committed`, byte for
+    byte (figures aside, whose PNG/PDF bytes depend on the matplotlib version)."""
+    texts = sorted(p.name for p in committed.iterdir() if p.suffix in (".md", ".tex", ".json"))
+    assert "report.json" in texts
+    assert texts == sorted(p.name for p in regenerated.iterdir() if p.suffix in (".md", ".tex", ".json"))
+    for name in texts:
+        assert (regenerated / name).read_bytes() == (committed / name).read_bytes(), f"{label}/report/{name}"
+
+
 @pytest.mark.parametrize("folder", COMMITTED)
 def test_committed_report_regenerates_byte_for_byte(folder, tmp_path):
     """`rlmlab report` on a committed folder rewrites its tables and report.json unchanged: the
     committed report is a pure function of the committed results (figures aside, whose PNG/PDF
     bytes depend on the matplotlib version)."""
-    committed = RESULTS / folder / "report"
     report(RESULTS / folder, tmp_path)
-    texts = sorted(p.name for p in committed.iterdir() if p.suffix in (".md", ".tex", ".json"))
-    assert "report.json" in texts
-    assert texts == sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".md", ".tex", ".json"))
-    for name in texts:
-        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), f"{folder}/report/{name}"
+    assert_report_regenerates(RESULTS / folder / "report", tmp_path, folder)

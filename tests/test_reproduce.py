@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 
 from rlmlab.cli import main
 from rlmlab.experiments.reproduce import compare, compare_training_logs, rerun_command, stored_commands
+from rlmlab.experiments.convert import convert_folder
 from rlmlab.measuring.results import read_results
+from rlmlab.runlog import convert_metrics, read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"
 RUNS = ("length-96/rm", "length-96/cot")
@@ -54,13 +56,22 @@ def test_the_training_logs_of_a_rerun_are_compared_step_by_step(fresh, tmp_path)
     assert sorted(verdicts) == sorted(RUNS)
     assert all(v == "training log identical on all 2 records both hold" for v in verdicts.values()), verdicts
     assert json.loads((again / "reproduce.json").read_text())["training_logs"] == verdicts
+    # A log converted to Parquet is the same log.
+    converted = tmp_path / "converted"
+    shutil.copytree(fresh, converted)
+    assert convert_folder(converted)["metrics"] == len(RUNS)
+    assert compare_training_logs(converted, fresh) == compare_training_logs(fresh, converted) == verdicts
+    # One loss changed in its last digits, in a live log (JSON lines) or a converted one (Parquet).
     changed = tmp_path / "changed"
     shutil.copytree(fresh, changed)
-    path = changed / "length-96" / "rm" / "metrics.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    run = changed / "length-96" / "rm"
+    lines = read_metrics(run)
     last = [r for r in lines if r.get("kind") == "val"][-1]
     last["loss"] += 1e-9  # the smoke run logs its validations only
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "metrics.parquet").unlink(missing_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert compare_training_logs(changed, fresh)["length-96/rm"] == f"training log differs from step {last['step']} (val)"
+    assert convert_metrics(run) and not (run / "metrics.jsonl").exists()
     assert compare_training_logs(changed, fresh)["length-96/rm"] == f"training log differs from step {last['step']} (val)"
 
 

@@ -5,7 +5,10 @@ import json
 import random
 from fractions import Fraction
 
+import functools
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +18,9 @@ from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.sizing import lane_stats, pool_lane_columns, size_threshold
 from rlmlab.experiments.splits import DEPTH_BINS, LENGTH_BINS
 from rlmlab.learning.examples import build_examples, rm_lanes_packing
+from rlmlab.measuring.results import has_results, read_results, write_rows
+from rlmlab.records import write_records
+from rlmlab.runlog import read_metrics
 from rlmlab.task.expr import default_library
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.trace import execute
@@ -40,32 +46,44 @@ def _split_params(bins, threshold, sampled=4):
                       "available": sampled, "sampled": sampled} for b in bins]}
 
 
-def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best, positions="learned", frame_width=513):
+# Hand-made runs in both forms the report reads: legacy JSON lines and Parquet.
+FORMS = ["jsonl", "parquet"]
+
+
+def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best, positions="learned", frame_width=513,
+              form="jsonl"):
     run = out / job / learner
     (run / "eval" / "eval").mkdir(parents=True)
-    with open(run / "eval" / "eval" / "results.jsonl", "w") as f:
-        for b in bins:
-            for i in range(4):
-                ok = (correct_ood if b.ood else correct_iid) > i
-                # The last bin's first expression has a trace past CoT's 4,096 positions of the `cpu` model.
-                long = b.label == bins[-1].label and i == 0
-                f.write(json.dumps({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
-                                    "within_tmax": True, "trace_len": 4098 if long else 4097,
-                                    "max_frame_width": frame_width}) + "\n")
+    results = []
+    for b in bins:
+        for i in range(4):
+            ok = (correct_ood if b.ood else correct_iid) > i
+            # The last bin's first expression has a trace past CoT's 4,096 positions of the `cpu` model.
+            long = b.label == bins[-1].label and i == 0
+            results.append({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
+                            "within_tmax": True, "trace_len": 4098 if long else 4097,
+                            "max_frame_width": frame_width})
     (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None,
                                                            "positions": positions}}))
-    (run / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0})
-                                       + "\n")
+    log = [{"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0}]
+    if form == "parquet":
+        write_rows(run / "eval" / "eval", results)
+        write_records(run / "metrics.parquet", log)
+    else:
+        (run / "eval" / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
 
-def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_out_of_domain_cells_only_for_fitted_learners(tmp_path, form):
+    fake_run = functools.partial(_fake_run, form=form)
     meta = {"kind": "sweep", "splits": {"length-33": _split_params(LENGTH_BINS, 33),
                                         "length-96": _split_params(LENGTH_BINS, 96),
                                         "depth-5": _split_params(DEPTH_BINS, 5)}}
-    _fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995)
-    _fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 1, 0.98)  # below 99%: not fitted
-    _fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 2, 1.0)
-    _fake_run(tmp_path, "depth-5", "cot", DEPTH_BINS, 3, 0, 0.99)
+    fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995)
+    fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 1, 0.98)  # below 99%: not fitted
+    fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 2, 1.0)
+    fake_run(tmp_path, "depth-5", "cot", DEPTH_BINS, 3, 0, 0.99)
     points = sweep_points(tmp_path, meta)
     assert [(p["split"], p["threshold"], p["learner"]) for p in points] == [
         ("length", 33, "rm"), ("length", 33, "cot"), ("length", 96, "rm"), ("depth", 5, "cot")]
@@ -86,18 +104,20 @@ def test_out_of_domain_cells_only_for_fitted_learners(tmp_path):
     assert "- L = 33, CoT: 1 of 4 in ×>5.0" in md
 
 
-def test_only_a_learned_table_limits_the_context(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_only_a_learned_table_limits_the_context(tmp_path, form):
     """An encoding without a table (NoPE, RoPE) decodes past the training length: none of its
     expressions is counted beyond a table, whatever its learner's name."""
+    fake_run = functools.partial(_fake_run, form=form)
     meta = {"kind": "sweep", "splits": {"length-33": _split_params(LENGTH_BINS, 33),
                                         "length-96": _split_params(LENGTH_BINS, 96)}}
-    _fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 3, 0.995)
-    _fake_run(tmp_path, "length-33", "cot@none", LENGTH_BINS, 4, 3, 0.995, positions="none")
-    _fake_run(tmp_path, "length-33", "rm@rope", LENGTH_BINS, 4, 3, 0.995, positions="rope", frame_width=514)
-    _fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995, frame_width=514)
+    fake_run(tmp_path, "length-33", "cot", LENGTH_BINS, 4, 3, 0.995)
+    fake_run(tmp_path, "length-33", "cot@none", LENGTH_BINS, 4, 3, 0.995, positions="none")
+    fake_run(tmp_path, "length-33", "rm@rope", LENGTH_BINS, 4, 3, 0.995, positions="rope", frame_width=514)
+    fake_run(tmp_path, "length-33", "rm", LENGTH_BINS, 4, 3, 0.995, frame_width=514)
     # The plain names with another encoding set by `--model.positions`.
-    _fake_run(tmp_path, "length-96", "cot", LENGTH_BINS, 4, 3, 0.995, positions="rope")
-    _fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 3, 0.995, positions="alibi", frame_width=514)
+    fake_run(tmp_path, "length-96", "cot", LENGTH_BINS, 4, 3, 0.995, positions="rope")
+    fake_run(tmp_path, "length-96", "rm", LENGTH_BINS, 4, 3, 0.995, positions="alibi", frame_width=514)
     table = {(p["threshold"], p["learner"]): p["beyond_table"] for p in sweep_points(tmp_path, meta)}
     # Frames of 514 tokens: RM reads 513 before the last, one past its 512-position table.
     assert table == {(33, "cot"): {">5.0": 1}, (33, "cot@none"): {}, (33, "rm@rope"): {},
@@ -109,7 +129,7 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     assert main(["run", "sweep", "--preset", "smoke", "--out", str(sweep), "--depths", "3", "--quiet"]) == 0
     meta = json.loads((sweep / "experiment.json").read_text())
     assert (meta["kind"], list(meta["splits"])) == ("sweep", ["depth-3"])
-    assert (sweep / "depth-3" / "rm" / "eval" / "eval" / "results.jsonl").exists()
+    assert has_results(sweep / "depth-3" / "rm" / "eval" / "eval")
     assert main(["run", "length", "--preset", "smoke", "--out", str(single), "--quiet"]) == 0
     assert main(["report", str(single)]) == 0
     # Another pool is another sweep: refused before anything is built.
@@ -125,8 +145,11 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     meta = json.loads((dest / "experiment.json").read_text())
     assert (meta["kind"], sorted(meta["splits"])) == ("sweep", ["depth-3", "length-96"])
     assert meta["splits"]["length-96"] == json.loads((single / "experiment.json").read_text())["split"]
-    for name in ("length-96/cot/eval/eval/results.jsonl", "length-96/rm/metrics.jsonl", "data/length-96/split.json"):
+    for name in ("length-96/cot/eval/eval/results.parquet", "data/length-96/split.json"):
         assert (dest / name).read_bytes() == (single / name).read_bytes(), name
+    assert read_results(dest / "length-96/cot/eval/eval") == read_results(single / "length-96/cot/eval/eval")
+    assert (dest / "length-96/rm/metrics.parquet").exists()  # the training log, converted as exported
+    assert read_metrics(dest / "length-96/rm") == read_metrics(single / "length-96/rm") != []
     commands = [json.loads(line) for line in (dest / "commands.jsonl").read_text().splitlines()]
     assert commands[-1]["argv"][:3] == ["rlmlab", "run", "sweep"] and "--lengths=96" in commands[-1]["argv"]
     assert commands[-1]["imported"][:3] == ["rlmlab", "run", "length"]

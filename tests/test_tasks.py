@@ -19,6 +19,7 @@ from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulat
 from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.results import read_results
 from rlmlab.task.expr import evaluate, parse, to_text
 from rlmlab.task.frames import active_frame, check_prefix, cut_examples
 from rlmlab.task.pool import build_pool, read_pool, write_pool
@@ -381,7 +382,7 @@ def test_smoke_experiment_on_the_second_task_and_no_mixing(tmp_path, capsys):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 2
     assert "another task" in capsys.readouterr().err
     assert main(["report", str(out)]) == 0
-    res = [json.loads(line) for line in (out / "length-96" / "rm" / "eval" / "eval" / "results.jsonl").open()]
+    res = read_results(out / "length-96" / "rm" / "eval" / "eval")
     assert res and all(parse(r["expr"], load_task("mod7").library) for r in res)
 
 

@@ -1,10 +1,9 @@
-"""Optional TensorBoard logging: metrics.jsonl's records mirrored as scalars. The tensorboard
+"""Optional TensorBoard logging: the training log's records mirrored as scalars. The tensorboard
 package is an optional extra, so the writer is replaced by a recorder here; what is tested is the
 record-to-scalar mapping, the wiring into training and resume, and the error without the package."""
 
 import functools
 import importlib.util
-import json
 import math
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 import rlmlab.learning.train as train_module
 from rlmlab.cli import main
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, scalars
+from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool, write_pool
 
 
@@ -63,14 +63,14 @@ def _train_args(tmp_path, *extra):
             "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--quiet", *extra]
 
 
-def _expected(lines):
-    return [(tag, value, r["step"]) for r in map(json.loads, lines) for tag, value in scalars(r)]
+def _expected(records):
+    return [(tag, value, r["step"]) for r in records for tag, value in scalars(r)]
 
 
 def test_training_mirrors_every_record_and_resume_purges_redone_steps(tmp_path, recorded, one_torch_thread):
     assert main(_train_args(tmp_path, "--max-steps", "4", "--train.tensorboard=true")) == 0
     run = tmp_path / "run"
-    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines = read_metrics(run)
     (writer,) = recorded
     assert writer.log_dir == str(run / TB_DIR) and writer.purge_step is None and writer.closed
     assert writer.points == _expected(lines)
@@ -79,7 +79,7 @@ def test_training_mirrors_every_record_and_resume_purges_redone_steps(tmp_path, 
     assert main(["train", "--out", str(run), "--resume", "--max-steps", "6", "--quiet"]) == 0
     resumed = recorded[1]
     assert resumed.purge_step == 5 and resumed.closed
-    assert resumed.points == _expected((run / "metrics.jsonl").read_text().splitlines()[len(lines):])
+    assert resumed.points == _expected(read_metrics(run)[len(lines):])
 
 
 def test_off_by_default(tmp_path, recorded, one_torch_thread):

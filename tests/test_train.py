@@ -14,6 +14,7 @@ from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
 from rlmlab.learning.train import describe_schedule, lr_at, train
 from rlmlab.learning.examples import build_examples
+from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import ExpressionSampler
@@ -38,7 +39,7 @@ def config(learner="rm", dropout=None, **train) -> RunConfig:
 
 
 def records(run, kind):
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+    return [r for r in read_metrics(run) if r["kind"] == kind]
 
 
 def test_lr_schedule():
@@ -337,11 +338,18 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
     assert "already holds a run" in capsys.readouterr().err
     assert main(["train", "--out", str(out), "--resume", "--max-steps", "6", "--quiet"]) == 0
     assert load_run(out, "last").step == 6
-    n_records = len((out / "metrics.jsonl").read_text().splitlines())
+    n_records = len(read_metrics(out))
     assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0  # nothing left to do
     assert load_run(out, "last").step == 6 and len(records(out, "train")) == 6
-    added = [json.loads(x)["kind"] for x in (out / "metrics.jsonl").read_text().splitlines()[n_records:]]
+    added = [r["kind"] for r in read_metrics(out)[n_records:]]
     assert added == ["resume", "end"]  # no step: it says it was resumed, and ends
+    # Converted to Parquet (as `rlmlab export` leaves a run) and trained on: the log goes on as lines.
+    before = read_metrics(out)
+    assert convert_metrics(out) and not (out / "metrics.jsonl").exists() and read_metrics(out) == before
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", "8", "--quiet"]) == 0
+    assert (out / "metrics.jsonl").exists() and not (out / "metrics.parquet").exists()
+    kept = [r for r in before if isinstance(r.get("step"), int) and r["step"] <= 6]
+    assert read_metrics(out)[:len(kept)] == kept and len(records(out, "train")) == 8
     assert main(args[:-1] + ["--train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "rlmlab train: error: train.lr: expected float, got 'fast'"

@@ -3,6 +3,7 @@ categories, HTML escaping, the experiment index, results without traces, one-lin
 the produced traces that `rlmlab eval` and `rlmlab run` now keep for inexact expressions."""
 
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from rlmlab.cli import main
 from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.results import read_results, write_rows
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.trace import execute
@@ -76,9 +78,14 @@ def as_produced(row: dict, produced: list[str]) -> dict:
             "diverge_at": None if exact else first_difference(ex.tokens, produced), "pred_trace_len": len(produced)}
 
 
-def write_eval(folder: Path, rows: list[dict], summary: dict) -> Path:
+def write_eval(folder: Path, rows: list[dict], summary: dict, form: str = "jsonl") -> Path:
+    """An evaluation folder of `rows`: as `rlmlab eval` writes it now (form "parquet":
+    results.parquet + traces.parquet) or as it wrote it before (form "jsonl": results.jsonl)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if form == "parquet":
+        write_rows(folder, rows)
+    else:
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -94,7 +101,7 @@ def oracle_eval(tmp_path_factory):
     out = tmp / "oracle"
     assert main(["eval", "--oracle", "rm", "--data", str(data), "--out", str(out), "--quiet",
                  "--traces"]) == 0
-    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    rows = read_results(out)
     assert all(r["trace_exact"] and "trace" in r for r in rows)
     for i, r in enumerate(rows):  # bins listed out of order: the page orders them by bin_index
         r["bin"], r["bin_index"] = ("deep", 1) if i % 2 == 0 else ("shallow", 0)
@@ -117,7 +124,7 @@ def oracle_eval(tmp_path_factory):
     rows[3] = as_produced(rows[3], g[:len(g) - 3])
     summary = json.loads((out / "summary.json").read_text())
     summary["data"] = "exprs<script>alert(1)</script>.txt"  # markup in a field the header shows
-    return write_eval(tmp / "run" / "eval" / "exprs", rows, summary)
+    return write_eval(tmp / "run" / "eval" / "exprs", rows, summary, "parquet")
 
 
 def build(argv, tmp_path) -> str:
@@ -128,7 +135,7 @@ def build(argv, tmp_path) -> str:
 
 def test_divergence_and_the_frames_there_match_the_executor_and_the_active_frame_map(oracle_eval, tmp_path):
     page = build([str(oracle_eval)], tmp_path)
-    results = [json.loads(x) for x in (oracle_eval / "results.jsonl").read_text().splitlines()]
+    results = read_results(oracle_eval)
     rows = decoded_rows(embedded_data(page))
     assert len(rows) == len(results) == 30
     for r, res in zip(rows, results):
@@ -175,11 +182,20 @@ def test_every_string_is_escaped(oracle_eval, tmp_path):
     assert page.count("<script") == 2  # the data and the page's own script, nothing else
 
 
-def test_results_without_traces_still_render(oracle_eval, tmp_path):
+def test_the_same_rows_in_either_form_give_the_same_page(oracle_eval, tmp_path):
+    rows, summary = read_results(oracle_eval), json.loads((oracle_eval / "summary.json").read_text())
+    legacy = write_eval(tmp_path / "legacy" / "eval" / "exprs", rows, summary)
+    assert not (legacy / "results.parquet").exists()
+    assert embedded_data(build([str(legacy)], tmp_path / "a")) == embedded_data(build([str(oracle_eval)], tmp_path / "b"))
+
+
+@pytest.mark.parametrize("form", ["jsonl", "parquet"])
+def test_results_without_traces_still_render(oracle_eval, tmp_path, form):
     old = tmp_path / "old" / "eval" / "exprs"
-    rows = [json.loads(x) for x in (oracle_eval / "results.jsonl").read_text().splitlines()]
+    rows = read_results(oracle_eval)
     write_eval(old, [{k: v for k, v in r.items() if k != "trace"} for r in rows],
-               json.loads((oracle_eval / "summary.json").read_text()))
+               json.loads((oracle_eval / "summary.json").read_text()), form)
+    assert not (old / "traces.parquet").exists()
     page = build([str(old)], tmp_path)
     shown = decoded_rows(embedded_data(page))
     for r, res in zip(shown, rows):
@@ -194,7 +210,7 @@ def test_a_committed_results_folder_renders(tmp_path, capsys):
     page = build([str(COMMITTED), "--limit", "40"], tmp_path)
     assert "wrote" in capsys.readouterr().out
     rows = decoded_rows(embedded_data(page))
-    results = [json.loads(x) for x in COMMITTED.joinpath("results.jsonl").read_text().splitlines()[:40]]
+    results = read_results(COMMITTED)[:40]
     assert len(rows) == 40 and "(the first 40 of 3,100)" in page
     for r, res in zip(rows, results):
         assert r["diverge_at"] == res["diverge_at"] and r["trace_len"] == res["trace_len"]
@@ -228,6 +244,25 @@ def test_experiment_index_links_every_eval_set(oracle_eval, tmp_path):
     assert not (exp / "view").exists()  # with --out, nothing is written into the experiment folder
 
 
+ROWS = [{"expr": "square(2)", "correct": False, "trace": "square ( 2 )"}]
+
+
+def _damage(path: Path, how: str) -> Path:
+    """`path` cut to half its bytes, or replaced by as many random bytes; returns its folder."""
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2] if how == "truncate" else random.Random(0).randbytes(len(raw)))
+    return path.parent
+
+
+def _foreign(path: Path) -> Path:
+    """A Parquet file of the same name that rlmlab did not write (no records metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"expr": ["square(2)"], "correct": [True]}), path)
+    return path.parent
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda p: p / "missing", "no such folder"),
     (lambda p: (p / "file.txt").write_text("x") and p / "file.txt", "not a folder"),
@@ -247,8 +282,28 @@ def test_experiment_index_links_every_eval_set(oracle_eval, tmp_path):
     (lambda p: (write_eval(p / "e", [{"expr": "square(2)", "correct": True}], {}) / "summary.json").write_text("[")
      and p / "e", "summary.json: not valid JSON"),
     (lambda p: (p / "experiment.json").write_text("{}") and p, "experiment.json: not an experiment description"),
+    # The same in the Parquet form `rlmlab eval` writes now, and a damaged or foreign Parquet file.
+    (lambda p: write_eval(p / "e", [], {}, "parquet"), "results.parquet: no results"),
+    (lambda p: _damage(write_eval(p / "e", ROWS, {}, "parquet") / "results.parquet", "truncate"),
+     "results.parquet: not a readable Parquet file"),
+    (lambda p: _damage(write_eval(p / "e", ROWS, {}, "parquet") / "results.parquet", "random"),
+     "results.parquet: not a readable Parquet file"),
+    (lambda p: _damage(write_eval(p / "e", ROWS, {}, "parquet") / "traces.parquet", "truncate"),
+     "traces.parquet: not a readable Parquet file"),
+    (lambda p: _foreign(write_eval(p / "e", ROWS, {}, "parquet") / "results.parquet"),
+     "results.parquet: not a table of records written by rlmlab"),
+    (lambda p: write_eval(p / "e", [{"expr": "square(2)"}], {}, "parquet"), "row 1: not a per-expression result"),
+    (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": True, "trace": 3}], {}, "parquet"),
+     "traces.parquet: a trace row does not name one result"),
+    (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": False, "diverge_at": True}], {}, "parquet"),
+     "row 1: 'diverge_at' should be int"),
+    (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": False, "diverge_at": 999}], {}, "parquet"),
+     "row 1: diverge_at 999 lies outside"),
+    (lambda p: write_eval(p / "e", [{"expr": "square(" * 10 + "x" * 2000, "correct": False}], {}, "parquet"),
+     "row 1: "),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, make, message):
+    """Legacy results.jsonl first, then the same faults in results.parquet + traces.parquet."""
     path = make(tmp_path)
     code = main(["view", str(path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -280,7 +335,7 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
     data = tmp_path / "exprs.txt"
     data.write_text("\n".join(to_text(e) for e in sample_expressions(8, 3)) + "\n")
     assert main(["eval", str(run), "--data", str(data), "--quiet", "--max-new-tokens", "30", "--no-per-token"]) == 0
-    rows = [json.loads(x) for x in (run / "eval" / "exprs" / "results.jsonl").read_text().splitlines()]
+    rows = read_results(run / "eval" / "exprs")
     assert rows and all(("trace" in r) != r["trace_exact"] for r in rows)  # an untrained model: all inexact
     assert all(len(produced_tokens(r["trace"])) == r["pred_trace_len"] for r in rows)
     page = build([str(run / "eval" / "exprs")], tmp_path)
@@ -292,14 +347,15 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
         out = tmp_path / f"oracle{len(flags)}"
         assert main(["eval", "--oracle", "cot", "--data", str(data), "--out", str(out), "--quiet",
                      *flags]) == 0
-        assert sum("trace" in json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()) == kept
+        assert sum("trace" in r for r in read_results(out)) == kept
+        assert (out / "traces.parquet").exists() == (kept > 0) and not (out / "results.jsonl").exists()
 
 
 def test_run_keeps_inexact_traces_and_the_experiment_views(tmp_path):
     out = tmp_path / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     eval_dir = out / "length-96" / "rm" / "eval" / "eval"
-    rows = [json.loads(x) for x in (eval_dir / "results.jsonl").read_text().splitlines()]
+    rows = read_results(eval_dir)
     assert any(not r["trace_exact"] for r in rows)  # three training steps: the model is mostly wrong
     for r in rows:
         assert ("trace" in r) == (not r["trace_exact"])

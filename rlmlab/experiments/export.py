@@ -9,14 +9,14 @@ import shutil
 from pathlib import Path
 
 from rlmlab.errors import DataError, NoResultsError
-from rlmlab.experiments.convert import convert_folder
+from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.report import report
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
-from rlmlab.runlog import LEGACY_METRICS, METRICS
+from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
@@ -74,6 +74,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     if not resumable:
         _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
+    copied_lines = []  # the JSON-lines record files copied, converted below
     files, links = _plain_files(src)
     for path in files:
         rel = path.relative_to(src)
@@ -92,11 +93,18 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         shutil.copyfile(path, dest / rel)
         if path.name in LEGACY_OF:  # an earlier export's JSON lines of the same records are stale now
             (dest / rel).with_name(LEGACY_OF[path.name]).unlink(missing_ok=True)
+        if path.name in (LEGACY_RESULTS, LEGACY_METRICS):
+            copied_lines.append(dest / rel)
         copied += 1
         size += path.stat().st_size
         carried += inside is not None and path.name == "checkpoint.json"
     dest.mkdir(parents=True, exist_ok=True)
-    convert_folder(dest)  # what the source still holds as JSON lines lands as Parquet
+    # What the source still holds as JSON lines lands as Parquet; files of dest's own are left alone.
+    for path in copied_lines:
+        if path.name == LEGACY_RESULTS:
+            convert_results(path.parent)
+        else:
+            convert_metrics(path.parent)
     _drop_superseded(src, dest)
     _drop_stale_resume_points(src, dest, resumable)
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
