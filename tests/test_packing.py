@@ -175,3 +175,32 @@ def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs, fast):
     assert n_l == n_f
     assert abs(loss_l - loss_f) < 1e-5 * loss_f
     torch.testing.assert_close(grad_l, grad_f, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("learner", ["cot", "rm"])
+def test_start_offsets_move_positions_only_and_stay_in_the_table(random_exprs, learner):
+    data = _data(random_exprs, learner, 80)
+    lengths = data.lengths - 1
+    rows = [r for r in pack_rows(lengths, 512) if r.length == 512][:4]
+    block = 600
+    plain = collate(data.ids, data.loss, data.offsets, rows, 0, data.layout, block)
+    draws = [collate(data.ids, data.loss, data.offsets, rows, 0, data.layout, block,
+                     np.random.default_rng(seed), max_shift=block) for seed in (1, 1, 2)]
+    for b in draws:  # same tokens, targets, examples and mask; positions shifted per example
+        assert torch.equal(b.idx, plain.idx) and torch.equal(b.targets, plain.targets)
+        assert torch.equal(b.doc, plain.doc) and torch.equal(b.attn_mask(), plain.attn_mask())
+        assert int(b.pos.max()) < block
+        for e in b.doc.unique().tolist():
+            if e < 0:
+                continue
+            at = b.doc == e
+            shift = (b.pos[at] - plain.pos[at]).unique()
+            assert len(shift) == 1 and int(shift) >= 0  # one offset for the whole example
+    assert torch.equal(draws[0].pos, draws[1].pos) and not torch.equal(draws[0].pos, draws[2].pos)
+    assert not torch.equal(draws[0].pos, plain.pos)
+    # A bound of N never starts an example beyond N; room-limited examples stay inside the table.
+    capped = collate(data.ids, data.loss, data.offsets, rows, 0, data.layout, block, np.random.default_rng(3), 5)
+    assert int((capped.pos - plain.pos).max()) <= 5
+    tight = collate(data.ids, data.loss, data.offsets, rows, 0, data.layout, int(plain.pos.max()) + 1,
+                    np.random.default_rng(4), max_shift=10_000)
+    assert torch.equal(tight.pos[plain.pos == int(plain.pos.max())], plain.pos[plain.pos == int(plain.pos.max())])

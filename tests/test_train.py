@@ -375,3 +375,31 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data
     last = load_run(tmp_path, "last")
     assert diverged == 8 and not records(tmp_path, "end")
     assert last.step == 8 and all(torch.isfinite(p).all() for p in last.model.parameters())
+
+
+def test_start_offsets_train_table_rows_beyond_the_examples_and_resume_exactly(data, tmp_path):
+    tr, va = data["cot"]
+    quiet = dict(progress=False, echo=lambda s: None)
+    longest = int(tr.lengths.max())
+    with pytest.raises(ConfigError, match="train.start_offset"):
+        TrainConfig(start_offset=-1)
+    cfg = config("cot", max_steps=8, decay_steps=8, start_offset=2048)
+    train(cfg, tr, va, tmp_path / "a", **quiet)
+    train(config("cot", max_steps=4, decay_steps=8, start_offset=2048), tr, va, tmp_path / "b", **quiet)
+    with pytest.raises(ConfigError, match="--resume cannot change train.start_offset"):
+        train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "b", resume=True, **quiet)
+    train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+    assert [r["loss"] for r in records(tmp_path / "a", "train")] == [r["loss"] for r in records(tmp_path / "b", "train")]
+    train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "c", **quiet)
+    # The tiny CoT's table has 2,048 rows. Without offsets, rows past the longest example get no
+    # gradient: AdamW's decay only shrinks them towards 0. With offsets they are trained.
+    from rlmlab.learning.model import Transformer
+
+    far = slice(longest + 1, None)
+    cfg_c = load_run(tmp_path / "c", "last").model.cfg
+    torch.manual_seed(7)  # the runs' seed: their initial weights
+    init = Transformer(cfg_c).wpe.weight.detach()[far]
+    for run, only_decayed in (("c", True), ("a", False)):
+        moved = load_run(tmp_path / run, "last").model.wpe.weight.detach()[far] - init
+        cos = torch.nn.functional.cosine_similarity(moved.flatten(), -init.flatten(), dim=0)
+        assert moved.abs().max() > 0 and (cos > 0.9999) == only_decayed, (run, float(cos))

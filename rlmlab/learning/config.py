@@ -247,6 +247,13 @@ class TrainConfig:
     """Most positions one forward/backward pass processes; a larger step accumulates gradients."""
     seed: int = 1337
     """Seed of the initial weights, the data order and dropout."""
+    start_offset: int = 0
+    """Largest random start position of a training example (0: off; every example starts at
+    position 0, as in the paper). With N > 0 each training example's positions are shifted by
+    an offset drawn uniformly from 0..min(N, the table rows left after the example), so that
+    rows of a learned positional table beyond the longest training example are trained
+    (randomized positions, Ruoss et al. 2023); set it to the model's block_size to use the whole
+    table. Validation and evaluation start at 0. Drawn from (seed, step): resumes are exact."""
     device: str = "auto"
     """"auto" (cuda when present, else cpu), "cpu", "cuda" or "cuda:N"."""
     compile: bool = False
@@ -270,7 +277,7 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _positive(self, "train", "batch_size", "decay_steps", "max_steps", "max_minutes", "patience",
                   "eval_every", "save_every", "log_every", "micro_batch_tokens", "threads", "warmup_steps",
-                  "answer_eval", allow_zero=("warmup_steps", "answer_eval"))
+                  "answer_eval", "start_offset", allow_zero=("warmup_steps", "answer_eval", "start_offset"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _seed(self.seed, "train.seed")

@@ -197,10 +197,15 @@ class PackedBatch:
 
 
 def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,
-            layout: np.ndarray | None = None, block_size: int | None = None) -> PackedBatch:
+            layout: np.ndarray | None = None, block_size: int | None = None,
+            shift: np.random.Generator | None = None, max_shift: int = 0) -> PackedBatch:
     """Lay out `rows` (all of one length) as tensors; ids/loss/offsets/layout as in `ExampleSet`.
     With `block_size`, a position the model cannot read raises ValueError (here, on the host,
-    where positions are assigned, so that the forward pass need not read them back)."""
+    where positions are assigned, so that the forward pass need not read them back).
+
+    With `shift` and `max_shift` > 0, each example's positions start at an offset drawn from
+    `shift`, uniform in 0..min(max_shift, what `block_size` leaves after the example): only the
+    position ids move, never which tokens attend to which."""
     T = rows[0].length
     if any(r.length != T for r in rows):
         raise ValueError("a packed batch holds rows of one length")
@@ -224,7 +229,12 @@ def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[R
     doc = np.full(B * T, -1, dtype=np.int64)
     idx[dst] = ids[src]
     targets[dst] = np.where(loss[src + 1], ids[src + 1].astype(np.int64), IGNORE)
-    pos[dst] = within if layout is None else layout[src, 0]
+    p = within if layout is None else layout[src, 0]
+    if shift is not None and max_shift > 0 and len(lens):
+        top = np.maximum.reduceat(p, flat_start)  # (k,) last position of each example
+        room = max_shift if block_size is None else np.clip(block_size - 1 - top, 0, max_shift)
+        p = p + np.repeat(shift.integers(0, np.asarray(room) + 1, size=len(lens)), lens)
+    pos[dst] = p
     if block_size is not None and len(pos) and int(pos.max()) >= block_size:
         raise ValueError(f"position {int(pos.max())} beyond the model's {block_size}")
     doc[dst] = np.repeat(ex, lens)

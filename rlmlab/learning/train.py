@@ -95,6 +95,7 @@ from rlmlab.task.taskfile import load_task
 from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
+OFFSET_STREAM = 2  # third seed word of the start-offset draws (the data order uses [seed, epoch])
 
 
 # --- data -------------------------------------------------------------------
@@ -238,17 +239,26 @@ def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -
 
 
 def step_batches(data: ExampleSet, rows: list[Row], pad_id: int, tc: TrainConfig, device: torch.device,
-                 attention: str, block_size: int | None, flat_len: int | None = None) -> list[PackedBatch]:
+                 attention: str, block_size: int | None, flat_len: int | None = None,
+                 shift: np.random.Generator | None = None) -> list[PackedBatch]:
     """`rows` as micro-batches on `device`, masks included, all built on the host. On the
     "flex" path every micro-batch is one row of `flat_len` positions (default:
-    `flat_length(tc, block_size)`). `block_size`: the model's context limit (None: none)."""
+    `flat_length(tc, block_size)`). `block_size`: the model's context limit (None: none).
+    `shift`: draws the examples' start offsets when `tc.start_offset` is on (None: all at 0)."""
     if attention == "flex":
         flat_len = flat_len or flat_length(tc, block_size if block_size is not None else max(r.length for r in rows))
         groups = [[r] for r in flat_micro_batches(rows, data.lengths - 1, flat_len)]
     else:
         groups = micro_batches(rows, tc.micro_batch_tokens)
-    return [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout, block_size).prepare(device, attention)
+    return [collate(data.ids, data.loss, data.offsets, mb, pad_id, data.layout, block_size, shift,
+                    tc.start_offset).prepare(device, attention)
             for mb in groups]
+
+
+def offset_draws(tc: TrainConfig, step: int) -> np.random.Generator | None:
+    """The generator of step `step`'s start offsets (None when `train.start_offset` is off): a
+    function of the seed and the step alone, so that a resumed run draws what it would have."""
+    return np.random.default_rng([tc.seed, step, OFFSET_STREAM]) if tc.start_offset else None
 
 
 def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -585,7 +595,9 @@ class Trainer:
         self.echo(f"data: learner {self.learner}, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
-                  f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}")
+                  f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}"
+                  + (f"; each training example starts at a random position 0..{tc.start_offset}"
+                     if tc.start_offset else ""))
         self.echo(f"schedule: {describe_schedule(tc, st.schedule_steps)}")
         self.echo(f"device: {self.device}" + (" (bf16 autocast)" if self.device.type == "cuda" else " (fp32)")
                   + (f", FlexAttention over rows of {self.flat_len:,} positions" if self.attention == "flex" else "")
@@ -707,7 +719,8 @@ class Trainer:
                         g["lr"] = lr
                     loss, n_tok, grad_norm = train_step(self.fwd, self.model, self.optimizer, self.train_data,
                                                         self.stream.take(self.step_tokens), self.vocab.pad_id, tc,
-                                                        self.device, self.attention, self.guard, self.flat_len)
+                                                        self.device, self.attention, self.guard, self.flat_len,
+                                                        offset_draws(tc, st.step))
                     st.step, st.tokens, st.stream = st.step + 1, st.tokens + n_tok, self.stream.state()
                     self.step_times.append(time.perf_counter() - t0)
                     window["step_s"] += self.step_times[-1]
@@ -796,14 +809,15 @@ class FiniteGuard:
 
 def train_step(fwd, model: Transformer, optimizer, data: ExampleSet, rows: list[Row], pad_id: int,
                tc: TrainConfig, device: torch.device, attention: str = "blocks",
-               guard: FiniteGuard | None = None, flat_len: int | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
+               guard: FiniteGuard | None = None, flat_len: int | None = None,
+               shift: np.random.Generator | None = None) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One optimizer step over `rows`: (mean target loss, example positions, gradient norm),
     loss and norm as 0-d tensors on `device`, read by nobody here: the host does not wait.
 
     A step whose loss or gradient is not finite leaves weights and optimizer untouched; with a
     `guard` it is recorded there for the caller to check later, without one it raises
-    TrainingDiverged at once (a wait)."""
-    batches = step_batches(data, rows, pad_id, tc, device, attention, context_limit(model.cfg), flat_len)
+    TrainingDiverged at once (a wait). `shift`: as in `step_batches`."""
+    batches = step_batches(data, rows, pad_id, tc, device, attention, context_limit(model.cfg), flat_len, shift)
     mean, grad_norm = optimizer_step(fwd, model, optimizer, batches, tc, device, guard)
     return mean, sum(b.n_tokens for b in batches), grad_norm
 
