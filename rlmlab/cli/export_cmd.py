@@ -14,8 +14,9 @@ def register(sub) -> None:
     p.add_argument("dest", metavar="DEST", help="where the results go (e.g. results/length-small); "
                                                 "files it has that SRC lacks are kept")
     p.add_argument("--resumable", action="store_true",
-                   help="also copy the `last` checkpoint of every unfinished run, to continue it on another "
-                        "machine (docs/cli.md, 'Carrying a run to another machine')")
+                   help="also copy the `last` checkpoint of every unfinished run as weights only (no optimizer "
+                        "moments), to continue it on another machine (docs/cli.md, 'Carrying a run to another "
+                        "machine')")
     p.set_defaults(handler=run)
 
 
@@ -25,7 +26,7 @@ def run(args) -> int:
         links = n["skipped_links"]
         print(f"{args.src}: skipped {len(links)} symbolic link(s), neither followed nor copied: "
               + ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else ""), file=sys.stderr)
-    carried = (f" (with the `last` checkpoints of {n['resume_checkpoints']} unfinished runs)"
+    carried = (f" (with the `last` checkpoints of {n['resume_checkpoints']} unfinished runs, weights only)"
                if args.resumable else "")
     print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}{carried}; left out "
           f"{n['checkpoints']} checkpoints and {n['data_files']} data files; "

@@ -8,13 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
-from rlmlab.errors import DataError, NoResultsError
+from rlmlab.errors import CheckpointError, DataError, NoResultsError
 from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.report import report
+from rlmlab.learning.checkpoint import META_FILE, OPTIM_FILE, drop_optimizer
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
@@ -36,8 +37,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     has been evaluated).
 
     With `resumable`, the `last` checkpoint of every unfinished run (a run folder without
-    done.json) comes along too, so that the run can be continued on another machine: copy its
-    run folder back under a fresh `--out` and re-run its command (docs/cli.md). Whether or not
+    done.json) comes along too, as weights and trainer state without the optimizer's moments
+    (`drop_optimizer`), so that the run can be continued on another machine: copy its run
+    folder back under a fresh `--out` and re-run its command (docs/cli.md); AdamW's moments
+    restart from zero there, and the run's log and training table say so. Whether or not
     `resumable` is set, a `last` checkpoint left in `dest` by an earlier resumable export is
     removed once its run has finished: it would resume a run that has moved on. An export
     without `resumable` is refused while `dest` carries the `last` of a run still unfinished in
@@ -75,6 +78,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
     copied_lines = []  # the JSON-lines record files copied, converted below
+    carried_points = []  # the `last` checkpoints carried, their optimizer state dropped below
     files, links = _plain_files(src)
     for path in files:
         rel = path.relative_to(src)
@@ -86,11 +90,15 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         if inside is not None and not (resumable and _unfinished_last(src / Path(*rel.parts[:inside]))):
             checkpoints += path.name == "checkpoint.json"
             continue
+        if inside is not None and path.name == OPTIM_FILE:  # carried as weights only (`drop_optimizer`)
+            continue
         if inside is None and path.suffix in LEFT_OUT_SUFFIXES and path.name not in RECORD_FILES:
             data_files += 1
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest / rel)
+        if inside is not None and path.name == META_FILE:
+            carried_points.append(src / Path(*rel.parts[:inside]))
         if path.name in LEGACY_OF:  # an earlier export's JSON lines of the same records are stale now
             (dest / rel).with_name(LEGACY_OF[path.name]).unlink(missing_ok=True)
         if path.name in (LEGACY_RESULTS, LEGACY_METRICS):
@@ -99,6 +107,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         size += path.stat().st_size
         carried += inside is not None and path.name == "checkpoint.json"
     dest.mkdir(parents=True, exist_ok=True)
+    for ckpt in carried_points:
+        _carry_weights_only(ckpt, dest / ckpt.relative_to(src))
     # What the source still holds as JSON lines lands as Parquet; files of dest's own are left alone.
     for path in copied_lines:
         if path.name == LEGACY_RESULTS:
@@ -141,6 +151,17 @@ def _plain_files(src: Path) -> tuple[list[Path], list[Path]]:
             elif path.is_file():  # not a FIFO or a device
                 files.append(path)
     return sorted(files), sorted(links)
+
+
+def _carry_weights_only(ckpt: Path, copy: Path) -> None:
+    """Seal the copy of `ckpt` as a weights-only resume point: optimizer moments are twice the
+    weights and never committed (CONTRIBUTING.md). The copy's tensor files are checked against
+    their checkpoint.json first, so a checkpoint rewritten during the export is refused."""
+    try:
+        drop_optimizer(copy)
+    except CheckpointError as e:
+        shutil.rmtree(copy)
+        raise DataError(f"{ckpt}: the checkpoint changed while it was exported; export again ({e})") from None
 
 
 def _unfinished_last(ckpt: Path) -> bool:

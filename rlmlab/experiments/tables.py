@@ -212,6 +212,7 @@ def training_summary(run_dir: Path) -> dict:
     best = max(val, key=lambda r: r["answer_acc"], default=None)
     last = recs[-1] if recs else {}
     ended = last.get("kind") == "end"
+    restarted = [r["step"] for r in recs if r.get("kind") == "resume" and r.get("optimizer") == "restarted"]
     val_s, val_unknown = validation_seconds(recs)
     return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
             "epochs": max((r.get("epoch", 0) for r in recs), default=0),
@@ -222,7 +223,7 @@ def training_summary(run_dir: Path) -> dict:
             "extended_at": [r["step"] for r in extensions(recs)],
             "patience_lifted_at": [r["step"] for r in extensions(recs, ("plateau",))],
             "validations": [{k: r[k] for k in ("step", "elapsed_s", "answer_acc", "token_acc") if k in r}
-                            for r in val]}
+                            for r in val]} | ({"restarted_at": restarted} if restarted else {})
 
 
 def _epochs(e: float) -> str:
@@ -245,7 +246,8 @@ def training_table(summaries: list[dict]) -> str:
     resumed = [f"- {t['job']} {learner_name(t['learner'])}: at step " + ", ".join(
         f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ())
                     else " (after a plateau stop, with a larger patience)" if s in t.get("patience_lifted_at", ())
-                    else "") for s in t["resumed_at"])
+                    else "") + (" (carried without optimizer state: AdamW's moments restarted from zero)"
+                                if s in t.get("restarted_at", ()) else "") for s in t["resumed_at"])
         for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
             "`minutes` is wall-clock training time, validation included; ≥ where a validation's time was "

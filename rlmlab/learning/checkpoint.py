@@ -444,7 +444,32 @@ def _check_shapes(cfg: ModelConfig, ckpt: Path) -> None:
                                   f"{expected[name][1]}")
 
 
-def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> None:
+def drop_optimizer(ckpt: Path) -> None:
+    """Make the `last` checkpoint `ckpt` a weights-only resume point, as `rlmlab export
+    --resumable` carries it: optimizer.safetensors is removed and checkpoint.json resealed
+    without the optimizer state, saying `"optimizer_dropped": true`. A run resumed from it
+    restarts AdamW's moments from zero (its log says so), so it is a continuation of the same
+    recipe, not the uninterrupted run; the weights, data cursor and random state carry on."""
+    meta = read_meta(ckpt)  # checked as it stands, then rewritten from the file itself
+    if "trainer" not in meta:
+        raise CheckpointError(f"{ckpt}: not a resume point (no trainer state)")
+    raw = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
+    raw.pop("optimizer", None)
+    raw["files"].pop(OPTIM_FILE, None)
+    raw["optimizer_dropped"] = True
+    if "digest" in raw:
+        raw["digest"] = meta_digest(raw)
+    tmp = ckpt / f".{META_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(raw, indent=1))
+    os.replace(tmp, ckpt / META_FILE)
+    (ckpt / OPTIM_FILE).unlink(missing_ok=True)
+
+
+def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> bool:
+    """Restore `optimizer` from the checkpoint; False (the optimizer left fresh) when it was
+    carried without its optimizer state (`drop_optimizer`)."""
+    if meta.get("optimizer_dropped") is True and "optimizer" not in meta and OPTIM_FILE not in meta["files"]:
+        return False
     if "optimizer" not in meta or OPTIM_FILE not in meta["files"]:
         raise CheckpointError(f"{ckpt}: no optimizer state (only 'last' checkpoints can be resumed)")
     try:
@@ -454,6 +479,7 @@ def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimize
     # Optimizer.load_state_dict moves each moment to its parameter's device (and leaves step
     # counts where AdamW keeps them), so CPU tensors serve any device.
     restore_optimizer(optimizer, tensors, meta["optimizer"])
+    return True
 
 
 def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:

@@ -535,8 +535,9 @@ class Trainer:
             self.state.schedule_steps = tc.decay_steps or tc.max_steps
             self.state.data_sha256 = self._data_sha256()
         self.optimizer = configure_optimizer(self.model, tc)
+        self.moments_restarted = False
         if resume:
-            load_optimizer_state(ckpt, meta, self.optimizer)
+            self.moments_restarted = not load_optimizer_state(ckpt, meta, self.optimizer)
             set_rng_state(meta["trainer"].get("rng"))
         # only now: a resume refused for its checkpoint leaves the run folder as it was
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
@@ -570,7 +571,8 @@ class Trainer:
         # A resumed run may continue on another processor, where the same steps round differently.
         if resume:  # so that a run's record says it was interrupted (or extended) and continued
             self.log.write({"kind": "resume", "step": self.state.step, "elapsed_s": round(self.state.elapsed_s, 3),
-                            "cpu_s": round(self.state.cpu_s, 3), "machine": machine_facts()})
+                            "cpu_s": round(self.state.cpu_s, 3), "machine": machine_facts()}
+                           | ({"optimizer": "restarted"} if self.moments_restarted else {}))
         else:
             self.log.write({"kind": "start", "step": 0, "machine": machine_facts()})
 
@@ -604,7 +606,9 @@ class Trainer:
                   + (f" (a step may take several: --train.micro_batch_tokens={self.flat_step} makes it one)"
                      if self.attention == "flex" and self.flat_len < self.flat_step else "")
                   + (", compiled" if tc.compile else "") + f"; run folder {self.run_dir}"
-                  + (f"; resuming at step {st.step}" if resume else ""))
+                  + (f"; resuming at step {st.step}" if resume else "")
+                  + (" from weights alone (carried without optimizer state): AdamW's moments restart from zero"
+                     if self.moments_restarted else ""))
 
     # --- clock and stopping ---
 
