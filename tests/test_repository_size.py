@@ -12,7 +12,7 @@ MAX_FILE_BYTES = 5 * 1024 * 1024
 RELEASED = ROOT / "rlmlab" / "released"
 # Folders whose JSON lines are still to be converted (`rlmlab convert`): one session can submit
 # at most 256 MiB of diff, so the 387 MB of JSON lines move to Parquet over several submissions.
-PENDING_CONVERSION = {"iid-paper-cpu", "sweep-paper-cpu"}
+PENDING_CONVERSION = {"iid-paper-cpu"}
 
 
 def _files(root: Path) -> list[Path]:
