@@ -540,15 +540,17 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     assert "at step 1 (carried without optimizer state: AdamW's moments restarted from zero)" in training_table(
         [{**summary, "job": "length-96", "learner": "rm"}])
 
-    def train_records(out):
-        return [r for r in read_metrics(out / "length-96" / "rm") if r["kind"] == "train"]
+    def log(out, kind):
+        return [r for r in read_metrics(out / "length-96" / "rm") if r["kind"] == kind]
 
-    # The same steps on the same data at the same learning rates; from the resume on, the losses
-    # differ (fresh moments), which is why the run says so.
-    carried_run, uninterrupted = train_records(there), train_records(tmp_path / "uninterrupted")
-    assert [(r["step"], r["tokens"], r["lr"]) for r in carried_run] == [
-        (r["step"], r["tokens"], r["lr"]) for r in uninterrupted]
-    assert carried_run[0]["loss"] == uninterrupted[0]["loss"] and carried_run[-1]["loss"] != uninterrupted[-1]["loss"]
+    # The same steps on the same data (same tokens); from the resume on, the losses differ (fresh
+    # moments), which is why the run says so.
+    uninterrupted = tmp_path / "uninterrupted"
+    ends = [[(r["step"], r["tokens"]) for r in log(out, "end")] for out in (there, uninterrupted)]
+    assert ends[0] == ends[1] != []
+    carried_val, plain_val = log(there, "val"), log(uninterrupted, "val")
+    assert [r["step"] for r in carried_val] == [r["step"] for r in plain_val] != []
+    assert carried_val[-1]["loss"] != plain_val[-1]["loss"]
     # Once the run has finished, exporting it removes the checkpoint that would resume it.
     assert main(["export", str(there), str(results), "--resumable"]) == 0
     assert (carried / "done.json").exists() and not (carried / "last").exists()
@@ -697,6 +699,7 @@ def test_a_run_held_by_another_process_is_refused_and_planning_waits_its_turn(tm
     with folder_lock(out / "length-96" / "rm"):  # as another `rlmlab run` training it would
         assert main(argv) == 2
     assert "length-96/rm: another process is training or evaluating this run" in capsys.readouterr().err
+    assert not (out / "commands.jsonl").exists()  # a refused command is not recorded
     assert not (out / "length-96" / "rm" / "done.json").exists()
     assert main(argv) == 0  # released: the run trains
     # A run that finds another planning in the folder waits for it, then plans on what it built.

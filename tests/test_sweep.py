@@ -160,6 +160,20 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     table = (dest / "report" / "table-sweep.md").read_text()
     assert "Length split" in table and "Depth split" in table and table.count("not fitted") == 2 * 7 * 2
 
+    # In a results tree where the single-threshold folder is exported too, the sweep refers to
+    # its runs instead of holding a second copy, and reports the same tables.
+    tree = tmp_path / "tree"
+    assert main(["export", str(single), str(tree / "length")]) == 0
+    assert main(["export", str(sweep), str(tree / "sweep")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(single), str(tree / "sweep")]) == 0
+    assert "2 run(s) a folder beside it holds byte for byte are kept there" in capsys.readouterr().out
+    refs = json.loads((tree / "sweep" / "refs.json").read_text())["runs"]
+    assert sorted(refs) == ["length-96/cot", "length-96/rm"] and not (tree / "sweep" / "length-96").exists()
+    assert refs["length-96/rm"]["path"] == "../length/length-96/rm"
+    for name in ("table-sweep.md", "table-length-96.md"):
+        assert (tree / "sweep" / "report" / name).read_bytes() == (dest / "report" / name).read_bytes(), name
+
     # Into the sweep's own run folder too: running the threshold then has nothing to train; its
     # split (left out of the export) is rebuilt from the pool and must come out the same.
     assert main(["export", str(single), str(sweep)]) == 0

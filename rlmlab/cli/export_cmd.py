@@ -30,5 +30,7 @@ def run(args) -> int:
                if args.resumable else "")
     print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}{carried}; left out "
           f"{n['checkpoints']} checkpoints and {n['data_files']} data files; "
-          + (f"report in {args.dest}/report" if n["reported"] else "no report: nothing is evaluated yet"))
+          + (f"report in {args.dest}/report" if n["reported"] else "no report: nothing is evaluated yet")
+          + (f"; {len(n['referred'])} run(s) a folder beside it holds byte for byte are kept there, by reference "
+             f"(refs.json): {', '.join(n['referred'])}" if n["referred"] else ""))
     return 0

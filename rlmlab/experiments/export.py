@@ -14,6 +14,7 @@ from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.jobs import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
+from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import META_FILE, OPTIM_FILE, drop_optimizer
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
@@ -61,6 +62,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     refuse_other_folder(dest, "experiment", "export destination")
     refuse_symlinks(dest, "export destination")
     old_commands, new_commands = _lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl")
+    taken_in = False  # `dest` is another kind's folder that takes `src`'s runs in (a sweep)
     if (dest / "experiment.json").exists():
         old = read_meta(dest)
         # A folder of one kind may hold another kind's runs as they are (a threshold sweep, a
@@ -68,7 +70,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         if old["kind"] != meta["kind"]:
             if (absorbed := get_kind(old["kind"]).absorb(meta)) is not None:
                 new_commands = [get_kind(old["kind"]).absorb_command(line, meta) for line in new_commands]
-                meta = absorbed
+                meta, taken_in = absorbed, True
             elif (absorbed := get_kind(meta["kind"]).absorb(old)) is not None:
                 old_commands = [get_kind(meta["kind"]).absorb_command(line, old) for line in old_commands]
                 old = absorbed
@@ -117,6 +119,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             convert_metrics(path.parent)
     _drop_superseded(src, dest)
     _drop_stale_resume_points(src, dest, resumable)
+    # A run that a folder beside `dest` already holds byte for byte (the sweep taking in the
+    # L = 595 runs of their own results folder) is kept there once, referred to from here.
+    referred = refer_to_siblings(dest, {f"{c.parent.parent.name}/{c.parent.name}"
+                                        for c in src.glob("*/*/config.json")}) if taken_in else []
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
     if commands:
         (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
@@ -126,7 +132,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
         reported = False
     return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
-            "resume_checkpoints": carried, "skipped_links": [str(link.relative_to(src)) for link in links]}
+            "resume_checkpoints": carried, "referred": referred, "skipped_links": [str(link.relative_to(src)) for link in links]}
 
 
 def _plain_files(src: Path) -> tuple[list[Path], list[Path]]:

@@ -28,6 +28,24 @@ from rlmlab.experiments.presets import ExperimentPreset, merge_learner_tables, p
 LOCK_NAME = ".lock"
 
 
+def refuse_busy(folder: Path, busy: str) -> None:
+    """Raise DataError naming `folder` and `busy` when another process holds its lock now: a check
+    made before a command is recorded, so that a refused command leaves no trace (the lock itself
+    is taken when the work starts, `folder_lock`)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    if not (folder / LOCK_NAME).is_file():
+        return
+    with open(folder / LOCK_NAME, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"{folder}: {busy}") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @contextmanager
 def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is using it"):
     """Hold `folder`'s lock for the duration: with `wait`, block until the process holding it lets

@@ -94,6 +94,9 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
     return train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn, progress=progress)
 
 
+BUSY_RUN = "another process is training or evaluating this run"
+
+
 def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     finished run continues when the job now asks for a larger budget than the one it ran out
@@ -101,7 +104,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     learners and subset twice) is refused rather than trained twice at once."""
     from rlmlab.experiments.folder import folder_lock
 
-    with folder_lock(job.run_dir(Path(out)), wait=False, busy="another process is training or evaluating this run"):
+    with folder_lock(job.run_dir(Path(out)), wait=False, busy=BUSY_RUN):
         return _run_job(job, Path(out), progress, extend)
 
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlmlab.errors import ConfigError
-from rlmlab.experiments.folder import folder_lock, refuse_another_experiment
+from rlmlab.experiments.folder import folder_lock, refuse_another_experiment, refuse_busy
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.jobs import run_job
+from rlmlab.experiments.jobs import BUSY_RUN, run_job
 from rlmlab.experiments.kinds import KINDS, RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
 from rlmlab.experiments.splits import sample_eval_file
@@ -68,6 +68,8 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
         if p.eval_sample is not None:  # the split is built whole; only what is decoded is cut
             jobs = [replace(j, evals={name: str(sample_eval_file(path, p.eval_sample)) for name, path in j.evals.items()})
                     for j in jobs]
+        for job in jobs:  # refused now, before the command is recorded, rather than when its turn comes
+            refuse_busy(job.run_dir(out), BUSY_RUN)
         if on_planned is not None:
             on_planned()
     run_jobs(jobs, out, ray_address, progress, extend, ray_gpus)

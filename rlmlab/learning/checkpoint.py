@@ -450,19 +450,22 @@ def drop_optimizer(ckpt: Path) -> None:
     without the optimizer state, saying `"optimizer_dropped": true`. A run resumed from it
     restarts AdamW's moments from zero (its log says so), so it is a continuation of the same
     recipe, not the uninterrupted run; the weights, data cursor and random state carry on."""
-    meta = read_meta(ckpt)  # checked as it stands, then rewritten from the file itself
-    if "trainer" not in meta:
-        raise CheckpointError(f"{ckpt}: not a resume point (no trainer state)")
     raw = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
+    # The seal is checked before it is renewed, so that an edited checkpoint.json is not laundered;
+    # the optimizer file itself may already be gone (an export does not copy it).
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("digest") != meta_digest(raw):
+        raise CheckpointError(f"{ckpt}: not an intact {FORMAT} checkpoint")
+    if not isinstance(raw.get("trainer"), dict) or not isinstance(raw.get("files"), dict):
+        raise CheckpointError(f"{ckpt}: not a resume point (no trainer state)")
     raw.pop("optimizer", None)
     raw["files"].pop(OPTIM_FILE, None)
     raw["optimizer_dropped"] = True
-    if "digest" in raw:
-        raw["digest"] = meta_digest(raw)
+    raw["digest"] = meta_digest(raw)
     tmp = ckpt / f".{META_FILE}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(raw, indent=1))
     os.replace(tmp, ckpt / META_FILE)
     (ckpt / OPTIM_FILE).unlink(missing_ok=True)
+    read_meta(ckpt)  # the weights against their SHA-256, the rest as any checkpoint
 
 
 def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> bool:
