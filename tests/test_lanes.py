@@ -4,7 +4,7 @@ import torch
 from conftest import sample_expressions
 
 from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
-from rlmlab.learning.lanes import lane_pack
+from rlmlab.learning.lanes import IGNORE, lane_pack
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
@@ -41,7 +41,7 @@ def test_lane_logits_equal_per_frame_logits_and_loss():
         idx, pos, labels = lane_tensors(lanes, VOCAB)
         with torch.no_grad():
             packed = model(idx[None], pos[None], lane_attention_mask(lanes)[None, None])[0]
-        packed_loss = torch.nn.functional.cross_entropy(packed, labels, ignore_index=-1, reduction="sum")
+        packed_loss = torch.nn.functional.cross_entropy(packed, labels, ignore_index=IGNORE, reduction="sum")
         alone_loss = 0.0
         for f, lane_idx in zip(ex.frames, lanes.example_targets):
             with torch.no_grad():

@@ -14,7 +14,7 @@ positions are re-indexed to where each token sits in that frame.
   later than i, and j is on the trunk or on i's own branch;
 - `pos[i]` is the token's position inside its frame (trunk tokens after a closed branch
   reuse the positions the branch had: the returned value sits where `<call>` stood);
-- `labels[i]` is the next target token that the state at i predicts, or -1.
+- `labels[i]` is the next target token that the state at i predicts, or None.
 
 Targets are exactly the per-frame examples' targets (a test checks the per-target logits
 against running every example separately). The masks, the tensors and `simulate_rm` (RM's
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from rlmlab.task.vocab import CALL, END_CALL, END_RETURN, RETURN
 
-IGNORE = -1
+IGNORE = -100  # the target id of a position without a target: F.cross_entropy's ignore_index default
 
 
 @dataclass

@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from rlmlab.learning.attention import BlockDiagonal, FlexMask, lane_visible, to_device
-
-IGNORE = -100  # target id that F.cross_entropy skips
+from rlmlab.learning.lanes import IGNORE
 
 
 @dataclass(frozen=True)

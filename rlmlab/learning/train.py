@@ -546,18 +546,18 @@ class Trainer:
         if model_cfg.positions == "alibi":  # the flex path has no score_mod for ALiBi's bias
             self.attention = "blocks"
 
-        positions = self.train_data.lengths - 1
-        self.stream = RowStream(positions, cfg.data.row_length, tc.seed)
+        spans = self.train_data.lengths - 1  # (N,) positions each training example occupies
+        self.stream = RowStream(spans, cfg.data.row_length, tc.seed)
         self.stream.load_state(self.state.stream)
-        self.step_tokens = max(1, round(tc.batch_size * float(positions.mean())))
-        longest = max(cfg.data.row_length, int(positions.max()), int(self.val_data.lengths.max()) - 1)
+        self.step_tokens = max(1, round(tc.batch_size * float(spans.mean())))
+        longest = max(cfg.data.row_length, int(spans.max()), int(self.val_data.lengths.max()) - 1)
         self.flat_len = flat_length(tc, longest, self.step_tokens)  # the "flex" path's one shape
         self.flat_step = -(-(self.step_tokens + longest) // 128) * 128  # ... if a step were one pass
         val_rows = pack_rows(self.val_data.lengths - 1, cfg.data.row_length)
         self.val_batches = step_batches(self.val_data, val_rows, self.vocab.pad_id, tc, device, self.attention,
                                         context_limit(model_cfg), self.flat_len)
         self.rows_per_epoch = len(self.stream.epoch_rows(0))
-        self._describe(model_cfg, positions, resume)
+        self._describe(model_cfg, spans, resume)
 
         resume_step = self.state.step if resume else None
         mirror = TensorBoardLog(self.run_dir / TB_DIR, resume_step) if tc.tensorboard else None
@@ -581,7 +581,7 @@ class Trainer:
             self._digests = {"train": self.train_data.digest(), "val": self.val_data.digest()}
         return self._digests
 
-    def _describe(self, model_cfg, positions: np.ndarray, resume: bool) -> None:
+    def _describe(self, model_cfg, spans: np.ndarray, resume: bool) -> None:
         cfg, tc, st = self.cfg, self.tc, self.state
         tr, va = self.train_data, self.val_data
         self.echo(f"model: {cfg.model.preset} ({self.learner}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
@@ -591,13 +591,13 @@ class Trainer:
                   + f"{self.model.num_params(include_positions=False) / 1e6:.2f}M parameters (paper-style: distinct "
                   f"weights, tied embedding once, positional table excluded; "
                   f"{self.model.num_params() / 1e6:.2f}M with it)")
-        padding = padding_fraction(self.stream.epoch_rows(0), positions)
+        padding = padding_fraction(self.stream.epoch_rows(0), spans)
         dropped = (f"; dropped {st.dropped['train']} training / {st.dropped['val']} validation examples longer "
                    f"than {model_cfg.block_size}" if st.dropped.get("train") or st.dropped.get("val") else "")
         self.echo(f"data: learner {self.learner}, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
-                  f"(batch {tc.batch_size} x {positions.mean():.1f}){dropped}"
+                  f"(batch {tc.batch_size} x {spans.mean():.1f}){dropped}"
                   + (f"; each training example starts at a random position 0..{tc.start_offset}"
                      if tc.start_offset else ""))
         self.echo(f"schedule: {describe_schedule(tc, st.schedule_steps)}")
