@@ -40,17 +40,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.experiments.shortcuts import (  # noqa: E402
+from rlmlab.shortcuts import (  # noqa: E402
     CONSTRUCTIONS,
     ShortcutConfig,
-    _draw_set,
     child,
     frame_tree,
     get_construction,
     internal_returns,
-    literal_paths,
     root_payload,
 )
+from rlmlab.shortcuts.dataset import _draw_set  # noqa: E402
+from rlmlab.shortcuts.trace import literal_paths  # noqa: E402
 from rlmlab.learning.observe import observer, reference_examples  # noqa: E402
 from rlmlab.measuring.results import read_results  # noqa: E402
 from rlmlab.task.expr import DIGITS, parse  # noqa: E402

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.shortcuts import (
+from rlmlab.shortcuts import (
     ABLATIONS,
     CONSTRUCTIONS,
     RootFrame,

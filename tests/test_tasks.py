@@ -85,7 +85,7 @@ def test_the_papers_task_gives_the_golden_pool_split_traces_and_vocabulary(spec)
 
 
 def test_shortcut_sets_are_unchanged_with_tail_recursions_read_from_kinds():
-    from rlmlab.experiments.shortcuts import TAIL_RECURSIVE, build_shortcut_dataset
+    from rlmlab.shortcuts import TAIL_RECURSIVE, build_shortcut_dataset
 
     assert TAIL_RECURSIVE == ("accum_sum", "factorial", "fibonacci")
     for name in ("copy_deep_return", "position_parity"):

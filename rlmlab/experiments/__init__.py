@@ -1,1 +1,1 @@
-"""rlmlab, experiments: splits, shortcut constructions, presets and jobs, reports, the HTML viewer."""
+"""rlmlab, experiments: splits, presets and jobs, reports, the HTML viewer."""

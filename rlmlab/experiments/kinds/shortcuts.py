@@ -39,7 +39,7 @@ PAPER_NAMES = {
 
 
 def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -> dict:
-    from rlmlab.experiments.shortcuts import shortcut_rate
+    from rlmlab.shortcuts import shortcut_rate
 
     rows = []
     present = learners(out, kind.job_names(out, meta))
@@ -213,7 +213,7 @@ class ShortcutSuite(ExperimentKind):
         folder: the experiment lists every construction any of them planned, in the table's order."""
         import pyarrow.parquet as pq
 
-        from rlmlab.experiments.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
+        from rlmlab.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
 
         from rlmlab.task.taskfile import load_task
 
@@ -267,7 +267,7 @@ class ShortcutSuite(ExperimentKind):
         return report_shortcuts(self, out, meta, dest)
 
     def merge_meta(self, old: dict, new: dict) -> dict:
-        from rlmlab.experiments.shortcuts import CONSTRUCTIONS
+        from rlmlab.shortcuts import CONSTRUCTIONS
 
         either = set(old["constructions"]) | set(new["constructions"])
         return {**new, "constructions": [c for c in CONSTRUCTIONS if c in either] + sorted(either - set(CONSTRUCTIONS))}
