@@ -16,7 +16,6 @@ from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.experiments.report import report
-from rlmlab.learning.checkpoint import META_FILE, OPTIM_FILE, drop_optimizer
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
@@ -92,14 +91,14 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         if inside is not None and not (resumable and _unfinished_last(src / Path(*rel.parts[:inside]))):
             checkpoints += path.name == "checkpoint.json"
             continue
-        if inside is not None and path.name == OPTIM_FILE:  # carried as weights only (`drop_optimizer`)
+        if inside is not None and path.name == "optimizer.safetensors":  # carried as weights only
             continue
         if inside is None and path.suffix in LEFT_OUT_SUFFIXES and path.name not in RECORD_FILES:
             data_files += 1
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest / rel)
-        if inside is not None and path.name == META_FILE:
+        if inside is not None and path.name == "checkpoint.json":
             carried_points.append(src / Path(*rel.parts[:inside]))
         if path.name in LEGACY_OF:  # an earlier export's JSON lines of the same records are stale now
             (dest / rel).with_name(LEGACY_OF[path.name]).unlink(missing_ok=True)
@@ -132,7 +131,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
         reported = False
     return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
-            "resume_checkpoints": carried, "referred": referred, "skipped_links": [str(link.relative_to(src)) for link in links]}
+            "resume_checkpoints": carried, "referred": referred,
+            "skipped_links": [str(link.relative_to(src)) for link in links]}
 
 
 def _plain_files(src: Path) -> tuple[list[Path], list[Path]]:
@@ -163,6 +163,8 @@ def _carry_weights_only(ckpt: Path, copy: Path) -> None:
     """Seal the copy of `ckpt` as a weights-only resume point: optimizer moments are twice the
     weights and never committed (CONTRIBUTING.md). The copy's tensor files are checked against
     their checkpoint.json first, so a checkpoint rewritten during the export is refused."""
+    from rlmlab.learning.checkpoint import drop_optimizer  # torch: only an export that carries a run needs it
+
     try:
         drop_optimizer(copy)
     except CheckpointError as e:

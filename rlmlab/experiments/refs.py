@@ -137,18 +137,29 @@ def write_ref(out: Path, job: str, learner: str, target: Path) -> None:
     (out / REFS).write_text(json.dumps({"format": FORMAT, "runs": dict(sorted(runs.items()))}, indent=2) + "\n")
 
 
+def _working(folder: Path) -> bool:
+    """Whether `folder` is one `rlmlab run` works in (it holds the run lock; exports leave it
+    out): its runs may still be resumed or extended there, so it neither refers to another
+    folder's runs nor is referred to."""
+    return (folder / ".lock").exists()
+
+
 def refer_to_siblings(out: Path, runs: set[str] | None = None) -> list[str]:
     """Replace each run folder of `out` (of `runs`, "<job>/<learner>" names, when given) that
     another experiment folder beside it (in the same results tree) holds byte for byte, at the
-    same `<job>/<learner>`, by a reference to that copy. Returns the runs now held by reference."""
+    same `<job>/<learner>`, by a reference to that copy; folders `rlmlab run` works in are left
+    out on both sides (`_working`). Returns the runs now held by reference."""
     import shutil
 
+    if _working(out):
+        return []
     referred = []
     for run in sorted(d for d in out.glob("*/*") if d.is_dir() and d.parent.name not in NOT_JOBS
                       and (runs is None or f"{d.parent.name}/{d.name}" in runs)):
         job, learner = run.parent.name, run.name
         twins = [s / job / learner for s in sorted(out.parent.iterdir())
                  if s.is_dir() and s.resolve() != out.resolve() and (s / "experiment.json").is_file()
+                 and not _working(s)
                  and (s / job / learner).is_dir() and not (s / job / learner).is_symlink()]
         if not twins:
             continue
