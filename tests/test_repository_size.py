@@ -4,15 +4,19 @@ Parquet, nothing resumable is committed, and only released checkpoints hold weig
 
 from pathlib import Path
 
+from rlmlab.measuring.results import LEGACY_RESULTS
+from rlmlab.runlog import LEGACY_METRICS
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 # A committed file may be this large; records of a run are far smaller as Parquet.
 MAX_FILE_BYTES = 5 * 1024 * 1024
 # The weights a user is meant to download: the checkpoints `rlmlab demo` evaluates.
 RELEASED = ROOT / "rlmlab" / "released"
-# Folders whose JSON lines are still to be converted (`rlmlab convert`): one session can submit
-# at most 256 MiB of diff, so the 387 MB of JSON lines move to Parquet over several submissions.
-PENDING_CONVERSION = {"iid-paper-cpu"}
+# The record files `rlmlab convert` turns into Parquet; a committed folder holds none of them.
+JSON_LINES_RECORDS = {LEGACY_RESULTS, LEGACY_METRICS}
+# All of results/ together (docs/results-format.md): records are Parquet, weights stay out.
+MAX_RESULTS_BYTES = 60 * 1000 * 1000
 
 
 def _files(root: Path) -> list[Path]:
@@ -20,15 +24,18 @@ def _files(root: Path) -> list[Path]:
 
 
 def test_no_large_file_in_results():
-    large = [p.relative_to(ROOT) for p in _files(RESULTS) if p.stat().st_size > MAX_FILE_BYTES
-             and p.relative_to(RESULTS).parts[0] not in PENDING_CONVERSION]
+    large = [p.relative_to(ROOT) for p in _files(RESULTS) if p.stat().st_size > MAX_FILE_BYTES]
     assert not large, f"files over {MAX_FILE_BYTES >> 20} MB under results/ (convert or leave out): {large}"
 
 
-def test_pending_conversions_are_still_pending():
-    # The exemption list shrinks as folders are converted: a converted folder leaves it.
-    for name in PENDING_CONVERSION:
-        assert list((RESULTS / name).rglob("results.jsonl")), f"results/{name} is converted: drop it from the list"
+def test_committed_records_are_parquet():
+    jsonl = [p.relative_to(ROOT) for p in _files(RESULTS) if p.name in JSON_LINES_RECORDS]
+    assert not jsonl, f"records under results/ are Parquet (`rlmlab convert`): {jsonl[:5]}"
+
+
+def test_results_fit_the_budget():
+    total = sum(p.stat().st_size for p in _files(RESULTS))
+    assert total <= MAX_RESULTS_BYTES, f"results/ holds {total / 1e6:.1f} MB, over {MAX_RESULTS_BYTES / 1e6:.0f} MB"
 
 
 def test_no_optimizer_state_committed():
