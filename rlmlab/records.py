@@ -21,6 +21,11 @@ META_KEY = b"rlmlab.records"
 PRESENT = "_present."
 FORMAT = "rlmlab-records/1"
 COMPRESSION = "zstd"
+# Records are written once and read many times, and every clone downloads every committed byte:
+# zstd level 19 without dictionary pages stores them in about 60% of the space of pyarrow's
+# defaults (level 1, dictionaries), for about a second of CPU per megabyte written and no
+# slower reading (docs/benchmarks.md).
+COMPRESSION_LEVEL = 19
 # Python types a column stores natively when all its non-null values share one of them.
 NATIVE = (bool, int, float, str)
 
@@ -112,14 +117,38 @@ def _meta(table, where: str) -> dict:
 def write_records(path: str | Path, records: Sequence[dict]) -> Path:
     """`records` as a zstd Parquet file at `path`, written to a temporary name and moved into
     place, so that a killed writer leaves the old file or none."""
+    path = Path(path)
+    _write_table(records_to_table(records), path)
+    return path
+
+
+def _write_table(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL, use_dictionary=False)
+    tmp.replace(path)
+
+
+def reencode_records(path: str | Path) -> bool:
+    """Rewrite a Parquet file of records with today's encoding (`COMPRESSION_LEVEL`), the same
+    table read back before it replaces the file; whether its bytes changed. A file that is not
+    rlmlab's records is a one-line DataError and stays as it is."""
     import pyarrow.parquet as pq
 
     path = Path(path)
-    table = records_to_table(records)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression=COMPRESSION)
+    read_records(path)  # refuses what write_records did not write
+    table = pq.read_table(path)
+    tmp = path.with_name(path.name + ".reencoded")
+    _write_table(table, tmp)
+    if tmp.read_bytes() == path.read_bytes():
+        tmp.unlink()
+        return False
+    if not pq.read_table(tmp).equals(table, check_metadata=True):
+        tmp.unlink()
+        raise DataError(f"{path}: its table does not come back unchanged from a new encoding; left as it is")
     tmp.replace(path)
-    return path
+    return True
 
 
 def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns: list[str] | None = None) -> list[dict]:

@@ -23,7 +23,7 @@ COMMANDS = {
     "run": "run one of the paper's experiments end to end",
     "report": "tables (Markdown, LaTeX) and figures (PNG, PDF) of an experiment folder",
     "export": "copy an experiment's results (no checkpoints or data files) and rebuild its report there",
-    "convert": "rewrite a results folder's results.jsonl and metrics.jsonl as Parquet",
+    "convert": "rewrite a results folder's records as Parquet, in today's encoding",
     "reproduce": "check a committed results folder against a fresh run",
     "view": "static HTML pages of an evaluation or experiment folder",
     "trace": "print the canonical trace and active frames of expressions",

@@ -6,7 +6,8 @@ from rlmlab.experiments.convert import convert_folder
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="rewrite a results folder's results.jsonl and metrics.jsonl as Parquet")
+    p = sub.add_parser("convert", help="rewrite a results folder's results.jsonl and metrics.jsonl as Parquet "
+                                         "(and older Parquet records with today's encoding)")
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="experiment, run or evaluation folders")
     p.set_defaults(handler=run)
 
@@ -15,6 +16,7 @@ def run(args) -> int:
     for folder in args.folders:
         n = convert_folder(folder)
         print(f"{folder}: {n['results']} result files and {n['metrics']} training logs converted, "
+              f"{n['reencoded']} Parquet files re-encoded, "
               f"{n['bytes_before'] / 1e6:.1f} MB -> {n['bytes_after'] / 1e6:.1f} MB"
               + (f"; {len(n['referred'])} runs held by reference to a folder beside it ({', '.join(n['referred'])})"
                  if n["referred"] else ""))

@@ -1,7 +1,8 @@
 """Convert a folder's JSON-lines records to Parquet: every per-expression results.jsonl (an
 evaluation's or a probe's, with its traces moved to traces.parquet) and every metrics.jsonl.
 Each file is replaced only after its Parquet form has been read back equal to it, record for
-record; `rlmlab export` converts what it copies the same way.
+record; `rlmlab export` converts what it copies the same way. Parquet records written with an
+older encoding are rewritten with today's (`records.COMPRESSION_LEVEL`), the same table.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, read_results, write_rows
-from rlmlab.runlog import LEGACY_METRICS, convert_metrics
+from rlmlab.records import reencode_records
+from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import read_jsonl
 
 
@@ -53,7 +55,7 @@ def convert_folder(root: str | Path) -> dict:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder")
-    counts = {"results": 0, "metrics": 0, "bytes_before": 0, "bytes_after": 0}
+    counts = {"results": 0, "metrics": 0, "reencoded": 0, "bytes_before": 0, "bytes_after": 0}
     for path in _files(root, LEGACY_RESULTS):
         counts["bytes_before"] += path.stat().st_size
         convert_results(path.parent)
@@ -65,6 +67,13 @@ def convert_folder(root: str | Path) -> dict:
         if convert_metrics(path.parent):
             counts["metrics"] += 1
             counts["bytes_before"] += size
-            counts["bytes_after"] += (path.parent / "metrics.parquet").stat().st_size
+            counts["bytes_after"] += (path.parent / METRICS).stat().st_size
+    converted = {p for n in (RESULTS, TRACES, METRICS) for p in _files(root, n)}
+    for path in sorted(converted):
+        size = path.stat().st_size
+        if reencode_records(path):
+            counts["reencoded"] += 1
+            counts["bytes_before"] += size
+            counts["bytes_after"] += path.stat().st_size
     counts["referred"] = refer_to_siblings(root) if (root / "experiment.json").is_file() else []
     return counts
