@@ -8,6 +8,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.shortcuts import (
     ABLATIONS,
     CONSTRUCTIONS,
+    VARIANTS,
     RootFrame,
     ShortcutConfig,
     ShortcutDataset,
@@ -88,7 +89,7 @@ def test_frame_tree_matches_every_frame_value_of_random_traces(random_exprs):
 
 # --- the coupling ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [*CONSTRUCTIONS, *ABLATIONS])
+@pytest.mark.parametrize("name", [*CONSTRUCTIONS, *VARIANTS, *ABLATIONS])
 def test_signal_equals_answer_in_training_and_never_in_ood(datasets, name):
     ds = datasets[name]
     c = get_construction(name)
@@ -104,11 +105,11 @@ def test_signal_equals_answer_in_training_and_never_in_ood(datasets, name):
     assert len(set(every)) == len(every)  # no text twice, within or across sets
 
 
-@pytest.mark.parametrize("name", ["copy_deep_return", "hidden_literal", "long_range_aggregate",
-                                  "near_answer_aggregate", "position_weighted_aggregate"])
+@pytest.mark.parametrize("name", ["copy_deep_return", "hidden_literal", "hidden_literal_late",
+                                  "long_range_aggregate", "near_answer_aggregate", "position_weighted_aggregate"])
 def test_ood_only_resamples_the_compensating_argument(datasets, name):
     """Putting the training value of Y back into an OOD example makes S equal the answer again."""
-    c = CONSTRUCTIONS[name]
+    c = get_construction(name)
     for r in rows(datasets[name].ood):
         e = parse(r["expr"])
         ex = execute(e)
@@ -145,12 +146,14 @@ def test_parity_relationship_is_flipped_on_every_ood_example(datasets):
     assert 0.3 < vals.count("True") / len(vals) < 0.7
 
 
-def test_hidden_literal_is_hidden_from_the_root(datasets):
-    ds = datasets["hidden_literal"]
+@pytest.mark.parametrize("name,helper_at", [("hidden_literal", 0), ("hidden_literal_late", 1)])
+def test_hidden_literal_is_hidden_from_the_root(datasets, name, helper_at):
+    ds = datasets[name]
     for table in (ds.train, ds.ood):
         for r in rows(table):
             e = parse(r["expr"])
-            helper = e.args[0].args[0].args[0]
+            assert e.args[0].fn == "max" and e.args[0].args[helper_at].fn == "multiply"
+            helper = e.args[0].args[helper_at].args[0]
             w = helper.args[1]  # the accumulator argument
             assert helper.fn in ("accum_sum", "factorial", "fibonacci") and not isinstance(w, str)
             k = str(evaluate(w))
@@ -160,12 +163,17 @@ def test_hidden_literal_is_hidden_from_the_root(datasets):
             root = root_frame(ex, k)
             assert k not in root.payload  # neither v nor Y shows k to the root frame
             assert k in ex.tokens[ex.prompt_len:]  # but the flat trace does
+            # the only difference between the two: whether the helper runs before or after V
+            c = get_construction(name)
+            tree = frame_tree(ex.tokens, ex.prompt_len)
+            h, v = child(tree, *c.h_path), child(tree, *c.v_path)
+            assert (h.end <= v.start) if helper_at == 0 else (v.end <= h.start)
 
 
 # --- validity ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(CONSTRUCTIONS))
-def test_the_six_constructions_pass_the_validity_checks(datasets, name):
+@pytest.mark.parametrize("name", [*CONSTRUCTIONS, *VARIANTS])
+def test_the_six_constructions_and_the_variants_pass_the_validity_checks(datasets, name):
     report = datasets[name].report
     assert report["passed"], report
 

@@ -53,7 +53,8 @@ def register(sub) -> None:
                    help="with --plan: the pool parquet to size from (default: <out>/data's pool if built, else "
                         "the preset's pool sampled in memory)")
     p.add_argument("--constructions", default=None,
-                   help="shortcuts only: comma-separated constructions to run (default: all six); runs on "
+                   help="shortcuts only: comma-separated constructions to run (default: the paper's six; also "
+                        "hidden_literal_late, docs/experiments-data.md); runs on "
                         "different subsets may share --out (e.g. one per core)")
     p.add_argument("--sizes", default=None,
                    help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "

@@ -9,6 +9,12 @@ x := v, never k or H's value. S = k. Train Y = (k - v) mod 10 | Y uniform over t
 other than that and k. Sampled so that k is not a literal of W, v is not 0 and not k, hence
 neither the root's literal Y nor the root payload (v, Y) ever shows k (a constant
 selector, e.g. multiply(H,0) alone, would force Y = k: S as a root literal).
+
+hidden_literal_late: add(max(V, multiply(H, 0)), Y), the same parts with the helper run last.
+The paper states where S must not be (RM's active frames) but not where the helper runs; run
+first, k's last occurrence sits a median 131 tokens before the answer; run last, only V's
+frame moves ahead of it (`benchmarks/check_hidden_literal.py` measures both distances). A
+variant, not one of the paper's six: `rlmlab run shortcuts --constructions hidden_literal_late`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ class HiddenLiteral(Construction):
     name = "hidden_literal"
     title = "Hidden intermediate literal"
     h_path = (0, 0, 0)  # root -> max -> multiply -> H
+    v_path = (0, 1)  # root -> max -> V
 
     @staticmethod
     def template(h: Call, v: Call, y: str) -> Call:
@@ -50,7 +57,7 @@ class HiddenLiteral(Construction):
         if not s.z_ok(ex.tokens, child(tree, *self.h_path)):
             return None
         k = int(self.signal(ex.tokens, ex.prompt_len))
-        v_val = int(child(tree, 0, 1).value)
+        v_val = int(child(tree, *self.v_path).value)
         if str(k) in {tok for _, tok in literal_paths(w)} or v_val in (0, k):
             return None  # k must be computed, and must not show in Y (v = 0) or in the payload (v = k)
         return Candidate((h, v), k, {"k": k, "v": v_val})
@@ -60,3 +67,17 @@ class HiddenLiteral(Construction):
         y_comp = (k - v) % 10
         y = y_comp if split == "train" else rng.choice(digits_except(y_comp, k))
         return self.template(cand.parts[0], cand.parts[1], digit_literal(y))
+
+
+class HiddenLiteralLate(HiddenLiteral):
+    """add(max(V, multiply(H, 0)), Y): hidden_literal with the helper run after V, so that k is
+    bound just before the root's last two returns."""
+
+    name = "hidden_literal_late"
+    title = "Hidden intermediate literal, helper last"
+    h_path = (0, 1, 0)  # root -> max -> multiply -> H
+    v_path = (0, 0)
+
+    @staticmethod
+    def template(h: Call, v: Call, y: str) -> Call:
+        return Call("add", (Call("max", (v, Call("multiply", (h, "0")))), y))

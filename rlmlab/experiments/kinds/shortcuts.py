@@ -208,12 +208,12 @@ class ShortcutSuite(ExperimentKind):
 
     def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
              constructions=None, seeds=None) -> list[Job]:
-        """Jobs of `constructions` (default: all six) and training seed indices `seeds` (default:
+        """Jobs of `constructions` (default: the paper's six) and training seed indices `seeds` (default:
         seed 0; a seed k > 0 trains in `shortcut-<construction>-s<k>/`). Runs on subsets share the
         folder: the experiment lists every construction any of them planned, in the table's order."""
         import pyarrow.parquet as pq
 
-        from rlmlab.shortcuts import CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
+        from rlmlab.shortcuts import CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
 
         from rlmlab.task.taskfile import load_task
 
@@ -224,16 +224,16 @@ class ShortcutSuite(ExperimentKind):
             raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
                               f"arithmetic; they do not run on {task.describe()}")
         names = list(constructions or CONSTRUCTIONS)
-        unknown = [n for n in names if n not in CONSTRUCTIONS]
+        unknown = [n for n in names if n not in EXPERIMENT_CONSTRUCTIONS]
         if unknown:
-            raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(CONSTRUCTIONS)})")
+            raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(EXPERIMENT_CONSTRUCTIONS)})")
         planned = set(names)
         if (out / "experiment.json").exists():
             old = read_meta(out)
             if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
                 self.check_meta(old, out / "experiment.json")
                 planned |= set(old.get("constructions", ()))
-        write_meta(out, self, p, {"constructions": [n for n in CONSTRUCTIONS if n in planned]}, learners)
+        write_meta(out, self, p, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []
         for name in names:
@@ -267,7 +267,7 @@ class ShortcutSuite(ExperimentKind):
         return report_shortcuts(self, out, meta, dest)
 
     def merge_meta(self, old: dict, new: dict) -> dict:
-        from rlmlab.shortcuts import CONSTRUCTIONS
+        from rlmlab.shortcuts import EXPERIMENT_CONSTRUCTIONS
 
         either = set(old["constructions"]) | set(new["constructions"])
-        return {**new, "constructions": [c for c in CONSTRUCTIONS if c in either] + sorted(either - set(CONSTRUCTIONS))}
+        return {**new, "constructions": [c for c in EXPERIMENT_CONSTRUCTIONS if c in either] + sorted(either - set(EXPERIMENT_CONSTRUCTIONS))}
