@@ -92,11 +92,16 @@ BIN_ROWS = {
                                                 "CoT (RoPE), seed 0, acc. (%)"),
     "RM (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
                                                "RM (RoPE), seed 0, acc. (%)"),
-    "RM, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM acc. (%)"),
-    "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT acc. (%)"),
+    "RM, K=10, paper-cpu, steps, mean over seeds (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md",
+                                                        "RM: mean over seeds (%)"),
+    "RM, K=10, 95% interval, seeds and expressions": ("depth-10-paper-cpu-steps", "table-depth-10.md",
+                                                      "RM: 95% interval"),
+    "RM, K=10, per seed (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM: per seed (%)"),
+    "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT, seed 0, acc. (%)"),
     "CoT (NoPE), K=10, paper-cpu, steps, not fitted (%)": (
-        "depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (NoPE) acc. (%), not fitted (best validation 96.3)"),
-    "CoT (RoPE), K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (RoPE) acc. (%)"),
+        "depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (NoPE), seed 0, acc. (%), not fitted (best validation 96.3)"),
+    "CoT (RoPE), K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md",
+                                               "CoT (RoPE), seed 0, acc. (%)"),
     "RM, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "RM acc. (%)"),
     "CoT, K=10, paper-cpu (%)": ("depth-10-paper-cpu", "table-depth-10.md", "CoT acc. (%)"),
     "RM, paper, K=10 (%)": ("depth-10-paper-cpu", "table-depth-10.md", "paper RM (%)"),
@@ -134,7 +139,8 @@ def test_readme_quotes_the_headline_tables():
     assert [r[0] for r in length[1:3]] == ["RM, L=595, paper-cpu, steps, mean over seeds (%)",
                                            "CoT, L=595, paper-cpu, steps, mean over seeds (%)"]
     depth = next(t for t in QUOTING["README.md"] if t[0][0] == "Depth bin (×K), K = 10")
-    assert [r[0] for r in depth[1:3]] == ["RM, K=10, paper-cpu, steps (%)", "CoT, K=10, paper-cpu, steps (%)"]
+    assert [r[0] for r in depth[1:3]] == ["RM, K=10, paper-cpu, steps, mean over seeds (%)",
+                                          "CoT, K=10, paper-cpu, steps (%)"]
 
 
 @pytest.mark.parametrize("header", BIN_HEADERS)
