@@ -244,6 +244,20 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     # A smoke model fits nothing: its out-of-domain cells are withheld, its probe shown.
     assert by_learner[3].split(" | ")[3:] == ["not fitted"] * 3 + [
         f"{100 * p_iid['position_rate']:.1f} / {100 * p_ood['position_rate']:.1f} |"]
+    # A second training seed of RM on one construction adds the table over seeds (the seed-0
+    # tables stay as they were): IID over both seeds; out of domain withheld, as no seed fitted.
+    assert not (out / "report" / "table-shortcuts-seeds.md").exists()
+    run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=["position_parity"], seeds=[1]), out,
+             progress=False)
+    data = json.loads((report(out) / "report.json").read_text())
+    assert (out / "report" / "table-shortcuts-paper.md").read_text().splitlines() == paper
+    [spread] = data["seeds"]
+    assert (spread["construction"], spread["learner"], spread["seeds"], spread["fitted_seeds"]) == (
+        "position_parity", "rm", [0, 1], [])
+    assert spread["iid"]["per_seed"][0] == rows[1]["rm_iid"]["accuracy"] and spread["ood"] is None
+    seeds_table = (out / "report" / "table-shortcuts-seeds.md").read_text().splitlines()
+    assert seeds_table[-1].startswith("| position_parity | RM | 0, 1 (0 of 2) | ")
+    assert seeds_table[-1].endswith("| not fitted | – | not fitted | – |")
 
 
 def test_shortcut_learner_table_withholds_unfitted():

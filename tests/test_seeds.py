@@ -8,6 +8,7 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError
+from rlmlab.experiments.kinds.shortcuts import seed_cells, shortcut_seeds_table
 from rlmlab.experiments.reproduce import CellCheck, seed_spreads
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job, split_seed
 from rlmlab.experiments.spread import cell, correctness, paired
@@ -115,3 +116,31 @@ def test_length_split_trains_seeds_on_the_same_split_and_reports_the_spread(tmp_
     ood = [c for c, b in zip(rm["cells"], json.loads((out / "experiment.json").read_text())["split"]["bins"])
            if b["ood"] and c is not None]
     assert ood and all(c["mean"] is None for c in ood) == (len(rm["fitted_seeds"]) < 2)
+
+
+def test_shortcut_cells_over_seeds():
+    """Table 3 over seeds: IID, OOD and the shortcut rate (answers equal to S) as seeds ×
+    expressions cells; out of domain only where every seed fitted (IID >= 99%)."""
+    iid = [f"iid{i}" for i in range(200)]
+    ood = [f"ood{i}" for i in range(100)]
+
+    def sets(iid_right, follow):  # OOD: the first `follow` answers equal S, the rest the answer
+        return ([{"expr": e, "correct": i < iid_right} for i, e in enumerate(iid)],
+                [{"expr": e, "correct": i >= follow, "prediction": "3" if i < follow else "5", "signal": "3"}
+                 for i, e in enumerate(ood)])
+
+    fitted_both = seed_cells("near_answer_aggregate", "cot", {0: sets(200, 80), 1: sets(199, 60), 2: (None, None)})
+    assert fitted_both["seeds"] == [0, 1] == fitted_both["fitted_seeds"]  # seed 2 not evaluated yet
+    assert fitted_both["iid"]["per_seed"] == [1.0, 0.995]
+    assert fitted_both["shortcut_rate"]["per_seed"] == [0.8, 0.6] and fitted_both["shortcut_rate"]["mean"] == 0.7
+    assert fitted_both["ood"]["per_seed"] == pytest.approx([0.2, 0.4])
+    lo, hi = fitted_both["shortcut_rate"]["ci95"]
+    assert lo < 0.7 < hi
+    one_unfit = seed_cells("near_answer_aggregate", "cot", {0: sets(200, 80), 1: sets(190, 60)})
+    assert one_unfit["fitted_seeds"] == [0] and one_unfit["ood"] is None is one_unfit["shortcut_rate"]
+    assert seed_cells("near_answer_aggregate", "cot", {0: sets(200, 80)}) is None  # one seed: no spread
+    lines = shortcut_seeds_table([fitted_both, one_unfit]).splitlines()
+    assert lines[-2].startswith("| near_answer_aggregate | CoT | 0, 1 (2 of 2) | 99.8 [")
+    assert "| 80.0 / 60.0 |" in lines[-2] and lines[-2].endswith("| 80.0 / 60.0 |")
+    assert lines[-1].endswith("| 0, 1 (1 of 2) | 97.5 [" + lines[-1].split("| 97.5 [")[1].split("]")[0]
+                              + "] | 100.0 / 95.0 | not fitted | – | not fitted | – |")

@@ -11,10 +11,13 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
+from rlmlab.experiments.spread import cell as spread_cell
+from rlmlab.experiments.spread import correctness
 from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
                                        pct, plot_learning_curves, probe_groups, training_runs)
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, share
+from rlmlab.shortcuts.metric import shortcut_rate
 
 
 # The paper's Table 3: IID RM, IID CoT, OOD RM, OOD CoT accuracy and CoT shortcut rate (%).
@@ -39,8 +42,6 @@ PAPER_NAMES = {
 
 
 def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -> dict:
-    from rlmlab.shortcuts import shortcut_rate
-
     rows = []
     present = learners(out, kind.job_names(out, meta))
     for name in meta["constructions"]:
@@ -114,7 +115,56 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     if set(present) - set(PAPER_LEARNERS):
         (dest / "table-shortcuts-learners.md").write_text(shortcut_learner_table(rows, present))
     (dest / "table-shortcuts.tex").write_text("\n".join(tex).replace("–", "--") + "\n")
+    spread = [c for name in meta["constructions"] for v in present
+              if (c := seed_cells(name, v, {s: (eval_results(out, seeded_job(kind.job_name(name), s), v, "iid"),
+                                                 eval_results(out, seeded_job(kind.job_name(name), s), v, "ood"))
+                                            for s in seed_indices(out, kind.job_name(name))})) is not None]
+    if spread:
+        (dest / "table-shortcuts-seeds.md").write_text(shortcut_seeds_table(spread))
+        return {"rows": rows, "seeds": spread}
     return {"rows": rows}
+
+
+def seed_cells(construction: str, v: str,
+               per_seed: dict[int, tuple[list[dict] | None, list[dict] | None]]) -> dict | None:
+    """One learner on one construction over its training seeds (`rlmlab.experiments.spread`):
+    IID accuracy, and OOD accuracy and shortcut rate where every seed fitted (IID >= 99%, Table
+    3's rule); None unless at least two seeds were evaluated on both sets."""
+    done = {s: sets for s, sets in sorted(per_seed.items()) if sets[0] is not None and sets[1] is not None}
+    if len(done) < 2:
+        return None
+    where = f"{construction} {v}"
+    iid = correctness([done[s][0] for s in done], f"{where} IID")
+    ood = correctness([done[s][1] for s in done], f"{where} OOD")
+    follows = correctness([[{"expr": r["expr"], "correct": shortcut_rate([r]) == 1.0} for r in done[s][1]]
+                           for s in done], f"{where} OOD")
+    fit = [s for s, row in zip(done, iid) if fitted(float(row.mean()))]
+    every = len(fit) == len(done)
+    return {"construction": construction, "learner": v, "seeds": list(done), "fitted_seeds": fit,
+            "iid": spread_cell(iid), "ood": spread_cell(ood) if every else None,
+            "shortcut_rate": spread_cell(follows) if every else None}
+
+
+def shortcut_seeds_table(cells: list[dict]) -> str:
+    """Markdown of `seed_cells`: mean over seeds, its 95% interval over seeds and expressions, and
+    each seed's value."""
+
+    def show(c):
+        if c is None:
+            return "not fitted", "–"
+        return (f"{pct(c['mean'])} [{pct(c['ci95'][0])}, {pct(c['ci95'][1])}]",
+                " / ".join(pct(x) for x in c["per_seed"]))
+
+    md = ["Over training seeds (every seed scored on the same expressions): mean, 95% interval from a bootstrap "
+          "that resamples seeds and expressions, and each seed's value in seed order. Out-of-domain cells stand "
+          f"only where every seed fitted (IID >= {100 * FIT_THRESHOLD:.0f}%).", "",
+          "| Construction | Learner | seeds (fitted) | IID acc. (%) | IID per seed | OOD acc. (%) | OOD per seed "
+          "| Shortcut rate (%) | Shortcut rate per seed |", "|---" * 9 + "|"]
+    for c in cells:
+        seeds = f"{', '.join(map(str, c['seeds']))} ({len(c['fitted_seeds'])} of {len(c['seeds'])})"
+        cols = [x for key in ("iid", "ood", "shortcut_rate") for x in show(c[key])]
+        md.append(f"| {c['construction']} | {learner_name(c['learner'])} | {seeds} | " + " | ".join(cols) + " |")
+    return "\n".join(md) + "\n"
 
 
 def labelled(r: dict, v: str) -> str:
@@ -213,7 +263,8 @@ class ShortcutSuite(ExperimentKind):
         folder: the experiment lists every construction any of them planned, in the table's order."""
         import pyarrow.parquet as pq
 
-        from rlmlab.shortcuts import CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset, build_shortcut_dataset
+        from rlmlab.shortcuts import (CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset,
+                                      build_shortcut_dataset)
 
         from rlmlab.task.taskfile import load_task
 
@@ -226,7 +277,8 @@ class ShortcutSuite(ExperimentKind):
         names = list(constructions or CONSTRUCTIONS)
         unknown = [n for n in names if n not in EXPERIMENT_CONSTRUCTIONS]
         if unknown:
-            raise ConfigError(f"unknown shortcut construction {unknown[0]!r} (have: {', '.join(EXPERIMENT_CONSTRUCTIONS)})")
+            raise ConfigError(f"unknown shortcut construction {unknown[0]!r} "
+                              f"(have: {', '.join(EXPERIMENT_CONSTRUCTIONS)})")
         planned = set(names)
         if (out / "experiment.json").exists():
             old = read_meta(out)
@@ -270,4 +322,5 @@ class ShortcutSuite(ExperimentKind):
         from rlmlab.shortcuts import EXPERIMENT_CONSTRUCTIONS
 
         either = set(old["constructions"]) | set(new["constructions"])
-        return {**new, "constructions": [c for c in EXPERIMENT_CONSTRUCTIONS if c in either] + sorted(either - set(EXPERIMENT_CONSTRUCTIONS))}
+        known = EXPERIMENT_CONSTRUCTIONS
+        return {**new, "constructions": [c for c in known if c in either] + sorted(either - set(known))}
