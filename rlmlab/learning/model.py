@@ -13,7 +13,7 @@ than a dense tensor. Both are built on the host with the batch: the forward pass
 back from the device, so it runs without a host wait and compiles into one graph. Positions are
 checked where they are assigned (`collate`, the decoder), not here.
 
-A `cache` (see `rlmlab.decoding.infer.KVCache`) may be passed for decoding: each attention layer then
+A `cache` (see `rlmlab.decoding.cache.KVCache`) may be passed for decoding: each attention layer then
 hands it its queries, keys and values, and the cache stores the new keys/values and computes
 the attention over whatever its caller laid out (cached frames, freshly packed ones), masks
 included; `attn_mask` is not used then.

@@ -19,7 +19,7 @@ each count from 0, and a lane-packed frame gives each call block the positions i
 example would have (docs/lanes.md). So RoPE rotates by `pos`, and ALiBi's bias is computed from
 differences of `pos` for whatever (query, key) pairs an attention path lays out: the plain and
 dense masks here, the blocks of a `BlockDiagonal`, the groups of the KV cache
-(`rlmlab.decoding.infer`). A visible key never lies after its query in `pos`, which is why one
+(`rlmlab.decoding.engine`). A visible key never lies after its query in `pos`, which is why one
 pass over a packed row equals the examples run one by one under every encoding.
 """
 
