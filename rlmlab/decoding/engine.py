@@ -11,10 +11,11 @@ from contextlib import nullcontext
 
 import torch
 
-from rlmlab.decoding.cache import Group, KVCache
+from rlmlab.decoding.cache import KVCache
 from rlmlab.decoding.predictor import Feed
+from rlmlab.learning.attention import CacheLayout, Group
 from rlmlab.learning.observe import NEW, POP, PUSH
-from rlmlab.learning.positions import alibi_bias, alibi_slopes, biased, context_limit
+from rlmlab.learning.positions import context_limit
 
 
 class ModelPredictor:
@@ -113,25 +114,9 @@ class ModelPredictor:
         fields = [up.add(x) for x in (flat.slots, flat.at, flat.tok, flat.pos, flat.last)]
         sent = up.send(self.device)
         slots, at, tok, pos, last = (sent[f] for f in fields)
-        groups = [g(sent) for g in groups]
-        if self.cfg.positions == "alibi":
-            groups = self._alibi(groups, pos)
-        cache.plan(slots, at, groups)
-        out = self.model(tok[None], pos[None], None, cache)[0]  # (N, V)
+        layout = CacheLayout(slots, at, [g(sent) for g in groups])
+        out = self.model(tok[None], pos[None], layout, cache)[0]  # (N, V)
         return out[last]  # (n, V)
-
-    def _alibi(self, groups: list[Group], pos: torch.Tensor) -> list[Group]:
-        """The groups' masks with ALiBi's bias: a query's position is its token's, a key read from
-        the cache sits at its column (a slot holds its frame at positions 0..), a packed new
-        frame's key at its token's position."""
-        slopes = alibi_slopes(self.cfg.n_head, self.device)
-        out, start = [], 0
-        for g in groups:
-            pos_q = pos[start:start + g.rows * g.T].view(g.rows, g.T)
-            pos_k = pos_q if g.read is None else torch.arange(g.read, device=self.device).expand(g.rows, g.read)
-            out.append(g._replace(mask=biased(g.mask, alibi_bias(slopes, pos_q, pos_k)).to(self.dtype)))
-            start += g.rows * g.T
-        return out
 
     def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
         """One new token per row, at position keep of its frame, attending to positions [0, keep]."""
