@@ -29,13 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from machine import print_facts  # noqa: E402
 
-from rlmlab.decoding.infer import (  # noqa: E402
-    Limits,
-    ModelPredictor,
-    TeacherForced,
-    generate,
-    oracle_predictor,
-)
+from rlmlab.decoding.driver import Limits, generate  # noqa: E402
+from rlmlab.decoding.engine import ModelPredictor  # noqa: E402
+from rlmlab.decoding.oracle import oracle_predictor  # noqa: E402
+from rlmlab.decoding.predictor import TeacherForced  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.task.sampler import ExpressionSampler  # noqa: E402
 from rlmlab.task.trace import trace_stats  # noqa: E402

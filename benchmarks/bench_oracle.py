@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.decoding.infer import generate, oracle_predictor  # noqa: E402
+from rlmlab.decoding.driver import generate  # noqa: E402
+from rlmlab.decoding.oracle import oracle_predictor  # noqa: E402
 from rlmlab.task.expr import parse  # noqa: E402
 from rlmlab.task.trace import execute  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402

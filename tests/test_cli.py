@@ -112,7 +112,7 @@ def test_a_mistyped_config_key_names_the_closest_one(tmp_path, capsys):
 
 def test_eval_max_depth_default_is_the_decoders():
     from rlmlab.cli.eval_cmd import MAX_DEPTH
-    from rlmlab.decoding.infer import Limits
+    from rlmlab.decoding.driver import Limits
 
     assert MAX_DEPTH == Limits().max_depth
 

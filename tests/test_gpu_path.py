@@ -363,7 +363,10 @@ def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(learner, 
     the device in one copy."""
     from conftest import sample_expressions
 
-    from rlmlab.decoding.infer import ModelPredictor, TeacherForced, _Upload, generate, oracle_predictor
+    from rlmlab.decoding.driver import generate
+    from rlmlab.decoding.engine import ModelPredictor, _Upload
+    from rlmlab.decoding.oracle import oracle_predictor
+    from rlmlab.decoding.predictor import TeacherForced
 
     torch.manual_seed(0)
     model = Transformer(preset("tiny", learner, len(VOCAB))).eval()

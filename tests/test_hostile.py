@@ -426,12 +426,12 @@ def _tree(height: int) -> str:
 def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatch, learner):
     """Tokens the oracle compares, per trace token: a per-step cost proportional to the frame
     (the root frame holds the whole written expression) would grow ~3x per level here."""
-    from rlmlab.decoding import infer
+    from rlmlab.decoding import driver, oracle
     from rlmlab.task.expr import parse
     from rlmlab.task.trace import trace_stats
 
     touched = [0]
-    init, extend = infer._Match.__init__, infer._Match.extend
+    init, extend = oracle._Match.__init__, oracle._Match.extend
 
     def counted_init(self, examples, frame):
         touched[0] += len(frame) * max(1, len(examples))
@@ -441,14 +441,14 @@ def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatc
         touched[0] += (len(frame) - self.n) * max(1, len(self.examples))
         extend(self, frame)
 
-    monkeypatch.setattr(infer._Match, "__init__", counted_init)
-    monkeypatch.setattr(infer._Match, "extend", counted_extend)
+    monkeypatch.setattr(oracle._Match, "__init__", counted_init)
+    monkeypatch.setattr(oracle._Match, "extend", counted_extend)
     per_token = {}
     vocab = default_vocab()
     for height in (4, 5, 6):
         touched[0] = 0
         expr = parse(_tree(height))
-        (g,) = infer.generate(infer.oracle_predictor(learner, vocab), [expr], vocab, learner)
+        (g,) = driver.generate(oracle.oracle_predictor(learner, vocab), [expr], vocab, learner)
         assert g.valid
         per_token[height] = touched[0] / trace_stats(expr).trace_len
     assert per_token[6] < 16 and per_token[6] < 1.3 * per_token[4], per_token

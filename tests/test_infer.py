@@ -7,16 +7,10 @@ import pytest
 import torch
 from conftest import Recorder, sample_expressions
 
-from rlmlab.decoding.infer import (
-    NO_TOKEN,
-    Limits,
-    ModelPredictor,
-    OnActiveFrame,
-    Oracle,
-    TeacherForced,
-    generate,
-    oracle_predictor,
-)
+from rlmlab.decoding.driver import Limits, generate
+from rlmlab.decoding.engine import ModelPredictor
+from rlmlab.decoding.oracle import OnActiveFrame, Oracle, oracle_predictor
+from rlmlab.decoding.predictor import NO_TOKEN, TeacherForced
 from rlmlab.errors import ConfigError
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.frames import active_frame
@@ -264,7 +258,7 @@ def test_rm_training_variants_decode_as_rm_and_unknown_views_are_user_errors():
 
 
 def test_the_default_cap_scales_with_each_expressions_canonical_trace():
-    from rlmlab.decoding.infer import RUNAWAY_FACTOR, RUNAWAY_SLACK
+    from rlmlab.decoding.driver import RUNAWAY_FACTOR, RUNAWAY_SLACK
 
     exprs = ["square(2)", "factorial(9,1)", "add(sum_of_squares(2,3),double(4))"]
     for learner in ("rm", "cot"):

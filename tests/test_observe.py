@@ -6,21 +6,18 @@ import pytest
 import torch
 from conftest import Recorder, sample_expressions
 
-from rlmlab.decoding.infer import (
-    NEW,
-    POP,
-    PUSH,
-    Limits,
-    ModelPredictor,
-    TeacherForced,
-    generate,
-    oracle_predictor,
-)
+from rlmlab.decoding.driver import Limits, generate
+from rlmlab.decoding.engine import ModelPredictor
+from rlmlab.decoding.oracle import oracle_predictor
+from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import DataSettings
 from rlmlab.learning.learner import as_learner, learner
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.observe import (
+    NEW,
+    POP,
+    PUSH,
     Reduce,
     Window,
     observer,

@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from test_infer import WORKED, Script, _assert_canonical, _assert_same_logits
 from test_packing import _step_loss_and_grads
 
-from rlmlab.decoding.infer import Limits, ModelPredictor, TeacherForced, generate, oracle_predictor
+from rlmlab.decoding.driver import Limits, generate
+from rlmlab.decoding.engine import ModelPredictor
+from rlmlab.decoding.oracle import oracle_predictor
+from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError
 from rlmlab.learning.attention import BlockDiagonal, simulate_rm

@@ -10,7 +10,9 @@ import torch
 from conftest import sample_expressions
 
 from rlmlab.cli import main
-from rlmlab.decoding.infer import NO_TOKEN, ModelPredictor, Oracle, oracle_predictor
+from rlmlab.decoding.engine import ModelPredictor
+from rlmlab.decoding.oracle import Oracle, oracle_predictor
+from rlmlab.decoding.predictor import NO_TOKEN
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results

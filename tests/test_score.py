@@ -4,7 +4,9 @@ import pytest
 import torch
 from conftest import sample_expressions
 
-from rlmlab.decoding.infer import Generation, ModelPredictor, generate, oracle_predictor
+from rlmlab.decoding.driver import Generation, generate
+from rlmlab.decoding.engine import ModelPredictor
+from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_results
 from rlmlab.measuring.score import (

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlmlab.cli import main
-from rlmlab.decoding.infer import generate, oracle_predictor
+from rlmlab.decoding.driver import generate
+from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.errors import CheckpointError, RlmlabError, TaskError
 from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
 from rlmlab.learning.checkpoint import load_run, meta_digest

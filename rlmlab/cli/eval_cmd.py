@@ -21,7 +21,7 @@ from rlmlab.measuring.results import RESULTS, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import add_task_option, load_task
 
-MAX_DEPTH = 64  # the default of rlmlab.decoding.infer.Limits.max_depth, which imports torch
+MAX_DEPTH = 64  # the default of rlmlab.decoding.driver.Limits.max_depth (test_cli checks they agree)
 RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame_examples"}  # old --by names
 
 
@@ -88,7 +88,9 @@ def _check_args(args) -> None:
 
 def run(args) -> int:
     # Imported here so that `rlmlab --help` and the commands that need no model skip torch.
-    from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+    from rlmlab.decoding.driver import Limits
+    from rlmlab.decoding.engine import ModelPredictor
+    from rlmlab.decoding.oracle import oracle_predictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.measuring.score import RESULT_FIELDS, evaluate_file, read_expressions
     from rlmlab.measuring.stats import group_accuracy

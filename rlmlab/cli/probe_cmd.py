@@ -47,7 +47,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rlmlab.decoding.infer import Limits, ModelPredictor, oracle_predictor
+    from rlmlab.decoding.driver import Limits
+    from rlmlab.decoding.engine import ModelPredictor
+    from rlmlab.decoding.oracle import oracle_predictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.measuring.probe import probe, summarize_probe
     from rlmlab.measuring.score import read_grouped

@@ -109,7 +109,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
 
 
 def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
-    from rlmlab.decoding.infer import ModelPredictor
+    from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import learner

@@ -1,7 +1,7 @@
 """Attention masks other than plain causal, all in one place: the block-diagonal mask of packed
-training rows, and the lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`):
+training rows, the lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`):
 a query sees only keys of its own frame that are on the frame's trunk or on its own pending
-call block.
+call block, and the layout of a decoding step over a KV cache (`CacheLayout`).
 
 A packed batch's mask comes in two forms, each built on the host from the batch's example
 layout and moved to the device once (`.to(device)`), so that attention asks the device nothing:
@@ -15,6 +15,7 @@ layout and moved to the device once (`.to(device)`), so that attention asks the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -276,6 +277,57 @@ def _compiled_flex():
 
         _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
     return _COMPILED_FLEX[0]
+
+
+class Group(NamedTuple):
+    """A span of a decoding step's flat token row that attends as a batch of its own: `rows` rows
+    of `T` tokens each (row-major). With `read` = hi the queries attend over positions [0, hi)
+    of their slots' cached frames (`slots` (rows,), or None for slots 0..rows-1 read as views),
+    stored first; with `read` None the rows are packed new frames attending only among
+    themselves. mask (rows, 1, T, hi or T): bool, True = may attend, or ALiBi's float bias."""
+
+    rows: int
+    T: int
+    read: int | None
+    slots: torch.Tensor | None
+    mask: torch.Tensor
+
+
+class CacheLayout:
+    """The mask of one decoding step over a KV cache (`rlmlab.decoding.cache.KVCache`).
+
+    A step feeds every new token as one flat row (batch 1): token i's key and value are stored
+    at position `at[i]` of slot `slots[i]`, and the row splits into `groups` (`Group`), each one
+    attention call. One row with the groups cut out of it, rather than a batch padded to its
+    longest member, lets single decoded tokens and whole new frames share one forward.
+    """
+
+    def __init__(self, slots: torch.Tensor, at: torch.Tensor, groups: list[Group]):
+        self.slots, self.at, self.groups = slots, at, groups
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor) -> torch.Tensor:
+        """q, k, v (1, nh, N, hs) of the flat row; keys, values (n_slots, nh, capacity + 1, hs):
+        the layer's cache with this step's already stored. -> (1, nh, N, hs)"""
+        nh, hs = q.shape[1], q.shape[3]
+        out, start = [], 0
+        for g in self.groups:
+            n = g.rows * g.T
+
+            def rows(t):  # (1, nh, N, hs) -> this group's (rows, nh, T, hs)
+                return t[0, :, start:start + n].reshape(nh, g.rows, g.T, hs).transpose(0, 1)
+
+            if g.read is None:
+                ks, vs = rows(k), rows(v)
+            elif g.slots is None:
+                ks, vs = keys[:g.rows, :, :g.read], values[:g.rows, :, :g.read]  # views, no copy
+            else:
+                ks, vs = keys[g.slots, :, :g.read], values[g.slots, :, :g.read]
+            mask = g.mask if g.mask.dtype == torch.bool else g.mask.to(q.dtype)  # ALiBi's bias under autocast
+            y = F.scaled_dot_product_attention(rows(q), ks, vs, attn_mask=mask)  # (rows, nh, T, hs)
+            out.append(y.transpose(0, 1).reshape(nh, n, hs))
+            start += n
+        return torch.cat(out, dim=1)[None] if len(out) > 1 else out[0][None]
 
 
 @torch.no_grad()

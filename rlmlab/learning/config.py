@@ -242,7 +242,7 @@ class TrainConfig:
     """Validate every this many steps (and at the end)."""
     answer_eval: int = 0
     """`rlmlab train` only: greedy-decode the first N validation expressions at each validation
-    and report answer_acc, the final-answer accuracy (uses rlmlab.decoding.infer; 0: off)."""
+    and report answer_acc, the final-answer accuracy (uses rlmlab.decoding.driver; 0: off)."""
     save_every: int | None = None
     """Write the `last` checkpoint every this many steps (default: eval_every) and at the end."""
     log_every: int = 10

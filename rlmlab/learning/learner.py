@@ -55,7 +55,7 @@ class Learner:
 
     @property
     def driver(self) -> str:
-        """The canonical name of its observation: what `rlmlab.decoding.infer.generate` decodes in (every
+        """The canonical name of its observation: what `rlmlab.decoding.driver.generate` decodes in (every
         RM packing decodes with the stack driver, "rm")."""
         return self.observation.name
 

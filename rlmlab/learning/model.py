@@ -13,10 +13,9 @@ than a dense tensor. Both are built on the host with the batch: the forward pass
 back from the device, so it runs without a host wait and compiles into one graph. Positions are
 checked where they are assigned (`collate`, the decoder), not here.
 
-A `cache` (see `rlmlab.decoding.infer.KVCache`) may be passed for decoding: each attention layer then
-hands it its queries, keys and values, and the cache stores the new keys/values and computes
-the attention over whatever its caller laid out (cached frames, freshly packed ones), masks
-included; `attn_mask` is not used then.
+For decoding, a `cache` (`rlmlab.decoding.cache.KVCache`) comes with a `CacheLayout` as the
+mask: each attention layer stores its new keys/values in the cache and attends as the layout
+says (new tokens against their slots' cached frames, freshly packed frames among themselves).
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ class CausalSelfAttention(nn.Module):
         if positions is not None:
             q, k = positions.rotate(q, k)  # RoPE; the cache stores keys rotated
         drop = self.dropout if self.training else 0.0
-        if cache is not None:
-            y = cache.attend(layer, q, k, v)  # (B, nh, T, hs)
+        if cache is not None:  # attn_mask is the step's CacheLayout
+            keys, values = cache.store(layer, attn_mask.slots, attn_mask.at, k, v)
+            y = attn_mask.attend(q, k, v, keys, values)
         elif attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         elif isinstance(attn_mask, (BlockDiagonal, AlibiMask)):
@@ -116,7 +116,8 @@ class Transformer(nn.Module):
     def forward(self, idx, pos=None, attn_mask=None, cache=None):
         """idx (B, T) token ids; pos (B, T) positions (default 0..T-1), each below block_size;
         attn_mask (B, 1, T, T) bool, True = may attend, or a `BlockDiagonal` or `FlexMask`
-        (default causal); cache: see the module docstring. Returns logits (B, T, V)."""
+        (default causal), or with a cache a `CacheLayout` (see the module docstring). Returns
+        logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
             if self.wpe is not None and T > self.cfg.block_size:
@@ -128,7 +129,7 @@ class Transformer(nn.Module):
             if positions.slopes is not None:  # FlexAttention would need ALiBi as a score_mod
                 raise ValueError("ALiBi has no FlexAttention path: train it with the blocks attention")
             attn_mask = attn_mask.block_mask()  # once for all layers
-        elif cache is None:
+        else:
             attn_mask = positions.mask(attn_mask)  # ALiBi: the bias, built once for every layer
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:

@@ -12,7 +12,7 @@ follows from it and is tested against it:
   rewritten starts a new one. `reference_examples` is that construction literally (O(n^2),
   for tests); each observation computes the same list in one pass.
 - the driver (`Observation.tracker`): how the observation `seq` and the reusable cache prefix
-  `keep` of an inference row evolve token by token (see `rlmlab.decoding.infer.Feed`).
+  `keep` of an inference row evolve token by token (see `rlmlab.decoding.predictor.Feed`).
 
 Shipped observations (names as `--learner` takes them):
 
@@ -51,7 +51,7 @@ from rlmlab.task.vocab import CALL, CONTROL, END_CALL, END_RETURN, RETURN
 # i >= m; tokens[:m] is visible context only.
 Segment = tuple[tuple[str, ...], int]
 
-# Frame events a driver feed carries, so that a cache can follow the row (see rlmlab.decoding.infer).
+# Frame events a driver feed carries, so that a cache can follow the row (see rlmlab.decoding.predictor).
 NEW, PUSH, POP = "new", "push", "pop"
 
 

@@ -18,8 +18,8 @@ in its row: a packed row holds many examples (RM frames, lane-packed frames, CoT
 each count from 0, and a lane-packed frame gives each call block the positions its own
 example would have (docs/lanes.md). So RoPE rotates by `pos`, and ALiBi's bias is computed from
 differences of `pos` for whatever (query, key) pairs an attention path lays out: the plain and
-dense masks here, the blocks of a `BlockDiagonal`, the groups of the KV cache
-(`rlmlab.decoding.infer`). A visible key never lies after its query in `pos`, which is why one
+dense masks here, the blocks of a `BlockDiagonal`, the groups of a decoding step over the KV
+cache (`CacheLayout`). A visible key never lies after its query in `pos`, which is why one
 pass over a packed row equals the examples run one by one under every encoding.
 """
 
@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.attention import BlockDiagonal, CacheLayout
 from rlmlab.learning.encodings import POSITION_ENCODINGS as ENCODINGS  # noqa: F401 (the names, torch-free there)
 
 ROPE_BASE = 10_000.0  # RoFormer's: the slowest pair turns once every ~60k positions at head width 16
@@ -131,6 +131,20 @@ def alibi_blocks(blocks: BlockDiagonal, pos: torch.Tensor, slopes: torch.Tensor)
     return out
 
 
+def alibi_cached(layout: CacheLayout, pos: torch.Tensor, slopes: torch.Tensor) -> CacheLayout:
+    """A decoding step's `CacheLayout` whose groups carry ALiBi's bias: a query at its token's
+    position `pos` (1, N), a key read from the cache at its column (a slot holds its frame at
+    positions 0..), a key of a packed new frame at its token's position."""
+    flat = pos.reshape(-1)
+    groups, start = [], 0
+    for g in layout.groups:
+        pos_q = flat[start:start + g.rows * g.T].view(g.rows, g.T)
+        pos_k = pos_q if g.read is None else torch.arange(g.read, device=pos.device).expand(g.rows, g.read)
+        groups.append(g._replace(mask=biased(g.mask, alibi_bias(slopes, pos_q, pos_k))))
+        start += g.rows * g.T
+    return CacheLayout(layout.slots, layout.at, groups)
+
+
 # --- one forward's positions ----------------------------------------------------------------
 
 class Positions:
@@ -150,9 +164,12 @@ class Positions:
 
     def mask(self, attn_mask):
         """The mask every layer attends with: the caller's, or for ALiBi the caller's with the
-        bias (an `AlibiMask` for plain causal and dense masks, a biased `BlockDiagonal`)."""
+        bias (an `AlibiMask` for plain causal and dense masks, a biased `BlockDiagonal` or
+        `CacheLayout`)."""
         if self.slopes is None:
             return attn_mask
         if isinstance(attn_mask, BlockDiagonal):
             return alibi_blocks(attn_mask, self.pos, self.slopes)
+        if isinstance(attn_mask, CacheLayout):
+            return alibi_cached(attn_mask, self.pos, self.slopes)
         return AlibiMask(attn_mask, self.pos, self.slopes)

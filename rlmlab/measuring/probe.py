@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from rlmlab.decoding.infer import NEW, NO_TOKEN, Feed, Limits, Predictor, generate
+from rlmlab.decoding.driver import Limits, generate
+from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.errors import RlmlabError
-from rlmlab.learning.observe import observer
+from rlmlab.learning.observe import NEW, observer
 from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
 from rlmlab.task.expr import Call, parse, to_text, value_token

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from rlmlab.decoding.infer import Generation, Limits, ModelPredictor, generate
+from rlmlab.decoding.driver import Generation, Limits, generate
+from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.learning.learner import as_learner
 from rlmlab.learning.observe import observer

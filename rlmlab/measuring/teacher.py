@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rlmlab.decoding.infer import NO_TOKEN
+from rlmlab.decoding.predictor import NO_TOKEN
 from rlmlab.learning.positions import context_limit
 
 Row = tuple[list[int], int]  # (token ids, m): predict ids[i] from ids[:i] for every i >= m
