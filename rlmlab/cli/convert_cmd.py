@@ -1,4 +1,5 @@
-"""`rlmlab convert FOLDER...`: a results folder's JSON-lines records rewritten as Parquet."""
+"""`rlmlab convert FOLDER...`: a results folder's JSON-lines records rewritten as Parquet, and
+Parquet records written with an older encoding rewritten with today's."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from rlmlab.experiments.convert import convert_folder
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="rewrite a results folder's results.jsonl and metrics.jsonl as Parquet "
-                                         "(and older Parquet records with today's encoding)")
+    p = sub.add_parser("convert", help="rewrite a results folder's records as Parquet, in today's encoding")
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="experiment, run or evaluation folders")
     p.set_defaults(handler=run)
 
