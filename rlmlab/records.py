@@ -137,8 +137,8 @@ def reencode_records(path: str | Path) -> bool:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    read_records(path)  # refuses what write_records did not write
-    table = pq.read_table(path)
+    table = _read_table(path, DataError)
+    _meta(table, str(path))  # refuses what write_records did not write
     tmp = path.with_name(path.name + ".reencoded")
     _write_table(table, tmp)
     if tmp.read_bytes() == path.read_bytes():
@@ -151,13 +151,12 @@ def reencode_records(path: str | Path) -> bool:
     return True
 
 
-def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns: list[str] | None = None) -> list[dict]:
-    """The records of a Parquet file `write_records` wrote (only `columns`, when given, of those
-    it has); a damaged, truncated or foreign file is one-line `error`."""
+def _read_table(path: Path, error: type[RlmlabError], columns: list[str] | None = None):
+    """The Parquet table at `path` (only `columns`, when given, of those it has) with the file's
+    own metadata; a missing, damaged or truncated file is one-line `error`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
     if not path.is_file():
         raise error(f"{path}: no such file")
     try:
@@ -165,9 +164,16 @@ def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns
         names = pf.schema_arrow.names
         table = pf.read(columns=[c for c in columns if c in names] if columns is not None else None)
         # the file's own metadata, which a read of some columns keeps
-        table = table.replace_schema_metadata(pf.schema_arrow.metadata)
+        return table.replace_schema_metadata(pf.schema_arrow.metadata)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise error(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns: list[str] | None = None) -> list[dict]:
+    """The records of a Parquet file `write_records` wrote (only `columns`, when given, of those
+    it has); a damaged, truncated or foreign file is one-line `error`."""
+    path = Path(path)
+    table = _read_table(path, error, columns)
     try:
         return table_to_records(table, str(path))
     except DataError as e:
