@@ -12,7 +12,8 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
-from rlmlab.learning.train import describe_schedule, lr_at, train
+from rlmlab.learning.optim import describe_schedule, lr_at
+from rlmlab.learning.train import train
 from rlmlab.learning.examples import build_examples
 from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
@@ -356,18 +357,18 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):
-    import rlmlab.learning.train as tr_mod
+    import rlmlab.learning.step as step_mod
     from rlmlab.errors import TrainingDiverged
 
     tr, va = data["rm"]
-    real, calls = tr_mod.batch_loss, {"n": 0}
+    real, calls = step_mod.batch_loss, {"n": 0}
 
     def poisoned(fwd, batch, device):
         loss, n = real(fwd, batch, device)
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] > 10 else loss), n  # from the 11th step on
 
-    monkeypatch.setattr(tr_mod, "batch_loss", poisoned)
+    monkeypatch.setattr(step_mod, "batch_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="non-finite training loss"):
         train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None)
     # (validations call batch_loss too, so the poisoned step is the 9th here)
