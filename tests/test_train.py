@@ -174,6 +174,43 @@ def test_resume_equals_uninterrupted(data, tmp_path):
         train(config(), tr, va, tmp_path / "a", **quiet)
 
 
+def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp_path):
+    """Long trainings outlive the code that started them: a run that commit 8cb4743 stopped at
+    step 8 (tests/fixtures/resume-8cb4743, made by its make.py) resumed with today's code logs
+    the losses of that commit's uninterrupted run and ends with its weights, bit for bit on
+    the processor and torch it was made with, within float noise elsewhere."""
+    import dataclasses
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from rlmlab.machine import machine_facts
+
+    fixture = Path(__file__).parent / "fixtures" / "resume-8cb4743"
+    expected = json.loads((fixture / "expected.json").read_text())
+    exprs = json.loads((fixture / "exprs.json").read_text())
+    tr, va = (build_examples(exprs[k], "rm", default_vocab(), workers=1) for k in ("train", "val"))
+    run = tmp_path / "run"
+    shutil.copytree(fixture / "run", run)
+    saved = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
+    cfg = dataclasses.replace(saved, train=dataclasses.replace(saved.train, max_steps=expected["end"]))
+    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None)
+    assert (result.step, result.best_step) == (expected["end"], expected["best_step"])
+    losses = {kind: {str(r["step"]): r["loss"] for r in records(run, kind) if r["step"] > expected["stop"]}
+              for kind in ("train", "val")}
+    here = machine_facts()
+    if (here["cpu"], here["torch"]) != (expected["machine"]["cpu"], expected["machine"]["torch"]):
+        assert losses["train"] == pytest.approx(expected["train_loss"], rel=1e-4)
+        assert losses["val"] == pytest.approx(expected["val_loss"], rel=1e-4)
+        return
+    assert (losses["train"], losses["val"]) == (expected["train_loss"], expected["val_loss"])
+    weights = load_file(run / "last" / "model.safetensors")
+    assert {k: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+            for k, t in sorted(weights.items())} == expected["last_sha256"]
+
+
 def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_path):
     import dataclasses
 
