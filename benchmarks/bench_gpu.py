@@ -4,7 +4,7 @@
     python benchmarks/bench_gpu.py --device cpu --preset small --seconds 10
     python benchmarks/bench_gpu.py --learners cot --no-compile  # CUDA without torch.compile
 
-Each learner runs real optimizer steps of `rlmlab.learning.train.train_step` on a seed-42 pool
+Each learner runs real optimizer steps of `rlmlab.learning.step.train_step` on a seed-42 pool
 sample (IID traces, those longer than the model's block dropped) exactly as the trainer runs
 them on that device: on CUDA bf16 autocast, TF32, FlexAttention over fixed-length micro-batch
 rows (`--micro-batch-tokens`, default 65,536 on CUDA: one micro-batch per paper-sized step) and
@@ -43,15 +43,9 @@ from rlmlab.learning.attention import FlexMask, flex_attend  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
-from rlmlab.learning.train import (  # noqa: E402
-    FiniteGuard,
-    attention_kind,
-    configure_optimizer,
-    fit_to_block,
-    flat_length,
-    resolve_device,
-    train_step,
-)
+from rlmlab.learning.data import fit_to_block  # noqa: E402
+from rlmlab.learning.optim import configure_optimizer  # noqa: E402
+from rlmlab.learning.step import FiniteGuard, attention_kind, flat_length, resolve_device, train_step  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402

@@ -27,7 +27,12 @@ import rlmlab  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream  # noqa: E402
-from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
+try:
+    from rlmlab.learning.data import fit_to_block
+    from rlmlab.learning.optim import configure_optimizer
+    from rlmlab.learning.step import train_step
+except ImportError:  # a checkout from before the trainer was split into modules (8cb4743 and older)
+    from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402

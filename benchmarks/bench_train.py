@@ -5,7 +5,7 @@
     python benchmarks/bench_train.py --presets small --learners plain:128,plain:512 --threads 1
     python benchmarks/bench_train.py --presets cpu --learners cot,cot@none,cot@rope,cot@alibi --threads 1
 
-Each configuration runs real optimizer steps of `rlmlab.learning.train` (packed rows at the training
+Each configuration runs real optimizer steps of `rlmlab.learning.step` (packed rows at the training
 row length, batch_size examples' worth of positions per step, AdamW, clipping) on a seed-42
 pool sample (the IID distribution: CoT traces up to the block size), after a short warm-up
 step, for at least `--seconds` and at least one step. The peak is the best fp32 2048^3
@@ -47,7 +47,9 @@ from rlmlab.learning.packing import (  # noqa: E402
     micro_batches,
     padding_fraction,
 )
-from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step  # noqa: E402
+from rlmlab.learning.data import fit_to_block  # noqa: E402
+from rlmlab.learning.optim import configure_optimizer  # noqa: E402
+from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.learning.examples import ExampleSet, build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402

@@ -1,10 +1,12 @@
 """A run's training log: `metrics.jsonl` while the run trains (one JSON record per line,
 appended and flushed as written), `metrics.parquet` once the run is finished and converted
-(`rlmlab convert`, `rlmlab export`). Readers take either; no model code.
+(`rlmlab convert`, `rlmlab export`). `MetricsLog` writes it; readers take either; no model code.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from rlmlab.errors import DataError
@@ -66,3 +68,43 @@ def convert_metrics(run_dir: str | Path) -> bool:
         raise DataError(f"{src}: its records do not come back from Parquet unchanged; left as it is")
     src.unlink()
     return True
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, flushed as written."""
+
+    def __init__(self, path: Path, resume_step: int | None = None, mirror=None):
+        """A new log, or with `resume_step` the existing one continued after that step; `mirror`
+        (a `rlmlab.learning.tensorboard.TensorBoardLog`) gets every record too."""
+        self.path, self.mirror = path, mirror
+        if resume_step is not None and not path.exists() and (path.parent / METRICS).exists():
+            # a finished run, converted on export, trained on (`--extend`): its log goes on as lines
+            path.write_text("".join(json.dumps(r) + "\n" for r in read_metrics(path.parent)))
+            (path.parent / METRICS).unlink()
+        if resume_step is not None and path.exists():
+            # A run killed after its last save logged steps that the resumed run will redo.
+            kept = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line) <= resume_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(path)
+        self.f = open(path, "a" if resume_step is not None else "w")
+
+    def write(self, record: dict) -> None:
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+        if self.mirror is not None:
+            self.mirror.write(record)
+
+    def close(self) -> None:
+        self.f.close()
+        if self.mirror is not None:
+            self.mirror.close()
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill (or not a record) counts as after every step."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return math.inf
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) and step == step else math.inf

@@ -17,7 +17,7 @@ from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
-from rlmlab.learning.train import TrainerState
+from rlmlab.learning.resume import TrainerState
 from rlmlab.learning.examples import build_examples
 from rlmlab.measuring.results import read_results, write_rows
 from rlmlab.measuring.score import data_columns

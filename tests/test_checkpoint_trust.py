@@ -22,10 +22,10 @@ from conftest import one_line_error, write_as_legacy
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning import checkpoint as ck
-from rlmlab.learning import train as train_module
+from rlmlab.learning import step as step_module
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig, apply_overrides
 
-BATCH_LOSS = train_module.batch_loss  # before any test replaces it
+BATCH_LOSS = step_module.batch_loss  # before any test replaces it
 ROOT = Path(__file__).resolve().parent.parent
 RELEASED = ROOT / "rlmlab" / "released" / "paper-cpu-length-595"
 
@@ -374,7 +374,7 @@ def _diverging_run(run, monkeypatch, poisoned_from: int, eval_every: int) -> str
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] >= poisoned_from else loss), n
 
-    monkeypatch.setattr(tr_mod, "batch_loss", poisoned)
+    monkeypatch.setattr(step_module, "batch_loss", poisoned)
     cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner="rm", row_len=64, cache_dir=""),
                     TrainConfig(max_steps=12, warmup_steps=1, eval_every=eval_every, log_every=1, batch_size=4))
     with pytest.raises(TrainingDiverged) as e:

@@ -30,15 +30,9 @@ from rlmlab.learning.attention import FlexMask
 from rlmlab.learning.config import DataSettings, TrainConfig
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
-from rlmlab.learning.train import (
-    FiniteGuard,
-    attention_kind,
-    batch_loss,
-    configure_optimizer,
-    fit_to_block,
-    optimizer_step,
-    step_batches,
-)
+from rlmlab.learning.data import fit_to_block
+from rlmlab.learning.optim import configure_optimizer
+from rlmlab.learning.step import FiniteGuard, attention_kind, batch_loss, optimizer_step, step_batches
 from rlmlab.learning.examples import build_examples
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
@@ -472,6 +466,7 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     naming it, `last` stays at the save before it, and no validation runs after it."""
     import itertools
 
+    import rlmlab.learning.step as stepping
     import rlmlab.learning.train as training
     from rlmlab.errors import TrainingDiverged
     from rlmlab.learning.checkpoint import load_run
@@ -482,7 +477,7 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner="rm", cache_dir=""),
                     TrainConfig(max_steps=12, warmup_steps=1, eval_every=4, log_every=100, batch_size=8, seed=1))
     calls, poison = itertools.count(1), {"on": False}
-    real_step, real_loss = training.train_step, training.batch_loss
+    real_step, real_loss = training.train_step, stepping.batch_loss
 
     def step(*args, **kwargs):
         poison["on"] = next(calls) >= 7  # steps 7 on
@@ -496,7 +491,7 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
         return (value * float("nan") if poison["on"] else value), logits
 
     monkeypatch.setattr(training, "train_step", step)
-    monkeypatch.setattr(training, "batch_loss", loss)
+    monkeypatch.setattr(stepping, "batch_loss", loss)
     with pytest.raises(TrainingDiverged, match="at step 7"):
         training.train(cfg, tr, va, tmp_path, progress=False, echo=lambda s: None)
     records = read_metrics(tmp_path)

@@ -21,7 +21,7 @@ from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.train import TrainerState
+from rlmlab.learning.resume import TrainerState
 from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.measuring.results import read_results, write_results
 from rlmlab.measuring.score import read_expressions

@@ -24,7 +24,7 @@ from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
 from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_overrides
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.positions import alibi_slopes
-from rlmlab.learning.train import fit_to_block
+from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import active_frame

@@ -12,7 +12,8 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
-from rlmlab.learning.train import describe_schedule, lr_at, train
+from rlmlab.learning.optim import describe_schedule, lr_at
+from rlmlab.learning.train import train
 from rlmlab.learning.examples import build_examples
 from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
@@ -171,6 +172,43 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):
         train(config(), tr, va, tmp_path / "a", **quiet)
+
+
+def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp_path):
+    """Long trainings outlive the code that started them: a run that commit 8cb4743 stopped at
+    step 8 (tests/fixtures/resume-8cb4743, made by its make.py) resumed with today's code logs
+    the losses of that commit's uninterrupted run and ends with its weights, bit for bit on
+    the processor and torch it was made with, within float noise elsewhere."""
+    import dataclasses
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from rlmlab.machine import machine_facts
+
+    fixture = Path(__file__).parent / "fixtures" / "resume-8cb4743"
+    expected = json.loads((fixture / "expected.json").read_text())
+    exprs = json.loads((fixture / "exprs.json").read_text())
+    tr, va = (build_examples(exprs[k], "rm", default_vocab(), workers=1) for k in ("train", "val"))
+    run = tmp_path / "run"
+    shutil.copytree(fixture / "run", run)
+    saved = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
+    cfg = dataclasses.replace(saved, train=dataclasses.replace(saved.train, max_steps=expected["end"]))
+    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None)
+    assert (result.step, result.best_step) == (expected["end"], expected["best_step"])
+    losses = {kind: {str(r["step"]): r["loss"] for r in records(run, kind) if r["step"] > expected["stop"]}
+              for kind in ("train", "val")}
+    here = machine_facts()
+    if (here["cpu"], here["torch"]) != (expected["machine"]["cpu"], expected["machine"]["torch"]):
+        assert losses["train"] == pytest.approx(expected["train_loss"], rel=1e-4)
+        assert losses["val"] == pytest.approx(expected["val_loss"], rel=1e-4)
+        return
+    assert (losses["train"], losses["val"]) == (expected["train_loss"], expected["val_loss"])
+    weights = load_file(run / "last" / "model.safetensors")
+    assert {k: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+            for k, t in sorted(weights.items())} == expected["last_sha256"]
 
 
 def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_path):
@@ -356,18 +394,18 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):
-    import rlmlab.learning.train as tr_mod
+    import rlmlab.learning.step as step_mod
     from rlmlab.errors import TrainingDiverged
 
     tr, va = data["rm"]
-    real, calls = tr_mod.batch_loss, {"n": 0}
+    real, calls = step_mod.batch_loss, {"n": 0}
 
     def poisoned(fwd, batch, device):
         loss, n = real(fwd, batch, device)
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] > 10 else loss), n  # from the 11th step on
 
-    monkeypatch.setattr(tr_mod, "batch_loss", poisoned)
+    monkeypatch.setattr(step_mod, "batch_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="non-finite training loss"):
         train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None)
     # (validations call batch_loss too, so the poisoned step is the 9th here)

@@ -72,7 +72,7 @@ def _check_resumable(run_dir: Path) -> None:
     metadata digest and tensor files checked), or CheckpointError."""
     from rlmlab.errors import CheckpointError
     from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
-    from rlmlab.learning.train import TrainerState
+    from rlmlab.learning.resume import TrainerState
 
     ckpt = checkpoint_dir(run_dir, "last")
     meta = read_meta(ckpt)
@@ -85,7 +85,8 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
     """Train one run from its `RunConfig` (`rlmlab train` and every job): build its examples,
     validate by decoding `train.answer_eval` validation expressions, train or resume. Returns
     `rlmlab.learning.train.TrainResult`."""
-    from rlmlab.learning.train import prepare_data, train
+    from rlmlab.learning.data import prepare_data
+    from rlmlab.learning.train import train
     from rlmlab.measuring.score import answer_accuracy_fn
 
     split = prepare_data(cfg.data)
@@ -113,7 +114,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import learner
-    from rlmlab.learning.train import resolve_device
+    from rlmlab.learning.step import resolve_device
     from rlmlab.measuring.score import evaluate_file
 
     run_dir = job.run_dir(out)
