@@ -84,6 +84,8 @@ BIN_ROWS = {
                                                           "CoT: mean over seeds (%)"),
     "RM, 95% interval, seeds and expressions": ("length-595-paper-cpu-steps", "table-length-595.md", "RM: 95% interval"),
     "RM, per seed (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "RM: per seed (%)"),
+    "CoT, 95% interval, seeds and expressions": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                                  "CoT: 95% interval"),
     "CoT, per seed (%)": ("length-595-paper-cpu-steps", "table-length-595.md", "CoT: per seed (%)"),
     "CoT (NoPE), L=595, paper-cpu, steps, not fitted (%)": (
         "length-595-paper-cpu-steps", "table-length-595.md",
