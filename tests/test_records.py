@@ -19,7 +19,7 @@ from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.measuring.results import has_results, read_results, results_file, write_results, write_rows
-from rlmlab.records import read_records, records_to_table, table_to_records, write_records
+from rlmlab.records import read_records, records_to_table, reencode_records, table_to_records, write_records
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 from test_report import assert_report_regenerates
 
@@ -294,6 +294,26 @@ def test_export_converts_what_it_copies_and_leaves_the_destinations_own_files_al
         assert not (dest / run / "metrics.jsonl").exists() and not (dest / run / "eval/eval/results.jsonl").exists()
         assert read_metrics(dest / run) == read_metrics(fixture / run) != []
         assert read_results(dest / run / "eval/eval") == read_results(fixture / run / "eval/eval")
+
+
+def test_export_lands_parquet_records_in_todays_encoding(tmp_path):
+    """A run whose records an older writer encoded is exported in today's encoding, so that
+    exporting an unchanged run again leaves a committed folder's bytes as they were."""
+    src = tmp_path / "exp"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "smoke-length", src)
+    assert main(["convert", str(src)]) == 0
+    older = {}
+    for path in sorted(src.rglob("*.parquet")):
+        if path.name in ("results.parquet", "traces.parquet", "metrics.parquet"):
+            table = pq.read_table(path)
+            pq.write_table(table, path, compression="zstd")  # pyarrow's defaults, as rlmlab once wrote
+            older[path.relative_to(src)] = table
+    assert len(older) >= 4
+    assert main(["export", str(src), str(tmp_path / "dest")]) == 0
+    for rel, table in older.items():
+        landed = tmp_path / "dest" / rel
+        assert pq.read_table(landed).equals(table, check_metadata=True), rel
+        assert not reencode_records(landed), rel  # already today's encoding: nothing to rewrite
 
 
 # --- malformed Parquet ---------------------------------------------------------------------------------

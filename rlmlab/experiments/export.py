@@ -17,6 +17,7 @@ from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.experiments.report import report
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
+from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
@@ -79,6 +80,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
         _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
     copied_lines = []  # the JSON-lines record files copied, converted below
+    copied_tables = []  # the Parquet record files copied, re-encoded below
     carried_points = []  # the `last` checkpoints carried, their optimizer state dropped below
     files, links = _plain_files(src)
     for path in files:
@@ -104,6 +106,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             (dest / rel).with_name(LEGACY_OF[path.name]).unlink(missing_ok=True)
         if path.name in (LEGACY_RESULTS, LEGACY_METRICS):
             copied_lines.append(dest / rel)
+        elif inside is None and path.name in RECORD_FILES:
+            copied_tables.append(dest / rel)
         copied += 1
         size += path.stat().st_size
         carried += inside is not None and path.name == "checkpoint.json"
@@ -116,6 +120,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             convert_results(path.parent)
         else:
             convert_metrics(path.parent)
+    # A run's records were written by the code it trained with; the folder keeps one encoding, so
+    # that an unchanged run exported again leaves its committed bytes (and refs' digests) as they were.
+    for path in copied_tables:
+        reencode_records(path)
     _drop_superseded(src, dest)
     _drop_stale_resume_points(src, dest, resumable)
     # A run that a folder beside `dest` already holds byte for byte (the sweep taking in the
