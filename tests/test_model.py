@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_packed_layout
-from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.attention import Blocks, Dense
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.vocab import default_vocab
 
@@ -26,11 +27,11 @@ def test_explicit_causal_mask_equals_is_causal():
     m = Transformer(preset("tiny", "rm", 59)).eval()
     x = torch.randint(0, 59, (3, 17))
     mask = torch.ones(17, 17, dtype=torch.bool).tril().expand(3, 1, 17, 17)
-    torch.testing.assert_close(m(x), m(x, attn_mask=mask), atol=1e-5, rtol=0)
+    torch.testing.assert_close(m(x), m(x, attn=Dense.from_mask(mask)), atol=1e-5, rtol=0)
 
 
 def _dense_block_mask(B, T, row, start, length, frame=None, branch=None):
-    """The (B, 1, T, T) mask a `BlockDiagonal` stands for, built position by position."""
+    """The (B, 1, T, T) mask a packed `Layout` stands for, built position by position."""
     mask = torch.zeros(B, T, T, dtype=torch.bool)
     for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
         for i in range(n):
@@ -62,8 +63,8 @@ def test_block_diagonal_attention_equals_the_dense_mask(device, data):
     chunk, max_pieces = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 5))
     dense = _dense_block_mask(B, T, row, start, length, frame, branch)
     on = (lambda t: None if t is None else t.to(device))
-    blocks = BlockDiagonal(B, T, on(row), on(start), on(length), on(frame), on(branch), chunk=chunk,
-                           max_pieces=max_pieces)
+    blocks = Blocks(Layout.packed(B, T, on(row), on(start), on(length), on(frame), on(branch)), chunk=chunk,
+                    max_pieces=max_pieces)
     inside = dense[:, 0].any(-1).to(device)  # (B, T) positions in some block
     dense = dense.to(device) | ~inside[:, None, :, None]  # outside positions: any non-empty row (output unused)
     torch.manual_seed(0)
