@@ -42,6 +42,25 @@ def _dense_block_mask(B, T, row, start, length, frame=None, branch=None):
     return mask.unsqueeze(1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_the_layout_mask_is_the_mask_built_position_by_position(data):
+    """`Layout.mask`, the rule every backend applies, over random packed layouts with and without
+    lanes: at example positions it is the reference mask; no example sees padding or padding an
+    example, and no query row is empty."""
+    B, T, row, start, length = draw_packed_layout(data, 40)
+    frame = branch = None
+    if data.draw(st.booleans()):
+        frame = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=B * T, max_size=B * T))).view(B, T)
+        branch = torch.tensor(data.draw(st.lists(st.integers(-1, 1), min_size=B * T, max_size=B * T))).view(B, T)
+    mask = Layout.packed(B, T, row, start, length, frame, branch).mask()[:, 0]
+    ref = _dense_block_mask(B, T, row, start, length, frame, branch)[:, 0]
+    inside = ref.any(-1)  # (B, T) positions of some example
+    assert torch.equal(mask[inside], ref[inside])
+    assert not (mask & (inside[:, :, None] != inside[:, None, :])).any()
+    assert mask.any(-1).all()
+
+
 # CUDA joins where a GPU is present (training uses this path there too); CPU always runs.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
