@@ -1,11 +1,11 @@
-"""Attention over packed rows: the dense block-diagonal mask against `BlockDiagonal`.
+"""Attention over packed rows: the dense block-diagonal mask against the blocks backend.
 
     python benchmarks/bench_attention.py [--rows 32] [--threads 1]
 
 For rows packed the way training packs them (seed-42 pool, small-preset shapes: 4 heads of
 32), one forward + backward of attention alone with q, k, v of the row's shape, median of
 `--repeats`. Compared: `scaled_dot_product_attention` with the dense (B, 1, T, T) mask (or
-plain `is_causal` for rows of one example), and `rlmlab.learning.model.BlockDiagonal` with pieces of
+plain `is_causal` for rows of one example), and `rlmlab.learning.attention.Blocks` with pieces of
 `--chunks` queries (construction included). Every variant's output and gradients are first
 checked against the dense mask's. The pair counts say why: the CPU kernel's cost follows
 the (query, key) pairs it is given, masked or not, and is_causal does not skip the upper
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.learning.attention import BlockDiagonal  # noqa: E402
+from rlmlab.learning.attention import Blocks  # noqa: E402
 from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
@@ -75,15 +75,15 @@ def main() -> None:
         q, k, v = (torch.randn(B, nh, T, hs, requires_grad=True) for _ in range(3))
         real = (b.doc >= 0)[:, None, :, None]
         grad = torch.randn(B, nh, T, hs) * real
-        mask = b.attn_mask()
+        mask = b.attention("dense").mask
         dense = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # noqa: E731
         ref = dense()
         ref_grads = torch.autograd.grad((ref * grad).sum(), (q, k, v))
-        row, start, length = b.blocks.unbind(1)
+        length = b.blocks[:, 2]
+        layout = b.layout()
         cells, pairs = [], {}
         for c in chunks:
-            make = lambda c=c: BlockDiagonal(B, T, row, start, length, b.frame, b.branch, chunk=c,
-                                                  max_pieces=args.max_pieces)  # noqa: E731
+            make = lambda c=c: Blocks(layout, chunk=c, max_pieces=args.max_pieces)  # noqa: E731
             out = make().attend(q, k, v)
             grads = torch.autograd.grad((out * grad).sum(), (q, k, v))
             torch.testing.assert_close(out * real, ref * real, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ Each learner runs real optimizer steps of `rlmlab.learning.step.train_step` on a
 sample (IID traces, those longer than the model's block dropped) exactly as the trainer runs
 them on that device: on CUDA bf16 autocast, TF32, FlexAttention over fixed-length micro-batch
 rows (`--micro-batch-tokens`, default 65,536 on CUDA: one micro-batch per paper-sized step) and
-torch.compile (default on CUDA); on CPU fp32 and `BlockDiagonal`. The loss and gradient norm
+torch.compile (default on CUDA); on CPU fp32 and the blocks attention. The loss and gradient norm
 stay on the device (no host wait per step); the clock is read after a device synchronisation
 at both ends of the timed steps, after `--warmup` steps (compilation, kernel selection).
 
@@ -39,8 +39,9 @@ from machine import print_facts  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
-from rlmlab.learning.attention import FlexMask, flex_attend  # noqa: E402
+from rlmlab.learning.attention import Flex, flex_attend  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.learning.layout import Layout  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
 from rlmlab.learning.data import fit_to_block  # noqa: E402
@@ -73,7 +74,7 @@ def matmul_peak(device: torch.device, seconds: float = 3.0) -> float:
 
 
 def dense_block_mask(B: int, T: int, row, start, length, frame=None, branch=None) -> torch.Tensor:
-    """(B, 1, T, T) bool, the mask a FlexMask stands for; positions outside every block see
+    """(B, 1, T, T) bool, the mask a `Flex` backend stands for, built independently; positions outside every block see
     themselves only (their outputs are not compared)."""
     mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -122,7 +123,8 @@ def _check_flex_kernel(device: torch.device) -> None:
         q, k, v = (torch.randn(B, 4, T, 32, device=device, requires_grad=True) for _ in range(3))
         g = torch.randn(B, 4, T, 32, device=device) * keep
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
-        out = flex_attend(q, k, v, FlexMask(B, T, row, start, length, frame, branch).to(device).block_mask())
+        flex = Flex(Layout.packed(B, T, row, start, length, frame, branch)).to(device)
+        out = flex_attend(q, k, v, flex.block_mask())
         grads = zip(torch.autograd.grad((out * g).sum(), (q, k, v)), torch.autograd.grad((ref * g).sum(), (q, k, v)))
         for a, b in [(out * keep, ref * keep), *grads]:
             torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)

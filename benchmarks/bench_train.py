@@ -78,7 +78,7 @@ def useful_flops(model: Transformer, data, rows: list[Row]) -> tuple[float, floa
         b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id, data.layout)
         real = b.doc >= 0  # (B, T)
         tokens += int(real.sum())
-        mask = b.attn_mask()
+        mask = b.attention("dense").mask
         if mask is None:  # one example per row from position 0: plain causal
             n = real.sum(1)
             pairs += int((n * (n + 1) // 2).sum())

@@ -26,8 +26,9 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import draw_packed_layout
-from rlmlab.learning.attention import FlexMask
+from rlmlab.learning.attention import Flex
 from rlmlab.learning.config import DataSettings, TrainConfig
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
 from rlmlab.learning.data import fit_to_block
@@ -67,7 +68,7 @@ def examples_of():
 # --- FlexAttention's mask against the dense reference ------------------------------------
 
 
-def _tiles(fm: FlexMask, B: int, T: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+def _tiles(fm: Flex, B: int, T: int, block: int) -> tuple[np.ndarray, np.ndarray]:
     """(listed, full) (B, nb, nb) bool: the tiles the block tables hand the kernel, and those it
     computes without the mask."""
     tb = fm.tables
@@ -97,7 +98,7 @@ def test_flex_mask_equals_the_dense_mask(data):
         frame = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=B * T, max_size=B * T))).view(B, T)
         branch = torch.tensor(data.draw(st.lists(st.integers(-1, 1), min_size=B * T, max_size=B * T))).view(B, T)
     dense = _dense_block_mask(B, T, row, start, length, frame, branch)
-    fm = FlexMask(B, T, row, start, length, frame, branch, block=block)
+    fm = Flex(Layout.packed(B, T, row, start, length, frame, branch), block=block)
 
     listed, full = _tiles(fm, B, T, block)
     nb = listed.shape[1]
@@ -153,7 +154,7 @@ def test_flex_tables_are_torchs_own_with_row_major_strides():
     for _ in range(6):
         B, T = int(rng.integers(1, 4)), int(rng.integers(130, 700))
         (row, start, length), _, _ = _random_layout(rng, B, T, lanes=False)
-        ours = FlexMask(B, T, row, start, length).block_mask()
+        ours = Flex(Layout.packed(B, T, row, start, length)).block_mask()
         theirs = flex.create_block_mask(ours.mask_mod, B, None, T, T, device="cpu")
         for name in ours._TENSOR_ATTRS:
             a, b = getattr(ours, name), getattr(theirs, name)
@@ -179,7 +180,8 @@ def test_the_compiled_flex_kernel_equals_the_dense_mask():
         q, k, v = (torch.randn(B, 2, T, 16) for _ in range(3))
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense | ~keep)
         with torch.no_grad():
-            out = compiled(q, k, v, block_mask=FlexMask(B, T, row, start, length, frame, branch).block_mask())
+            flex_mask = Flex(Layout.packed(B, T, row, start, length, frame, branch)).block_mask()
+            out = compiled(q, k, v, block_mask=flex_mask)
         torch.testing.assert_close(out * keep, ref * keep, atol=1e-5, rtol=1e-5)
 
 
@@ -187,7 +189,7 @@ def test_the_compiled_flex_kernel_equals_the_dense_mask():
 def test_the_cuda_path_step_equals_the_cpu_path_step(examples_of, learner):
     """One optimizer step on real packed rows through the CUDA path (rows laid end to end into
     fixed-length micro-batches, FlexAttention) and through the CPU path (rows by length,
-    BlockDiagonal / dense masks): the same loss, gradient norm and updated weights."""
+    blocks / dense masks): the same loss, gradient norm and updated weights."""
     data, rows = examples_of[learner]
     rows = rows[:6]  # CPU FlexAttention materialises every score: a few rows are enough
     tc = TrainConfig(micro_batch_tokens=2048)
@@ -296,13 +298,13 @@ def test_the_model_compiles_to_one_graph_without_recompiling(examples_of):
     torch._dynamo.reset()
     with torch.no_grad():
         b = batches[0]
-        explained = torch._dynamo.explain(model)(b.idx, pos=b.pos, attn_mask=b.mask)
+        explained = torch._dynamo.explain(model)(b.idx, pos=b.pos, attn=b.attn)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
         torch._dynamo.reset()
         counter = CompileCounter()
         compiled = torch.compile(model, backend=counter, fullgraph=True)
         for b in batches:
-            compiled(b.idx, pos=b.pos, attn_mask=b.mask)
+            compiled(b.idx, pos=b.pos, attn=b.attn)
     torch._dynamo.reset()
     assert counter.frame_count == 1
 
@@ -515,8 +517,8 @@ def test_flex_attention_outside_a_compiled_model_compiles_once_per_mask_rule():
         for n in (17, 100, 201):
             layout = (torch.tensor([0, 0]), torch.tensor([0, n]), torch.tensor([n, T - n]))
             q = torch.randn(1, 2, T, 16)
-            compiled(q, q, q, block_mask=FlexMask(1, T, *layout).block_mask())
+            compiled(q, q, q, block_mask=Flex(Layout.packed(1, T, *layout)).block_mask())
             lanes = (torch.zeros(1, T, dtype=torch.long), torch.full((1, T), -1))
-            compiled(q, q, q, block_mask=FlexMask(1, T, *layout, *lanes).block_mask())
+            compiled(q, q, q, block_mask=Flex(Layout.packed(1, T, *layout, *lanes)).block_mask())
     torch._dynamo.reset()
     assert counter.frame_count == 2

@@ -3,8 +3,9 @@
 import torch
 from conftest import sample_expressions
 
-from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
+from rlmlab.learning.attention import Dense, lane_tensors, simulate_rm
 from rlmlab.learning.lanes import IGNORE, lane_pack
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
@@ -40,7 +41,7 @@ def test_lane_logits_equal_per_frame_logits_and_loss():
         lanes = lane_pack(ex.tokens, ex.prompt_len)
         idx, pos, labels = lane_tensors(lanes, VOCAB)
         with torch.no_grad():
-            packed = model(idx[None], pos[None], lane_attention_mask(lanes)[None, None])[0]
+            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes)))[0]
         packed_loss = torch.nn.functional.cross_entropy(packed, labels, ignore_index=IGNORE, reduction="sum")
         alone_loss = 0.0
         for f, lane_idx in zip(ex.frames, lanes.example_targets):

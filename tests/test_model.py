@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_packed_layout
-from rlmlab.learning.attention import BlockDiagonal
+from rlmlab.learning.attention import Blocks, Dense
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.vocab import default_vocab
 
@@ -26,11 +27,11 @@ def test_explicit_causal_mask_equals_is_causal():
     m = Transformer(preset("tiny", "rm", 59)).eval()
     x = torch.randint(0, 59, (3, 17))
     mask = torch.ones(17, 17, dtype=torch.bool).tril().expand(3, 1, 17, 17)
-    torch.testing.assert_close(m(x), m(x, attn_mask=mask), atol=1e-5, rtol=0)
+    torch.testing.assert_close(m(x), m(x, attn=Dense.from_mask(mask)), atol=1e-5, rtol=0)
 
 
 def _dense_block_mask(B, T, row, start, length, frame=None, branch=None):
-    """The (B, 1, T, T) mask a `BlockDiagonal` stands for, built position by position."""
+    """The (B, 1, T, T) mask a packed `Layout` stands for, built position by position."""
     mask = torch.zeros(B, T, T, dtype=torch.bool)
     for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
         for i in range(n):
@@ -39,6 +40,25 @@ def _dense_block_mask(B, T, row, start, length, frame=None, branch=None):
                                        and (branch[r, s + j] == -1 or branch[r, s + i] == branch[r, s + j]))
                 mask[r, s + i, s + j] = bool(ok)
     return mask.unsqueeze(1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_the_layout_mask_is_the_mask_built_position_by_position(data):
+    """`Layout.mask`, the rule every backend applies, over random packed layouts with and without
+    lanes: at example positions it is the reference mask; no example sees padding or padding an
+    example, and no query row is empty."""
+    B, T, row, start, length = draw_packed_layout(data, 40)
+    frame = branch = None
+    if data.draw(st.booleans()):
+        frame = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=B * T, max_size=B * T))).view(B, T)
+        branch = torch.tensor(data.draw(st.lists(st.integers(-1, 1), min_size=B * T, max_size=B * T))).view(B, T)
+    mask = Layout.packed(B, T, row, start, length, frame, branch).mask()[:, 0]
+    ref = _dense_block_mask(B, T, row, start, length, frame, branch)[:, 0]
+    inside = ref.any(-1)  # (B, T) positions of some example
+    assert torch.equal(mask[inside], ref[inside])
+    assert not (mask & (inside[:, :, None] != inside[:, None, :])).any()
+    assert mask.any(-1).all()
 
 
 # CUDA joins where a GPU is present (training uses this path there too); CPU always runs.
@@ -62,8 +82,8 @@ def test_block_diagonal_attention_equals_the_dense_mask(device, data):
     chunk, max_pieces = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 5))
     dense = _dense_block_mask(B, T, row, start, length, frame, branch)
     on = (lambda t: None if t is None else t.to(device))
-    blocks = BlockDiagonal(B, T, on(row), on(start), on(length), on(frame), on(branch), chunk=chunk,
-                           max_pieces=max_pieces)
+    blocks = Blocks(Layout.packed(B, T, on(row), on(start), on(length), on(frame), on(branch)), chunk=chunk,
+                    max_pieces=max_pieces)
     inside = dense[:, 0].any(-1).to(device)  # (B, T) positions in some block
     dense = dense.to(device) | ~inside[:, None, :, None]  # outside positions: any non-empty row (output unused)
     torch.manual_seed(0)

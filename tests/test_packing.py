@@ -49,7 +49,7 @@ def test_collate_layout_and_block_diagonal_mask(random_exprs):
     data = _data(random_exprs, "rm-frames", 60)
     rows = [r for r in pack_rows(data.lengths - 1, 128) if len(r.examples) > 2][:3]
     b = collate(data.ids, data.loss, data.offsets, rows, pad_id=0)
-    mask = b.attn_mask()
+    mask = b.attention("dense").mask
     assert mask.shape == (3, 1, 128, 128) and mask[:, 0].any(-1).all()  # no query row sees nothing
     for r, row in enumerate(rows):
         t = 0
@@ -89,7 +89,7 @@ def _one_by_one(model, data, examples):
 @pytest.mark.parametrize("fast", [False, True], ids=["dense-mask", "block-attention"])
 def test_packed_loss_equals_one_by_one_loss(random_exprs, fast):
     """Either form of the packed rows' mask: the dense one, and the one training uses
-    (`PackedBatch.attention`: `BlockDiagonal` beyond 128 positions, long traces included)."""
+    (`PackedBatch.attention`: blocks beyond 128 positions, long traces included)."""
     torch.manual_seed(0)
     for learner in ("rm-frames", "cot"):
         data = _data(random_exprs, learner, 40)
@@ -101,7 +101,7 @@ def test_packed_loss_equals_one_by_one_loss(random_exprs, fast):
         with torch.no_grad():
             for mb in micro_batches(rows, 4096):
                 b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id)
-                logits = model(b.idx, pos=b.pos, attn_mask=b.attention() if fast else b.attn_mask())
+                logits = model(b.idx, pos=b.pos, attn=b.attention() if fast else b.attention("dense"))
                 packed_sum += float(F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1),
                                                     ignore_index=IGNORE, reduction="sum"))
                 n += b.n_targets
@@ -118,7 +118,7 @@ def test_single_example_rows_use_the_plain_causal_path(random_exprs):
     data = _data(random_exprs, "cot", 5)
     rows = [Row(512, (i,)) for i in range(len(data)) if data.lengths[i] - 1 <= 512]
     b = collate(data.ids, data.loss, data.offsets, rows, data.vocab.pad_id)
-    assert b.one_per_row and b.attn_mask() is None
+    assert b.one_per_row and b.attention("dense").mask is None
 
 
 def test_micro_batches_group_by_length_within_the_token_cap():
@@ -149,7 +149,7 @@ def _step_loss_and_grads(model, data, row_len, fast=False):
     rows = pack_rows(data.lengths - 1, row_len)
     for mb in micro_batches(rows, 8192):
         b = collate(data.ids, data.loss, data.offsets, mb, data.vocab.pad_id, data.layout)
-        logits = model(b.idx, pos=b.pos, attn_mask=b.attention() if fast else b.attn_mask())
+        logits = model(b.idx, pos=b.pos, attn=b.attention() if fast else b.attention("dense"))
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), b.targets.view(-1), ignore_index=IGNORE,
                                reduction="sum")
         loss.backward()
@@ -188,7 +188,7 @@ def test_start_offsets_move_positions_only_and_stay_in_the_table(random_exprs, l
                      np.random.default_rng(seed), max_shift=block) for seed in (1, 1, 2)]
     for b in draws:  # same tokens, targets, examples and mask; positions shifted per example
         assert torch.equal(b.idx, plain.idx) and torch.equal(b.targets, plain.targets)
-        assert torch.equal(b.doc, plain.doc) and torch.equal(b.attn_mask(), plain.attn_mask())
+        assert torch.equal(b.doc, plain.doc) and torch.equal(b.attention("dense").mask, plain.attention("dense").mask)
         assert int(b.pos.max()) < block
         for e in b.doc.unique().tolist():
             if e < 0:

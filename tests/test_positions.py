@@ -1,5 +1,5 @@
 """Position encodings (`model.positions`): what each one reads of `pos`, and that every fast path
-computes what the reference computes under each of them: packed rows and `BlockDiagonal`
+computes what the reference computes under each of them: packed rows and block
 attention against examples run alone, the KV cache against recomputation (CoT decoder and RM
 stack driver), lane-packed RM training against per-frame examples, and CoT simulating RM."""
 
@@ -19,9 +19,10 @@ from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError
-from rlmlab.learning.attention import BlockDiagonal, simulate_rm
+from rlmlab.learning.attention import Blocks, Dense, simulate_rm
 from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
 from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_overrides
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.positions import alibi_slopes
 from rlmlab.learning.data import fit_to_block
@@ -103,7 +104,7 @@ def test_each_encoding_reads_what_it_should_of_pos(shift, T, seed):
 @given(data=st.data())
 def test_packed_rows_equal_examples_alone_through_every_attention_path(positions, data):
     """Random packed rows, each example counting its positions from 0: the dense mask, the
-    `BlockDiagonal` (small pieces, so that blocks are cut and padded) and each example alone
+    blocks (small pieces, so that blocks are cut and padded) and each example alone
     under plain causal attention give the same logits at every example position."""
     B, T = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 40))
     row, start, length = [], [], []
@@ -120,11 +121,11 @@ def test_packed_rows_equal_examples_alone_through_every_attention_path(positions
     for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
         pos[r, s:s + n] = torch.arange(n)
         dense[r, 0, s:s + n, s:s + n] = torch.ones(n, n, dtype=torch.bool).tril()
-    blocks = BlockDiagonal(B, T, row, start, length, chunk=data.draw(st.integers(1, 8)),
-                           max_pieces=data.draw(st.integers(1, 4)))
+    blocks = Blocks(Layout.packed(B, T, row, start, length), chunk=data.draw(st.integers(1, 8)),
+                    max_pieces=data.draw(st.integers(1, 4)))
     m = _model("cot", positions, 1)
     with torch.no_grad():
-        by_mask, by_blocks = m(idx, pos, dense), m(idx, pos, blocks)
+        by_mask, by_blocks = m(idx, pos, Dense.from_mask(dense)), m(idx, pos, blocks)
         for r, s, n in zip(row.tolist(), start.tolist(), length.tolist()):
             alone = m(idx[r:r + 1, s:s + n])[0]
             torch.testing.assert_close(by_mask[r, s:s + n], alone, atol=1e-4, rtol=1e-4)
@@ -327,7 +328,7 @@ def test_the_flex_path_of_table_free_encodings_equals_the_block_path(positions):
     bias that path does not apply, is refused there in one line."""
     from test_gpu_path import cpu_flex
 
-    from rlmlab.learning.attention import FlexMask
+    from rlmlab.learning.attention import Flex
 
     B, T = 2, 64
     row, start, length = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 20, 0, 41]), torch.tensor([20, 44, 41, 23])
@@ -336,11 +337,11 @@ def test_the_flex_path_of_table_free_encodings_equals_the_block_path(positions):
         pos[r, s:s + n] = torch.arange(n)
     idx = torch.randint(0, len(VOCAB), (B, T), generator=torch.Generator().manual_seed(0))
     m = _model("cot", positions, 11)
-    flex = FlexMask(B, T, row, start, length)
+    flex = Flex(Layout.packed(B, T, row, start, length))
     with torch.no_grad(), cpu_flex():
         if positions == "alibi":
             with pytest.raises(ValueError, match="ALiBi has no FlexAttention path"):
                 m(idx, pos, flex)
             return
-        torch.testing.assert_close(m(idx, pos, flex), m(idx, pos, BlockDiagonal(B, T, row, start, length)),
+        torch.testing.assert_close(m(idx, pos, flex), m(idx, pos, Blocks(Layout.packed(B, T, row, start, length))),
                                    atol=1e-4, rtol=1e-4)

@@ -16,9 +16,10 @@ from rlmlab.cli import main
 from rlmlab.decoding.driver import generate
 from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.errors import CheckpointError, RlmlabError, TaskError
-from rlmlab.learning.attention import lane_attention_mask, lane_tensors, simulate_rm
+from rlmlab.learning.attention import Dense, lane_tensors, simulate_rm
 from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
+from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results
 from rlmlab.task.expr import evaluate, parse, to_text
@@ -144,7 +145,7 @@ def test_lanes_are_exact_and_cot_simulates_rm(name, one_torch_thread):
         lanes = lane_pack(ex.tokens, ex.prompt_len)
         idx, pos, _ = lane_tensors(lanes, vocab)
         with torch.no_grad():
-            packed = model(idx[None], pos[None], lane_attention_mask(lanes)[None, None])[0]
+            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes)))[0]
         for f, lane_idx in zip(ex.frames, lanes.example_targets):
             with torch.no_grad():
                 alone = model(torch.tensor(vocab.encode(f.tokens))[None])[0]

@@ -13,7 +13,8 @@ import torch
 
 from rlmlab.decoding.cache import KVCache
 from rlmlab.decoding.predictor import Feed
-from rlmlab.learning.attention import CacheLayout, Group
+from rlmlab.learning.attention import Cached, Group
+from rlmlab.learning.layout import visible
 from rlmlab.learning.observe import NEW, POP, PUSH
 from rlmlab.learning.positions import context_limit
 
@@ -114,8 +115,8 @@ class ModelPredictor:
         fields = [up.add(x) for x in (flat.slots, flat.at, flat.tok, flat.pos, flat.last)]
         sent = up.send(self.device)
         slots, at, tok, pos, last = (sent[f] for f in fields)
-        layout = CacheLayout(slots, at, [g(sent) for g in groups])
-        out = self.model(tok[None], pos[None], layout, cache)[0]  # (N, V)
+        attn = Cached(cache, slots, at, [g(sent) for g in groups])
+        out = self.model(tok[None], pos[None], attn)[0]  # (N, V)
         return out[last]  # (n, V)
 
     def _decode(self, feeds: list[tuple[int, Feed]], flat: "_Flat", up: "_Upload") -> Callable:
@@ -146,7 +147,7 @@ class ModelPredictor:
         keep_at = up.add(keep)
 
         def group(sent) -> Group:
-            mask = torch.arange(hi, device=self.device) <= sent[keep_at][:, None]  # (rows, hi)
+            mask = visible(sent[keep_at][:, None], torch.arange(hi, device=self.device))  # (rows, hi)
             return Group(len(keep), 1, hi, None if read_slots is None else sent[read_slots], mask[:, None, None, :])
         return group
 
@@ -166,7 +167,7 @@ class ModelPredictor:
         def group(sent) -> Group:
             # query t of a row sees positions [0, keep + t]; padding queries see garbage, unused
             limit = sent[keep_at][:, None] + torch.arange(T, device=self.device)  # (rows, T)
-            mask = torch.arange(hi, device=self.device) <= limit[:, :, None]  # (rows, T, hi)
+            mask = visible(limit[:, :, None], torch.arange(hi, device=self.device))  # (rows, T, hi)
             return Group(len(feeds), T, hi, sent[slots_at], mask[:, None])
         return group
 
@@ -200,8 +201,8 @@ class ModelPredictor:
 
         def group(sent) -> Group:
             seg_t = sent[seg_at].view(len(packs), T)
-            causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-            mask = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # (rows, T, T)
+            t = torch.arange(T, device=self.device)
+            mask = visible(t[:, None], t[None, :], seg_t[:, :, None], seg_t[:, None, :])  # (rows, T, T)
             return Group(len(packs), T, None, None, mask[:, None])
         return group
 

@@ -1,19 +1,24 @@
-"""Attention masks other than plain causal, all in one place: the block-diagonal mask of packed
-training rows, the lane masks of lane-packed active-frame examples (`rlmlab.learning.lanes`):
-a query sees only keys of its own frame that are on the frame's trunk or on its own pending
-call block, and the layout of a decoding step over a KV cache (`CacheLayout`).
+"""Attention backends: interchangeable ways to compute what a `Layout` allows
+(`rlmlab.learning.layout`), chosen by name (`backend`):
 
-A packed batch's mask comes in two forms, each built on the host from the batch's example
-layout and moved to the device once (`.to(device)`), so that attention asks the device nothing:
-- `BlockDiagonal` (the CPU path): the mask kept as its blocks, attention run per group of
-  example pieces with `scaled_dot_product_attention`;
-- `FlexMask` (the CUDA path): one FlexAttention call per layer over the whole batch, the mask a
-  `BlockMask` whose block tables say which 128 x 128 tiles hold any allowed pair (and which hold
-  only allowed pairs), with the exact rule (same example, causal, lanes) as its `mask_mod`.
+- "dense" (`Dense`): one `scaled_dot_product_attention` call with the (B, 1, T, T) mask, or
+  plain causal attention where that is exact;
+- "blocks" (the CPU path, `Blocks`): the mask kept as its blocks, attention run per group of
+  example pieces, at a cost that follows the examples' lengths instead of the row's; rows of up
+  to `DENSE_ROW` positions and rows of one example attend dense, which wins there;
+- "flex" (the CUDA path, `Flex`): one FlexAttention call per layer over the whole batch;
+- and one step of the KV-cached decoder (`Cached`), which the decoder lays out itself.
+
+Each is built on the host and moved to the device once (`to`), so that attention asks the device
+nothing. Each has the same two calls in a forward pass: `bind(positions)` once, for what every
+layer shares (ALiBi's bias on its masks, `Positions.scores`; FlexAttention's `BlockMask`), then
+`attend(q, k, v, layer, dropout_p)` per layer, through `attend` below, which rotates queries and
+keys (RoPE) first.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -22,56 +27,93 @@ import torch
 import torch.nn.functional as F
 
 from rlmlab.learning.lanes import IGNORE, Lanes, lane_pack
+from rlmlab.learning.layout import Layout, visible
 from rlmlab.task.vocab import Vocab
 
-
-def lane_visible(frame_q: torch.Tensor, branch_q: torch.Tensor, frame_k: torch.Tensor,
-                 branch_k: torch.Tensor) -> torch.Tensor:
-    """Whether queries (..., Tq) may see keys (..., Tk) of lane-packed examples, causality
-    aside: same frame, and a key on the trunk or on the query's own call block. (..., Tq, Tk)"""
-    same_frame = frame_q.unsqueeze(-1) == frame_k.unsqueeze(-2)
-    return same_frame & ((branch_k.unsqueeze(-2) == -1) | (branch_q.unsqueeze(-1) == branch_k.unsqueeze(-2)))
+DENSE_ROW = 128  # "blocks": rows up to this many positions attend with the dense mask, longer ones by blocks
+BIAS_ELEMENTS = 1 << 24  # the most ALiBi bias entries `Dense` materializes at once
+FLEX_BLOCK = 128  # FlexAttention's tile: the block tables say which tiles to compute
 
 
-def lane_mask(frame: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """Mask from per-token frame and branch ids (any leading batch dims): (..., T, T)."""
-    T = frame.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=frame.device).tril()
-    return causal & lane_visible(frame, branch, frame, branch)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend, positions, layer: int = 0,
+           dropout_p: float = 0.0) -> torch.Tensor:
+    """q, k, v (B, nh, T, hs) -> (B, nh, T, hs): attention as `backend` (bound to this forward's
+    `positions`) lays it out. Keys are rotated before the backend sees them: the cache stores
+    them so, and never needs their positions again."""
+    q, k = positions.rotate(q, k)
+    return backend.attend(q, k, v, layer, dropout_p)
 
 
-def lane_attention_mask(lanes: Lanes) -> torch.Tensor:
-    """(T, T) bool, True = may attend."""
-    return lane_mask(torch.tensor(lanes.frame), torch.tensor(lanes.branch))
+def backend(layout: Layout, name: str = "blocks"):
+    """The backend `name` of `layout`, on the host: "dense", "blocks" or "flex".
+
+    "blocks" keeps the blocks for rows longer than `DENSE_ROW` that hold several segments (1.5x
+    faster attention than the dense mask on CoT rows of 512); shorter rows, where the dense mask
+    wins, and rows of one segment, where it is plain causal, attend dense
+    (`benchmarks/bench_attention.py`)."""
+    if name == "flex":
+        return Flex(layout)
+    if name == "dense":
+        return Dense(layout)
+    if name != "blocks":
+        raise ValueError(f"unknown attention kind {name!r} (have: dense, blocks, flex)")
+    return Blocks(layout) if layout.shape[1] > DENSE_ROW and not layout.plain else Dense(layout)
 
 
-def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(idx, pos, labels) of a lane sequence as 1-D tensors; labels use IGNORE where there is no target."""
-    idx = torch.tensor(vocab.encode(lanes.tokens))
-    pos = torch.tensor(lanes.pos)
-    ids = vocab.ids
-    labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
-    return idx, pos, labels
+class _Backend:
+    """What every backend shares: `to(device)`, `bind(positions)` (nothing to bind by default)
+    and `attend(q, k, v, layer, dropout_p)`; copies differ only in the fields they replace."""
+
+    def _with(self, **changes):
+        out = copy.copy(self)
+        out.__dict__.update(changes)
+        return out
+
+    def bind(self, positions):
+        return self
 
 
-def canonical(a: np.ndarray) -> torch.Tensor:
-    """`a` as a tensor with the row-major strides of its shape, size-1 dimensions included.
+class Dense(_Backend):
+    """Attention over whole rows with one mask (B, 1, T, T) bool, True = may see; None: plain causal.
 
-    The compiled FlexAttention kernels index the block tables as if they had those strides.
-    numpy gives a sum over a broadcast mask column-major strides and an inserted axis a stride
-    of 0; with them the CPU kernel read other tiles' counts, and the CUDA kernel of an H200 read
-    the first batch row's tables for every row (docs/gpu.md)."""
-    return torch.from_numpy(np.asarray(a)).clone(memory_format=torch.contiguous_format)
+    Under ALiBi the bias is built a chunk of queries at a time, at most `BIAS_ELEMENTS` entries: a
+    whole (B, nh, T, T) bias of a long CoT batch would take gigabytes."""
 
+    def __init__(self, layout: Layout | None = None):
+        self.mask = None if layout is None or layout.plain else layout.mask()
+        self.positions = None  # set by `bind` when the encoding biases scores
 
-def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """A host tensor on `device`; to CUDA from pinned memory without blocking the host (the copy
-    is ordered before any kernel that reads it on the same stream)."""
-    if t is None or t.device == device:
-        return t
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor | None) -> "Dense":
+        """A mask made by hand (the tests' references)."""
+        return cls()._with(mask=mask)
+
+    def to(self, device) -> "Dense":
+        return self._with(mask=to_device(self.mask, torch.device(device)))
+
+    def bind(self, positions) -> "Dense":
+        return self._with(positions=positions) if positions.biases else self
+
+    def attend(self, q, k, v, layer: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
+        if self.positions is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.mask is None,
+                                                  dropout_p=dropout_p)
+        B, nh, T, _ = q.shape
+        pos = self.positions.pos
+        step = max(1, BIAS_ELEMENTS // (B * nh * T))
+        outs = []
+        for s in range(0, T, step):
+            e = min(T, s + step)
+            if self.mask is None:  # causal: keys up to the chunk's last query
+                allowed = visible(torch.arange(s, e, device=q.device)[:, None], torch.arange(e, device=q.device))
+                keys, values, pos_k = k[:, :, :e], v[:, :, :e], pos[:, :e]
+            else:
+                allowed = self.mask[:, :, s:e]
+                keys, values, pos_k = k, v, pos
+            scores = self.positions.scores(allowed, pos[:, s:e], pos_k).to(q.dtype)
+            outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=scores,
+                                                       dropout_p=dropout_p))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 def _bucket_length(n: torch.Tensor) -> torch.Tensor:
@@ -81,28 +123,24 @@ def _bucket_length(n: torch.Tensor) -> torch.Tensor:
     return (n + step - 1) // step * step
 
 
-class BlockDiagonal:
-    """A block-diagonal attention mask over packed rows, kept as its blocks.
+class Blocks(_Backend):
+    """The mask of packed rows kept as its blocks: each segment attends within itself.
 
-    Block i is one example: `length[i]` positions from `start[i]` in row `row[i]`, attending
-    causally within itself; for lane-packed examples (`frame`, `branch` given, as in
-    `rlmlab.learning.packing.PackedBatch`) a query further sees only keys of its own frame that are on
-    the trunk or on its own call block.
-
-    Why not a dense (B, 1, T, T) mask: the CPU attention kernel computes (and differentiates)
+    Why not the dense (B, 1, T, T) mask: the CPU attention kernel computes (and differentiates)
     every pair of a row whatever the mask says, and does not skip the upper triangle even for
-    `is_causal`. So `attend` cuts each block into pieces of `chunk` queries (fewer, longer
-    pieces for blocks longer than `max_pieces` chunks: short query pieces against long key
+    `is_causal`. So `attend` cuts each segment into pieces of `chunk` queries (fewer, longer
+    pieces for segments longer than `max_pieces` chunks: short query pieces against long key
     ranges run the kernel far below its best rate), each with the keys up to its last query,
-    gathers the pieces into batches of one padded shape and attends those. A block of n
+    gathers the pieces into batches of one padded shape and attends those. A segment of n
     positions then costs about n^2/2 + n*max(chunk, n/max_pieces)/2 pairs instead of its
     row's T^2. Padded slots repeat a real position, and the mask keeps them from every real
-    query. Positions outside every block (row padding) output zeros.
+    query. Positions outside every segment (row padding) output zeros.
     """
 
-    def __init__(self, B: int, T: int, row: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
-                 frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, chunk: int = 128,
-                 max_pieces: int = 4):
+    def __init__(self, layout: Layout, chunk: int = 128, max_pieces: int = 4):
+        B, T = layout.shape
+        row, start, length = layout.spans.unbind(1)
+        frame, branch = layout.frame, layout.branch
         dev = row.device
         piece = torch.clamp((length + max_pieces - 1) // max_pieces, min=chunk)
         piece = (piece + 15) // 16 * 16  # queries per piece, per block
@@ -127,12 +165,15 @@ class BlockDiagonal:
             k_index = f0 + torch.minimum(t, nk - 1)  # (E, Lk)
             real = i < nq
             scatter[(f0 + qs + i)[real]] = offset + (torch.arange(E, device=dev)[:, None] * Lq + i)[real]
-            mask = None
+            mask = None  # whole blocks, aligned: is_causal
             if frame is not None or Lq != Lk or bool((qs > 0).any()):
-                mask = t[None, None, :] <= (qs + i)[:, :, None]  # (E, Lq, Lk) causal, aligned to the piece
+                lanes = ()
                 if frame is not None:
                     f, b = frame.reshape(-1), branch.reshape(-1)
-                    mask &= lane_visible(f[q_index], b[q_index], f[k_index], b[k_index])
+                    lanes = (f[q_index][:, :, None], f[k_index][:, None, :], b[q_index][:, :, None],
+                             b[k_index][:, None, :])
+                # within one block: at = place in the block, aligned to the piece's first query
+                mask = visible((qs + i)[:, :, None], t[None, None, :], None, None, *lanes)
                 mask = mask.unsqueeze(1)  # (E, 1, Lq, Lk)
             self.groups.append((E, Lq, Lk, mask))
             q_parts.append(q_index.reshape(-1))
@@ -145,20 +186,31 @@ class BlockDiagonal:
         self.scatter = torch.where(scatter < 0, offset, scatter)  # `offset` = the zero row appended in attend
         self.shape = (B, T)
 
-    def to(self, device) -> "BlockDiagonal":
-        """This mask on `device` (itself when already there): built on the host, moved once."""
+    def to(self, device) -> "Blocks":
         device = torch.device(device)
         if self.q_index.device == device:
             return self
-        out = object.__new__(BlockDiagonal)
-        out.groups = [(E, Lq, Lk, to_device(mask, device)) for E, Lq, Lk, mask in self.groups]
-        out.q_index, out.k_index, out.scatter = (to_device(t, device) for t in (self.q_index, self.k_index,
-                                                                                self.scatter))
-        out.shape = self.shape
-        return out
+        return self._with(groups=[(E, Lq, Lk, to_device(mask, device)) for E, Lq, Lk, mask in self.groups],
+                          q_index=to_device(self.q_index, device), k_index=to_device(self.k_index, device),
+                          scatter=to_device(self.scatter, device))
 
-    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        """q, k, v (B, nh, T, hs) -> attention output (B, nh, T, hs)."""
+    def bind(self, positions) -> "Blocks":
+        """Under ALiBi, every group's mask carries the bias of its queries' and keys' positions."""
+        if not positions.biases:
+            return self
+        flat = positions.pos.reshape(-1)
+        groups, q_at, k_at = [], 0, 0
+        for E, Lq, Lk, mask in self.groups:
+            pos_q = flat[self.q_index[q_at:q_at + E * Lq]].view(E, Lq)
+            pos_k = flat[self.k_index[k_at:k_at + E * Lk]].view(E, Lk)
+            if mask is None:  # the group attends with is_causal: whole blocks, aligned
+                t = torch.arange(Lq, device=flat.device)
+                mask = visible(t[:, None], t[None, :])
+            groups.append((E, Lq, Lk, positions.scores(mask, pos_q, pos_k)))
+            q_at, k_at = q_at + E * Lq, k_at + E * Lk
+        return self._with(groups=groups)
+
+    def attend(self, q, k, v, layer: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
         B, nh, T, hs = q.shape
         q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs) for t in (q, k, v))
         qs = q.index_select(0, self.q_index).split([E * Lq for E, Lq, _, _ in self.groups])
@@ -176,32 +228,24 @@ class BlockDiagonal:
         return y.view(B, T, nh, hs).transpose(1, 2)
 
 
-FLEX_BLOCK = 128  # FlexAttention's tile: the block tables say which tiles to compute
+class Flex(_Backend):
+    """Packed rows for FlexAttention: one attention call per layer for the whole batch.
 
+    Positions outside every segment (row padding) attend causally among themselves, so no query
+    row is empty; their outputs are never read.
 
-class FlexMask:
-    """The mask of packed rows for FlexAttention: one attention call per layer for the whole batch.
-
-    Same layout as `BlockDiagonal` (block i = `length[i]` positions from `start[i]` of row
-    `row[i]`, causal within itself, lane rule from `frame` and `branch` when given). Positions
-    outside every block (row padding) attend causally among themselves, so no query row is
-    empty; their outputs are never read.
-
-    The block tables are built here, on the host, from the layout alone. An example occupies a
+    The block tables are built here, on the host, from the layout alone. A segment occupies a
     contiguous span, so the key tiles a query tile needs run from the tile holding the start of
-    its first position's example up to the diagonal; a tile strictly below the diagonal whose
-    keys and queries all lie in one example (and no lane rule applies) is full: the kernel skips
-    the mask there.
+    its first position's segment up to the diagonal; a tile strictly below the diagonal whose
+    keys and queries all lie in one segment (and no lane rule applies) is full: the kernel skips
+    the mask there. The exact rule per pair is the kernel's `mask_mod` (`block_mask`).
     """
 
-    def __init__(self, B: int, T: int, row: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
-                 frame: torch.Tensor | None = None, branch: torch.Tensor | None = None, block: int = FLEX_BLOCK):
+    def __init__(self, layout: Layout, block: int = FLEX_BLOCK):
         from torch.nn.attention.flex_attention import BlockMask
 
-        row, start, length = (np.asarray(t.cpu()) for t in (row, start, length))
-        seg = np.full((B, T), -1, dtype=np.int32)  # example ordinal per position, -1 = row padding
-        within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-        seg[np.repeat(row, length), np.repeat(start, length) + within] = np.repeat(np.arange(len(row)), length)
+        B, T = layout.shape
+        seg = layout.seg.cpu().numpy().astype(np.int32)
         t = np.arange(T)
         opens = np.ones((B, T), dtype=bool)
         opens[:, 1:] = seg[:, 1:] != seg[:, :-1]
@@ -212,7 +256,7 @@ class FlexMask:
         i, j = np.arange(nb)[:, None], np.arange(nb)[None, :]
         lo = (first // block)[:, :, None]  # first key tile needed
         full_from = np.minimum(-(-last // block), np.arange(nb))[:, :, None]  # first tile wholly in the span
-        if frame is not None:
+        if layout.frame is not None:
             full_from = np.broadcast_to(i, full_from.shape)  # the lane rule: no tile is known full
         partial = ((j >= lo) & (j < full_from)) | (j == i)  # (B, nb, nb)
         full = (j >= full_from) & (j < i)
@@ -225,37 +269,50 @@ class FlexMask:
         self.tables = BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block,
                                                seq_lengths=(T, T))
         self.seg = torch.from_numpy(seg)
-        self.frame = None if frame is None else frame.to(torch.int32)
-        self.branch = None if branch is None else branch.to(torch.int32)
+        self.frame = None if layout.frame is None else layout.frame.to(torch.int32)
+        self.branch = None if layout.branch is None else layout.branch.to(torch.int32)
 
-    def to(self, device) -> "FlexMask":
-        """This mask on `device`: its tables and ids moved once (from pinned memory on CUDA)."""
+    def to(self, device) -> "Flex":
+        """Tables and ids moved once (from pinned memory on CUDA)."""
         device = torch.device(device)
         if self.seg.device == device:
             return self
         from torch.nn.attention.flex_attention import BlockMask
 
-        out = object.__new__(FlexMask)
         tb = self.tables
-        out.tables = BlockMask(seq_lengths=tb.seq_lengths, BLOCK_SIZE=tb.BLOCK_SIZE, mask_mod=tb.mask_mod,
-                               **{a: to_device(getattr(tb, a), device) for a in BlockMask._TENSOR_ATTRS})
-        out.seg, out.frame, out.branch = (to_device(t, device) for t in (self.seg, self.frame, self.branch))
-        return out
+        tables = BlockMask(seq_lengths=tb.seq_lengths, BLOCK_SIZE=tb.BLOCK_SIZE, mask_mod=tb.mask_mod,
+                           **{a: to_device(getattr(tb, a), device) for a in BlockMask._TENSOR_ATTRS})
+        return self._with(tables=tables, **{a: to_device(getattr(self, a), device) for a in ("seg", "frame", "branch")})
 
     def block_mask(self):
         """The `BlockMask` of this batch: the block tables, and the exact rule per pair."""
         seg, frame, branch = self.seg, self.frame, self.branch
         if frame is None:
             def mask_mod(b, h, q, k):
-                return (seg[b, q] == seg[b, k]) & (q >= k)
+                return visible(q, k, seg[b, q], seg[b, k])
         else:
             def mask_mod(b, h, q, k):
-                bk = branch[b, k]
-                return ((seg[b, q] == seg[b, k]) & (q >= k) & (frame[b, q] == frame[b, k])
-                        & ((bk == -1) | (branch[b, q] == bk)))
+                return visible(q, k, seg[b, q], seg[b, k], frame[b, q], frame[b, k], branch[b, q], branch[b, k])
         tb = self.tables
         return type(tb)(seq_lengths=tb.seq_lengths, BLOCK_SIZE=tb.BLOCK_SIZE, mask_mod=mask_mod,
                         **{a: getattr(tb, a) for a in tb._TENSOR_ATTRS})
+
+    def bind(self, positions) -> "_FlexCall":
+        if positions.biases:  # FlexAttention would need ALiBi as a score_mod
+            raise ValueError("ALiBi has no FlexAttention path: train it with the blocks attention")
+        return _FlexCall(self.block_mask())
+
+
+class _FlexCall:
+    """A `Flex` bound to one forward pass: its `BlockMask`, built once for every layer."""
+
+    def __init__(self, block_mask):
+        self.block_mask = block_mask
+
+    def attend(self, q, k, v, layer: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
+        if dropout_p:
+            raise ValueError("FlexAttention applies no attention dropout: use the blocks attention")
+        return flex_attend(q, k, v, self.block_mask)
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
@@ -293,22 +350,44 @@ class Group(NamedTuple):
     mask: torch.Tensor
 
 
-class CacheLayout:
-    """The mask of one decoding step over a KV cache (`rlmlab.decoding.cache.KVCache`).
+class Cached(_Backend):
+    """One decoding step over a KV cache (`rlmlab.decoding.cache.KVCache`), laid out by the
+    decoder (`rlmlab.decoding.engine`) on the device.
 
     A step feeds every new token as one flat row (batch 1): token i's key and value are stored
     at position `at[i]` of slot `slots[i]`, and the row splits into `groups` (`Group`), each one
     attention call. One row with the groups cut out of it, rather than a batch padded to its
     longest member, lets single decoded tokens and whole new frames share one forward.
+    Inference only: no dropout.
     """
 
-    def __init__(self, slots: torch.Tensor, at: torch.Tensor, groups: list[Group]):
-        self.slots, self.at, self.groups = slots, at, groups
+    def __init__(self, cache, slots: torch.Tensor, at: torch.Tensor, groups: list[Group]):
+        self.cache, self.slots, self.at, self.groups = cache, slots, at, groups
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor) -> torch.Tensor:
-        """q, k, v (1, nh, N, hs) of the flat row; keys, values (n_slots, nh, capacity + 1, hs):
-        the layer's cache with this step's already stored. -> (1, nh, N, hs)"""
+    def to(self, device) -> "Cached":
+        device = torch.device(device)
+        return self._with(slots=to_device(self.slots, device), at=to_device(self.at, device),
+                          groups=[g._replace(slots=to_device(g.slots, device), mask=to_device(g.mask, device))
+                                  for g in self.groups])
+
+    def bind(self, positions) -> "Cached":
+        """Under ALiBi, every group's mask carries the bias: a query at its token's position, a key
+        read from the cache at its column (a slot holds its frame at positions 0..), a key of a
+        packed new frame at its token's position."""
+        if not positions.biases:
+            return self
+        flat = positions.pos.reshape(-1)
+        groups, start = [], 0
+        for g in self.groups:
+            pos_q = flat[start:start + g.rows * g.T].view(g.rows, g.T)
+            pos_k = pos_q if g.read is None else torch.arange(g.read, device=flat.device).expand(g.rows, g.read)
+            groups.append(g._replace(mask=positions.scores(g.mask, pos_q, pos_k)))
+            start += g.rows * g.T
+        return self._with(groups=groups)
+
+    def attend(self, q, k, v, layer: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
+        """q, k, v (1, nh, N, hs) of the flat row -> (1, nh, N, hs), after storing k and v."""
+        keys, values = self.cache.store(layer, self.slots, self.at, k, v)  # (n_slots, nh, capacity + 1, hs)
         nh, hs = q.shape[1], q.shape[3]
         out, start = [], 0
         for g in self.groups:
@@ -330,6 +409,37 @@ class CacheLayout:
         return torch.cat(out, dim=1)[None] if len(out) > 1 else out[0][None]
 
 
+def canonical(a: np.ndarray) -> torch.Tensor:
+    """`a` as a tensor with the row-major strides of its shape, size-1 dimensions included.
+
+    The compiled FlexAttention kernels index the block tables as if they had those strides.
+    numpy gives a sum over a broadcast mask column-major strides and an inserted axis a stride
+    of 0; with them the CPU kernel read other tiles' counts, and the CUDA kernel of an H200 read
+    the first batch row's tables for every row (docs/gpu.md)."""
+    return torch.from_numpy(np.asarray(a)).clone(memory_format=torch.contiguous_format)
+
+
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`; to CUDA from pinned memory without blocking the host (the copy
+    is ordered before any kernel that reads it on the same stream)."""
+    if t is None or t.device == device:
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+# --- lanes ---------------------------------------------------------------------------------
+
+def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(idx, pos, labels) of a lane sequence as 1-D tensors; labels use IGNORE where there is no target."""
+    idx = torch.tensor(vocab.encode(lanes.tokens))
+    pos = torch.tensor(lanes.pos)
+    ids = vocab.ids
+    labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
+    return idx, pos, labels
+
+
 @torch.no_grad()
 def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> list[str]:
     """RM's next-token prediction after every prefix `tokens[:t]`, t = prompt_len .. len(tokens),
@@ -340,7 +450,7 @@ def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> 
         raise ValueError(f"position {max(lanes.pos)} beyond the model's {model.cfg.block_size}")
     idx, pos, _ = lane_tensors(lanes, vocab)
     device = next(model.parameters()).device
-    mask = lane_attention_mask(lanes).to(device)
-    logits = model(idx[None].to(device), pos[None].to(device), mask[None, None])[0]  # (T, V)
+    attn = Dense(Layout.of_lanes(lanes)).to(device)
+    logits = model(idx[None].to(device), pos[None].to(device), attn)[0]  # (T, V)
     owners = torch.tensor(lanes.owner[prompt_len - 1:], device=device)
     return vocab.decode(logits[owners].argmax(-1).tolist())

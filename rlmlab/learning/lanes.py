@@ -17,8 +17,9 @@ positions are re-indexed to where each token sits in that frame.
 - `labels[i]` is the next target token that the state at i predicts, or None.
 
 Targets are exactly the per-frame examples' targets (a test checks the per-target logits
-against running every example separately). The masks, the tensors and `simulate_rm` (RM's
-prediction for every prefix of a flattened sequence from one pass over its lanes) are in
+against running every example separately). The rule above is `rlmlab.learning.layout.visible`
+(a lane sequence's layout: `Layout.of_lanes`); the tensors and `simulate_rm` (RM's prediction
+for every prefix of a flattened sequence from one pass over its lanes) are in
 `rlmlab.learning.attention`.
 """
 

@@ -4,18 +4,14 @@ Pre-LayerNorm blocks, learned absolute positional embeddings (or another encodin
 `cfg.positions`: see `rlmlab.learning.positions`), GELU MLP with expansion 4, attention
 through `scaled_dot_product_attention`. CoT and RM use this one class: what
 differs between them is only which tokens a row holds, their positions and which
-of them attend to each other, all given by the caller (`pos`, `attn_mask`).
+of them attend to each other, all given by the caller (`pos`, `attn`).
 
-Packed training rows pass their mask as a `BlockDiagonal` (the CPU path: the blocks of a
-block-diagonal mask, attention run per example, at a cost that grows with the examples' lengths
-instead of the row's) or a `FlexMask` (the CUDA path: one FlexAttention call per layer), rather
-than a dense tensor. Both are built on the host with the batch: the forward pass reads nothing
-back from the device, so it runs without a host wait and compiles into one graph. Positions are
-checked where they are assigned (`collate`, the decoder), not here.
-
-For decoding, a `cache` (`rlmlab.decoding.cache.KVCache`) comes with a `CacheLayout` as the
-mask: each attention layer stores its new keys/values in the cache and attends as the layout
-says (new tokens against their slots' cached frames, freshly packed frames among themselves).
+`attn` is an attention backend (`rlmlab.learning.attention`), built on the host from the batch's
+`Layout` (`rlmlab.learning.layout`): the dense mask, the blocks of packed rows (the CPU path),
+FlexAttention (the CUDA path), or one step over a KV cache (the decoder), which stores each
+layer's new keys and values as it attends. The forward pass reads nothing back from the device,
+so it runs without a host wait and compiles into one graph. Positions are checked where they are
+assigned (`collate`, the decoder), not here.
 """
 
 from __future__ import annotations
@@ -24,13 +20,10 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from torch.nn.attention.flex_attention import BlockMask
-
-from rlmlab.learning.attention import BlockDiagonal, FlexMask, flex_attend
+from rlmlab.learning.attention import Dense, attend
 from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
-from rlmlab.learning.positions import AlibiMask, Positions
+from rlmlab.learning.positions import Positions
 
 
 class CausalSelfAttention(nn.Module):
@@ -41,29 +34,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.dropout = cfg.dropout
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
+    def forward(self, x, attn, positions: Positions, layer: int = 0):
         B, T, C = x.shape
         hs = C // self.n_head
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-        if positions is not None:
-            q, k = positions.rotate(q, k)  # RoPE; the cache stores keys rotated
-        drop = self.dropout if self.training else 0.0
-        if cache is not None:  # attn_mask is the step's CacheLayout
-            keys, values = cache.store(layer, attn_mask.slots, attn_mask.at, k, v)
-            y = attn_mask.attend(q, k, v, keys, values)
-        elif attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        elif isinstance(attn_mask, (BlockDiagonal, AlibiMask)):
-            y = attn_mask.attend(q, k, v, drop)
-        elif isinstance(attn_mask, BlockMask):
-            if drop:
-                raise ValueError("FlexAttention applies no attention dropout: use a BlockDiagonal mask")
-            y = flex_attend(q, k, v, attn_mask)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
+        y = attend(q, k, v, attn, positions, layer, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -78,8 +56,8 @@ class Block(nn.Module):
                                  nn.Linear(4 * cfg.n_embd, cfg.n_embd))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, attn_mask=None, cache=None, layer: int = 0, positions: Positions | None = None):
-        x = x + self.drop(self.attn(self.ln1(x), attn_mask, cache, layer, positions))
+    def forward(self, x, attn, positions: Positions, layer: int = 0):
+        x = x + self.drop(self.attn(self.ln1(x), attn, positions, layer))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -113,11 +91,9 @@ class Transformer(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if include_positions or self.wpe is None else n - self.wpe.weight.numel()
 
-    def forward(self, idx, pos=None, attn_mask=None, cache=None):
+    def forward(self, idx, pos=None, attn=None):
         """idx (B, T) token ids; pos (B, T) positions (default 0..T-1), each below block_size;
-        attn_mask (B, 1, T, T) bool, True = may attend, or a `BlockDiagonal` or `FlexMask`
-        (default causal), or with a cache a `CacheLayout` (see the module docstring). Returns
-        logits (B, T, V)."""
+        attn an attention backend (default plain causal, `Dense()`). Returns logits (B, T, V)."""
         B, T = idx.shape
         if pos is None:
             if self.wpe is not None and T > self.cfg.block_size:
@@ -125,15 +101,10 @@ class Transformer(nn.Module):
             pos = torch.arange(T, device=idx.device).expand(B, T)
         c = self.cfg
         positions = Positions(c.positions, pos, c.n_head, c.n_embd // c.n_head)
-        if isinstance(attn_mask, FlexMask):
-            if positions.slopes is not None:  # FlexAttention would need ALiBi as a score_mod
-                raise ValueError("ALiBi has no FlexAttention path: train it with the blocks attention")
-            attn_mask = attn_mask.block_mask()  # once for all layers
-        else:
-            attn_mask = positions.mask(attn_mask)  # ALiBi: the bias, built once for every layer
+        attn = (Dense() if attn is None else attn).bind(positions)  # what every layer shares, built once
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
             x = x + self.wpe(pos)
         for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, cache, i, positions)
+            x = block(x, attn, positions, i)
         return self.lm_head(self.ln_f(x))  # (B, T, V)

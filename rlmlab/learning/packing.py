@@ -6,10 +6,10 @@ example restarts its positions at 0 and attends only to itself (block-diagonal c
 so a packed row computes exactly what the examples would compute one by one.
 
 Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
-keeps padding at a few percent. The dense mask (`attn_mask`) defines what a packed row
-computes; training hands it to the model in the form that is fastest on its device
-(`PackedBatch.attention`): on CPU for long rows a `BlockDiagonal`, whose attention cost follows
-the examples' lengths, not the row's; on CUDA a `FlexMask` (one attention call per layer).
+keeps padding at a few percent. A batch's `Layout` (`rlmlab.learning.layout`) defines what a
+packed row computes; training hands it to the model through the attention backend that is
+fastest on its device (`PackedBatch.attention`): on CPU "blocks", whose attention cost follows
+the examples' lengths, not the row's; on CUDA "flex" (one attention call per layer).
 An example longer than `row_len` gets a row of its own, rounded up to a multiple of 64
 positions: such rows need no mask at all (plain causal attention), and long CoT traces are
 most of CoT's tokens. On CUDA the rows of a micro-batch are laid end to end in one row of a
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.learning.attention import BlockDiagonal, FlexMask, lane_visible, to_device
+from rlmlab.learning.attention import backend, to_device
 from rlmlab.learning.lanes import IGNORE
+from rlmlab.learning.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,6 @@ class Row:
     examples: tuple[int, ...]
 
 
-DENSE_ROW = 128  # rows up to this many positions attend with a dense mask, longer ones by blocks
 SOLO_ROUND = 64  # a row of its own is rounded up to a multiple of this many positions
 
 
@@ -124,7 +124,7 @@ def padding_fraction(rows: list[Row], lengths: np.ndarray) -> float:
 
 @dataclass
 class PackedBatch:
-    """Rows of one length, ready for `Transformer.forward(idx, pos, attn_mask)`."""
+    """Rows of one length, ready for `Transformer.forward(idx, pos, attn)`."""
 
     idx: torch.Tensor  # (B, T) input ids (pad id on padding)
     targets: torch.Tensor  # (B, T) next-token ids, IGNORE where there is no loss
@@ -136,8 +136,7 @@ class PackedBatch:
     frame: torch.Tensor | None = None  # (B, T) lane-packed examples: frame id within the example
     branch: torch.Tensor | None = None  # (B, T) lane-packed examples: pending call block id, -1 = trunk
     blocks: torch.Tensor | None = None  # (k, 3) (row, start, length) of each example
-    mask: object = None  # after `prepare`: the attention mask, on the batch's device
-    prepared: bool = False  # `mask` is set (None then means plain causal)
+    attn: object = None  # after `prepare`: the attention backend, on the batch's device
 
     def to(self, device) -> "PackedBatch":
         """The batch on `device` (from pinned memory, without blocking, on CUDA)."""
@@ -147,52 +146,23 @@ class PackedBatch:
                            self.n_tokens, self.one_per_row, move(self.frame), move(self.branch), move(self.blocks))
 
     def prepare(self, device, kind: str = "blocks") -> "PackedBatch":
-        """This (host) batch on `device` with its attention mask, built here on the host and
+        """This (host) batch on `device` with its attention backend, built here on the host and
         moved along: what a training step feeds the model, with nothing left to compute from
         device values."""
-        mask = self.attention(kind)
-        device = torch.device(device)
         out = self.to(device)
-        out.mask = to_device(mask, device) if mask is None or isinstance(mask, torch.Tensor) else mask.to(device)
-        out.prepared = True
+        out.attn = self.attention(kind).to(device)
         return out
 
-    def attention(self, kind: str = "blocks") -> BlockDiagonal | FlexMask | torch.Tensor | None:
-        """The mask of `attn_mask` in the form the model computes fastest, built from this
-        (host) batch; move it with `.to(device)`.
-
-        kind "flex" (CUDA): a `FlexMask`, one FlexAttention call per layer.
-        kind "blocks" (CPU): rows longer than `DENSE_ROW` that hold several examples as the
-        blocks of a `BlockDiagonal` (whose cost follows the examples' lengths: 1.5x faster
-        attention on CoT rows of 512); rows of one example as plain causal attention (None),
-        and rows of up to `DENSE_ROW` positions as the dense mask, which win there
-        (`benchmarks/bench_attention.py`)."""
+    def layout(self) -> Layout:
+        """Who sees whom: each example causally within itself (and the lane rule), padding
+        after earlier padding."""
         B, T = self.doc.shape
-        row, start, length = self.blocks.unbind(1)
-        if kind == "flex":
-            return FlexMask(B, T, row, start, length, self.frame, self.branch)
-        if kind != "blocks":
-            raise ValueError(f"unknown attention kind {kind!r} (have: blocks, flex)")
-        if T > DENSE_ROW and not (self.one_per_row and self.frame is None):
-            return BlockDiagonal(B, T, row, start, length, self.frame, self.branch)
-        return self.attn_mask()
+        return Layout.packed(B, T, *self.blocks.unbind(1), self.frame, self.branch)
 
-    def attn_mask(self) -> torch.Tensor | None:
-        """(B, 1, T, T) bool, True = may attend: causal and within the same example.
-
-        Padding positions attend to earlier padding, so no query row is empty (an all-False
-        row would make softmax NaN); no example position ever sees padding or another example.
-        None when a plain causal mask is exact (one example per row, padding only after it),
-        which lets attention skip the upper triangle.
-        """
-        if self.one_per_row and self.frame is None:
-            return None
-        T = self.doc.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.doc.device).tril()
-        same = self.doc[:, :, None] == self.doc[:, None, :]  # (B, T, T)
-        if self.frame is not None:
-            same &= lane_visible(self.frame, self.branch, self.frame, self.branch)
-        return (same & causal).unsqueeze(1)
+    def attention(self, kind: str = "blocks"):
+        """The attention backend `kind` (`rlmlab.learning.attention.backend`) of this (host)
+        batch; move it with `.to(device)`: "blocks" on CPU, "flex" on CUDA, "dense" the reference."""
+        return backend(self.layout(), kind)
 
 
 def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[Row], pad_id: int,

@@ -45,7 +45,7 @@ def autocast_for(device: torch.device):
 def attention_kind(device: torch.device, dropout: float) -> str:
     """How packed batches attend: "flex" on CUDA (one FlexAttention call per layer over rows of
     one fixed length), "blocks" on CPU and wherever attention dropout is on (FlexAttention has
-    none). See `PackedBatch.attention`."""
+    none). See `rlmlab.learning.attention.backend`."""
     return "flex" if device.type == "cuda" and dropout == 0 else "blocks"
 
 
@@ -84,9 +84,9 @@ def offset_draws(tc: TrainConfig, step: int) -> np.random.Generator | None:
 
 def batch_loss(fwd, batch: PackedBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over the batch's targets, logits)."""
-    mask = batch.mask if batch.prepared else batch.attention()
+    attn = batch.attn if batch.attn is not None else batch.attention()
     with autocast_for(device):
-        logits = fwd(batch.idx, pos=batch.pos, attn_mask=mask)  # (B, T, V)
+        logits = fwd(batch.idx, pos=batch.pos, attn=attn)  # (B, T, V)
     logits = logits.float()
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.targets.view(-1), ignore_index=IGNORE,
                            reduction="sum")
@@ -101,7 +101,7 @@ def validation_metrics(fwd, batches: list[PackedBatch], n_examples: int, device:
     n_targets = 0
     wrong_example = torch.zeros(n_examples + 1, dtype=torch.bool, device=device)  # last slot: padding
     for b in batches:
-        b = b if b.prepared else b.to(device)
+        b = b if b.attn is not None else b.to(device)
         loss, logits = batch_loss(fwd, b, device)
         is_target = b.targets != IGNORE
         hit = (logits.argmax(-1) == b.targets) & is_target
