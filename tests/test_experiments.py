@@ -676,7 +676,7 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
 @pytest.mark.parametrize("config", ['{"train": 3}', '{"train": {"patience": "5"}}', '{"train": {"max_minutes": [1]}}',
                                     '{"data": {}}', '[]', '{"train": '])
 def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "plateau"}')
     (tmp_path / "config.json").write_text(config)
@@ -686,7 +686,7 @@ def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
 
 
 def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     out, dest = tmp_path / "length", tmp_path / "results" / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0

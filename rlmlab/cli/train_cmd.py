@@ -97,7 +97,7 @@ def resolve_config(args) -> RunConfig:
 
 
 def run(args) -> int:
-    from rlmlab.experiments.jobs import train_run
+    from rlmlab.experiments.run_job import train_run
 
     refuse_other_folder(args.out, "training run", "--out", ConfigError)
     result = train_run(resolve_config(args), args.out, resume=args.resume, progress=not args.quiet)

@@ -111,7 +111,7 @@ def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
     """The Ray task: `run_job` on whichever node Ray chose, in the driver's working directory."""
     import torch
 
-    from rlmlab.experiments.jobs import run_job
+    from rlmlab.experiments.run_job import run_job
 
     missing = [path for path in (Path(cwd, p) for p in (out, job.train, job.val, *job.evals.values()))
                if not path.exists()]

@@ -21,7 +21,7 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.jobs import RESULT_COLUMNS, run_job
+from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report

@@ -10,7 +10,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError
 from rlmlab.experiments.folder import folder_lock, refuse_another_experiment, refuse_busy
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.jobs import BUSY_RUN, run_job
+from rlmlab.experiments.run_job import BUSY_RUN, run_job
 from rlmlab.experiments.kinds import KINDS, RUNNABLE, get_kind
 from rlmlab.experiments.presets import ExperimentPreset, get_preset
 from rlmlab.experiments.splits import sample_eval_file

@@ -1,9 +1,8 @@
-"""Jobs: the unit an experiment is split into.
-
-A job trains one learner on one data set and evaluates it on the experiment's
-evaluation sets, in its own folder `<experiment>/<job>/<learner>/`. It skips what is already there
-(a finished run has `done.json`; an evaluation `results.parquet` + `summary.json`), so re-running
-an experiment resumes it. Jobs run one after another here, or on a Ray cluster.
+"""Running one job (`rlmlab.experiments.job.Job`): train one learner on one data set, then
+evaluate it on the experiment's evaluation sets, in its own folder `<experiment>/<job>/<learner>/`.
+It skips what is already there (a finished run has `done.json`; an evaluation `results.parquet`
++ `summary.json`), so re-running an experiment resumes it. Jobs run one after another here, or
+on a Ray cluster.
 """
 
 from __future__ import annotations
