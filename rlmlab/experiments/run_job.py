@@ -80,35 +80,44 @@ def _check_resumable(run_dir: Path) -> None:
     TrainerState.from_saved({k: v for k, v in meta["trainer"].items() if k != "rng"}, ckpt)
 
 
-def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True):
+def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True, task=None):
     """Train one run from its `RunConfig` (`rlmlab train` and every job): build its examples,
-    validate by decoding `train.answer_eval` validation expressions, train or resume. Returns
-    `rlmlab.learning.train.TrainResult`."""
+    validate by decoding `train.answer_eval` validation expressions, train or resume. `task` is
+    `cfg.data.task` as the command resolved it (None: resolved here, once for all three steps).
+    Returns `rlmlab.learning.train.TrainResult`."""
     from rlmlab.learning.data import prepare_data
     from rlmlab.learning.train import train
     from rlmlab.measuring.score import answer_accuracy_fn
+    from rlmlab.task.taskfile import load_task
 
-    split = prepare_data(cfg.data)
-    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=cfg.data.task)
+    task = task if task is not None else load_task(cfg.data.task)
+    split = prepare_data(cfg.data, task)
+    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=task)
                    if cfg.train.answer_eval else None)
-    return train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn, progress=progress)
+    return train(cfg, split.train, split.val, run_dir, task=task, resume=resume, validate_fn=validate_fn,
+                 progress=progress)
 
 
 BUSY_RUN = "another process is training or evaluating this run"
 
 
-def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
+def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False, task=None) -> dict:
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     finished run continues when the job now asks for a larger budget than the one it ran out
-    of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
-    learners and subset twice) is refused rather than trained twice at once."""
+    of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run
+    that another process holds (`rlmlab run` on the same folder, learners and subset twice) is
+    refused rather than trained twice at once. `task` is the job's `data.task` as the command
+    resolved it (None: resolved here; a job that names none evaluates on its checkpoint's task)."""
     from rlmlab.experiments.folder import folder_lock
+    from rlmlab.task.taskfile import load_task
 
+    if task is None and "data.task" in job.settings:
+        task = load_task(job.settings["data.task"])
     with folder_lock(job.run_dir(Path(out)), wait=False, busy=BUSY_RUN):
-        return _run_job(job, Path(out), progress, extend)
+        return _run_job(job, Path(out), progress, extend, task)
 
 
-def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
+def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
@@ -131,7 +140,8 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
         cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.learner": who.base,
                                             "data.train": job.train, "data.val": job.val})
         cfg.require_stop_rule()
-        result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress)
+        result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress,
+                           task=task)
         if result.stop_reason == "interrupted":
             # Ctrl-C saved `last`; the run is unfinished, so neither mark it done (a re-run would
             # skip it) nor evaluate a half-trained model. The re-run resumes from `last`.

@@ -190,11 +190,9 @@ def calibrate(rows: list[dict], reference: dict) -> None:
             lv["cpu_hours"] = None if train_s is None else (train_s + lv["decode_s"]) / 3600
 
 
-def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
+def load_plan_pool(preset, out: Path, pool: str | None, progress: bool, task):
     from rlmlab.task.pool import build_pool, read_pool
-    from rlmlab.task.taskfile import load_task
 
-    task = load_task(preset.task)
     if pool is not None:
         table = read_pool(pool, task=task)
     elif (out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet").exists():
@@ -216,18 +214,19 @@ def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
 
 
 def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False) -> list[dict]:
-    """The sized rows of every threshold asked for (default: the paper's), with CPU estimates."""
+               progress: bool = False, task=None) -> list[dict]:
+    """The sized rows of every threshold asked for (default: the paper's), with CPU estimates;
+    `task` is the preset's, as the command resolved it (None: resolved here)."""
+    from rlmlab.experiments.kinds.base import preset_task
     from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
 
     if lengths is None and depths is None:
         lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
-    table = load_plan_pool(preset, Path(out), pool, progress)
+    task = preset_task(preset, task)
+    table = load_plan_pool(preset, Path(out), pool, progress, task)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
-    from rlmlab.task.taskfile import load_task
-
-    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, load_task(preset.task).library))
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, task.library))
     ref_kind, ref_t = REFERENCE["rm"]["threshold"]
     wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
     ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}
@@ -276,6 +275,6 @@ def plan_table(rows: list[dict], preset) -> str:
 
 
 def plan_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False) -> str:
+               progress: bool = False, task=None) -> str:
     """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
-    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress), preset)
+    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task), preset)

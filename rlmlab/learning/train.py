@@ -1,7 +1,8 @@
 """The training loop both learners share; the learner is only in the data it is given.
 
-    split = prepare_data(cfg.data)                       # rlmlab.learning.data
-    result = train(cfg, split.train, split.val, "runs/x", validate_fn=...)
+    task = load_task(cfg.data.task)                      # once per command, passed down
+    split = prepare_data(cfg.data, task)                 # rlmlab.learning.data
+    result = train(cfg, split.train, split.val, "runs/x", task=task, validate_fn=...)
 
 One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
 "batch" means), runs them through the model in micro-batches of one row length, and
@@ -59,7 +60,7 @@ from rlmlab.learning.step import (
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.machine import machine_facts
 from rlmlab.runlog import MetricsLog
-from rlmlab.task.taskfile import load_task
+from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
@@ -111,18 +112,20 @@ def _better(score: float, best: float | None, metric: str, margin: float = 0.0) 
 
 
 def train(cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-          resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
-          echo: Callable[[str], None] = print) -> TrainResult:
-    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
-    return Trainer(cfg, train_data, val_data, run_dir, resume=resume, validate_fn=validate_fn, progress=progress,
-                   echo=echo).run()
+          task: Task | None = None, resume: bool = False, validate_fn: ValidateFn | None = None,
+          progress: bool = True, echo: Callable[[str], None] = print) -> TrainResult:
+    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring. `task` is
+    `cfg.data.task` as the command resolved it (None: resolved here)."""
+    return Trainer(cfg, train_data, val_data, run_dir, task=task, resume=resume, validate_fn=validate_fn,
+                   progress=progress, echo=echo).run()
 
 
 class Trainer:
     """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
 
     def __init__(self, cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-                 resume: bool, validate_fn: ValidateFn | None, progress: bool, echo: Callable[[str], None]):
+                 task: Task | None, resume: bool, validate_fn: ValidateFn | None, progress: bool,
+                 echo: Callable[[str], None]):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
@@ -132,7 +135,7 @@ class Trainer:
         self.vocab, self.learner = train_data.vocab, train_data.learner
         if (val_data.vocab, val_data.learner) != (self.vocab, self.learner):
             raise DataError("training and validation examples differ in learner or vocabulary")
-        self.task = load_task(cfg.data.task)
+        self.task = task if task is not None else load_task(cfg.data.task)
         if self.vocab != self.task.vocab:
             raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
         if self.learner != cfg.data.learner:

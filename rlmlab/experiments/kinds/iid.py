@@ -10,7 +10,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
     eval_results,
@@ -172,7 +172,7 @@ class IIDSweep(ExperimentKind):
         """Folder of the run at training-set size `n` and seed index `seed` (read back by `iid_runs`)."""
         return f"iid-N{n}-s{seed}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, sizes=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, sizes=None,
              seeds=None) -> list[Job]:
         """Jobs of the IID sweep over `sizes` (default: the preset's) and the seed indices `seeds`
         (default: every seed of each size; a size with fewer seeds runs those it has). Runs on
@@ -183,6 +183,7 @@ class IIDSweep(ExperimentKind):
         from rlmlab.experiments.splits import Split, iid_split
 
         p = preset
+        task = preset_task(p, task)
         wanted = sorted(set(sizes or p.iid_sizes))
         if any(not isinstance(n, int) or n < 1 for n in wanted):
             raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
@@ -193,9 +194,9 @@ class IIDSweep(ExperimentKind):
 
         data = out / "data" / "iid"
         ensure_data(data, "split.json", lambda: iid_split(
-            load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
+            load_pool(p, out, task, progress), n_test=p.iid_n_test, n_val=p.n_val,
             dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace))
-        split = Split.load(data, p.task)
+        split = Split.load(data, task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
         available = split.train.num_rows
@@ -214,7 +215,7 @@ class IIDSweep(ExperimentKind):
             meta["skipped_sizes"] = {"sizes": skipped, "reason": f"the split has {available} training expressions"}
             print(f"rlmlab: IID sizes {', '.join(map(str, skipped))} skipped: the split has {available} training "
                   "expressions", file=sys.stderr)
-        write_meta(out, self, p, meta, learners)
+        write_meta(out, self, p, task, meta, learners)
         jobs = []
         for n in sizes:
             path = data / f"train-{n}.parquet"

@@ -8,7 +8,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_saved, ensure_data, read_meta, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
@@ -262,7 +262,7 @@ class ShortcutSuite(ExperimentKind):
     def job_name(self, construction: str) -> str:
         return f"shortcut-{construction}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
              constructions=None, seeds=None) -> list[Job]:
         """Jobs of `constructions` (default: the paper's six) and training seed indices `seeds` (default:
         seed 0; a seed k > 0 trains in `shortcut-<construction>-s<k>/`). Runs on subsets share the
@@ -272,11 +272,9 @@ class ShortcutSuite(ExperimentKind):
         from rlmlab.shortcuts import (CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset,
                                       build_shortcut_dataset)
 
-        from rlmlab.task.taskfile import load_task
-
         p = preset
         seeds = check_seeds(seeds)
-        task = load_task(p.task)
+        task = preset_task(p, task)
         if not task.is_paper:
             raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
                               f"arithmetic; they do not run on {task.describe()}")
@@ -291,7 +289,7 @@ class ShortcutSuite(ExperimentKind):
             if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
                 self.check_meta(old, out / "experiment.json")
                 planned |= set(old.get("constructions", ()))
-        write_meta(out, self, p, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
+        write_meta(out, self, p, task, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []
         for name in names:

@@ -17,7 +17,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
+from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task
 from rlmlab.experiments.kinds.threshold import report_threshold
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -280,10 +280,10 @@ class ThresholdSweep(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {"kind": meta.get("kind"), "shared": meta.get("shared"), "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, lengths=None, depths=None, seeds=None) -> dict:
-        return {"kind": self.name, "shared": shared(preset), "task": preset_task_digest(preset)}
+    def planned_identity(self, preset, task=None, lengths=None, depths=None, seeds=None) -> dict:
+        return {"kind": self.name, "shared": shared(preset), "task": preset_task(preset, task).digest}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, lengths=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, lengths=None,
              depths=None, seeds=None) -> list[Job]:
         """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths) and the
         training seed indices `seeds` (default: seed 0; `rlmlab.experiments.seeds`). Runs on
@@ -293,6 +293,7 @@ class ThresholdSweep(ExperimentKind):
                                               without_ood)
 
         p = preset
+        task = preset_task(p, task)
         seeds = check_seeds(seeds)
         if lengths is None and depths is None:
             lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
@@ -307,14 +308,14 @@ class ThresholdSweep(ExperimentKind):
 
         def build(kind: str, threshold: int):
             nonlocal pool  # loaded once, by the first threshold whose split has to be built
-            pool = pool if pool is not None else load_pool(p, out, progress)
+            pool = pool if pool is not None else load_pool(p, out, task, progress)
             return threshold_split(pool, kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap, n_train=p.n_train)
 
         for name in wanted:
             kind, threshold = parse_job(name)
             data = out / "data" / name
             ensure_data(data, "split.json", partial(build, kind, threshold), expected=splits.get(name))
-            split = Split.load(data, p.task)
+            split = Split.load(data, task)
             check_split(data, split.params, p, asked)
             if (why := without_ood(split.params)) is not None:
                 print(f"{data}: warning: {why}", file=sys.stderr)
@@ -322,7 +323,7 @@ class ThresholdSweep(ExperimentKind):
             jobs += [Job(seeded_job(name, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
                          {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
                      for seed in seeds for v in learners]
-        write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
+        write_meta(out, self, p, task, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

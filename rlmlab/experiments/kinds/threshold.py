@@ -11,7 +11,7 @@ import numpy as np
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -462,10 +462,10 @@ class ThresholdSplit(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {**super().identity(meta), "threshold": meta.get("threshold")}
 
-    def planned_identity(self, preset, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
-        return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
+    def planned_identity(self, preset, task=None, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
+        return {**super().planned_identity(preset, task), "threshold": self.threshold(preset, threshold)}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
              threshold: int | None = None, seeds: list[int] | None = None) -> list[Job]:
         """One job per learner and training seed index (default: seed 0 only). Every seed trains
         on the same split and is evaluated on the same expressions; the seed sets the model's
@@ -473,18 +473,19 @@ class ThresholdSplit(ExperimentKind):
         from rlmlab.experiments.splits import Split, threshold_split, without_ood
 
         p = preset
+        task = preset_task(p, task)
         threshold = self.threshold(p, threshold)
         seeds = check_seeds(seeds)
         data = out / "data" / self.job_name(threshold)
         ensure_data(data, "split.json", lambda: threshold_split(
-            load_pool(p, out, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+            load_pool(p, out, task, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
             n_train=p.n_train))
-        split = Split.load(data, p.task)
+        split = Split.load(data, task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
         if (why := without_ood(split.params)) is not None:
             print(f"{data}: warning: {why}", file=sys.stderr)
-        write_meta(out, self, p, {"threshold": threshold, "split": split.params}, learners)
+        write_meta(out, self, p, task, {"threshold": threshold, "split": split.params}, learners)
         return [Job(self.job_name(threshold, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
                     {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
                 for seed in seeds for v in learners]
