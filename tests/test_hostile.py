@@ -327,7 +327,7 @@ def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path
     run = experiment / "length-96" / "rm"
     data = tmp_path / "e.txt"
     data.write_text("add(1,2)\ndouble(3)\n")
-    theirs = run / "eval" / "eval"
+    theirs = run / "eval"
     before = _files(theirs)
     err = one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(data), "--quiet",
                                   "--out", str(theirs)])

@@ -354,7 +354,7 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
 def test_run_keeps_inexact_traces_and_the_experiment_views(tmp_path):
     out = tmp_path / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
-    eval_dir = out / "length-96" / "rm" / "eval" / "eval"
+    eval_dir = out / "length-96" / "rm" / "eval"
     rows = read_results(eval_dir)
     assert any(not r["trace_exact"] for r in rows)  # three training steps: the model is mostly wrong
     for r in rows:

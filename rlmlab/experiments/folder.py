@@ -5,6 +5,7 @@
     data/                         the pool, the split or the shortcut data sets (parquet + JSON)
     <job>/<learner>/              a training run (rlmlab train's run folder)
     <job>/<learner>/eval/<set>/   results.parquet (+ traces.parquet) + summary.json of one evaluation set
+                                  (the set "eval" in <job>/<learner>/eval/ itself; before, eval/eval/)
     report/                       tables and figures (`rlmlab report`), pure functions of the above
 
 The checks here keep a re-run from mixing data built under other settings, or one experiment's

@@ -123,6 +123,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import learner
     from rlmlab.learning.step import resolve_device
+    from rlmlab.measuring.results import eval_dir, find_eval_dir
     from rlmlab.measuring.score import evaluate_file
 
     run_dir = job.run_dir(out)
@@ -157,20 +158,20 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     summaries = {}
     loaded = None
     for set_name, path in job.evals.items():
-        eval_dir = run_dir / "eval" / set_name
-        saved = _evaluated(eval_dir)
+        found = find_eval_dir(run_dir, set_name)  # an evaluation from before `eval_dir` counts too
+        saved = _evaluated(found)
         if saved is not None and Path(str(saved.get("data", ""))).name == Path(path).name:
             summaries[set_name] = saved
             continue
         if saved is not None:  # e.g. a sample (`--preset.eval_sample`) where the whole set is asked now
-            print(f"{eval_dir}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
+            print(f"{found}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
                                     {**job.settings, **positions}.get("model.positions", "learned"),
                                     task=job.settings.get("data.task"))
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
-            eval_dir, ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
+            eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
                     "set": set_name},

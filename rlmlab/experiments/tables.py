@@ -9,7 +9,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import PAPER_LEARNERS, learner
 from rlmlab.experiments.refs import job_runs, run_path
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.results import find_eval_dir, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 from rlmlab.safeio import read_json
 
@@ -76,7 +76,7 @@ def training_runs(out: Path, job: str) -> dict[str, Path]:
 
 
 def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
-    path = run_path(out, job, name) / "eval" / set_name
+    path = find_eval_dir(run_path(out, job, name), set_name)
     return read_results(path) if has_results(path) else None
 
 

@@ -32,7 +32,7 @@ from rlmlab.experiments.tables import learner_name
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
 from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.learning.learner import learner
-from rlmlab.measuring.results import RESULTS, read_results, results_file, summary_learner
+from rlmlab.measuring.results import RESULTS, evaluated_sets, read_results, results_file, summary_learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.taskfile import load_task
@@ -512,11 +512,11 @@ def eval_set_task(es: EvalSet) -> str | None:
     return rec.get("spec") if isinstance(rec, dict) and isinstance(rec.get("spec"), str) else None
 
 
-def eval_sets(folder: str | Path) -> list[tuple[str, str, Path]]:
-    """(job, learner, evaluation folder) of every `<job>/<learner>/eval/<set>/` with a results
-    file that an experiment holds or refers to."""
-    return [(job, learner, p) for job, learner, run in experiment_runs(Path(folder))
-            for p in sorted((run / "eval").glob("*")) if results_file(p) is not None]
+def eval_sets(folder: str | Path) -> list[tuple[str, str, str, Path]]:
+    """(job, learner, set, evaluation folder) of every set evaluated (`evaluated_sets`) by a run
+    that an experiment holds or refers to."""
+    return [(job, learner, set_name, p) for job, learner, run in experiment_runs(Path(folder))
+            for set_name, p in evaluated_sets(run).items()]
 
 
 def read_experiment(folder: Path) -> dict:
@@ -537,8 +537,7 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     task = load_task(preset.get("task") if isinstance(preset, dict) and isinstance(preset.get("task"), str) else None)
     executions: dict[str, Execution] = {}  # the learners of a job share their expressions
     pages, rows = [], []
-    for job, name, set_dir in eval_sets(folder):
-        set_name = set_dir.name
+    for job, name, set_name, set_dir in eval_sets(folder):
         rel = Path(job) / name / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
         title = f"{job} · {learner_name(name)} · {set_name}"
