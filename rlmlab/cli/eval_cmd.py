@@ -16,7 +16,7 @@ from pathlib import Path
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import MAX_THREADS
-from rlmlab.learning.learner import learner
+from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.results import RESULTS, eval_dir, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import add_task_option, load_task
@@ -72,7 +72,7 @@ def _check_args(args) -> None:
         args.oracle = named or args.oracle_learner
         if args.oracle is None:
             raise ConfigError("--oracle needs a learner: --oracle rm or --oracle cot")
-        learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
+        get_learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
             raise ConfigError("give RUN_DIR (a training run folder), or --oracle rm|cot")

@@ -17,7 +17,7 @@ from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import MAX_THREADS, field_docs
-from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.safeio import refuse_other_folder
 
 
@@ -116,7 +116,7 @@ def run(args) -> int:
     if not names:
         raise ConfigError("--learners: no learner given")
     for v in names:
-        learner(v)  # one-line ConfigError naming an unknown learner or encoding
+        get_learner(v)  # one-line ConfigError naming an unknown learner or encoding
         if "/" in v:
             raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)

@@ -175,7 +175,7 @@ class ExperimentPreset:
         learner; the value is parsed as the config field's type. A table may be named by its old
         name (`OLD_TABLES`: per_view, ...), as commands stored before the rename do."""
         from rlmlab.learning.config import parse_setting
-        from rlmlab.learning.learner import learner
+        from rlmlab.learning.learner import get_learner
 
         tables = {name: {who: dict(settings) for who, settings in getattr(self, name).items()}
                   for name in PER_LEARNER_TABLES}
@@ -201,7 +201,7 @@ class ExperimentPreset:
             if not eq or not key:
                 raise ConfigError(f"{where}: expected TABLE.LEARNER.SECTION.KEY=VALUE, e.g. "
                                   "shortcut_per_learner.cot.train.batch_size=4")
-            learner(who)  # one-line ConfigError naming an unknown learner or encoding
+            get_learner(who)  # one-line ConfigError naming an unknown learner or encoding
             entry = target.setdefault(who, dict(settings_for(target, who)))
             entry[key] = parse_setting(key, text, where)
         return replace(self, **tables, iid_per_size=sized)
@@ -268,9 +268,9 @@ def settings_for(table: dict, name: str) -> dict:
     """Learner `name`'s entry of a per-learner settings table. A learner without settings of its
     own (rm-frames, a new observation function) takes those of the learner whose driver it
     decodes with."""
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
 
-    return table.get(name, table.get(learner(name).driver, {}))
+    return table.get(name, table.get(get_learner(name).driver, {}))
 
 
 def merge_learner_tables(old: dict, new: dict, learners) -> dict:

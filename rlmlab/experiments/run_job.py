@@ -121,7 +121,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
     from rlmlab.learning.step import resolve_device
     from rlmlab.measuring.results import eval_dir, find_eval_dir
     from rlmlab.measuring.score import evaluate_file
@@ -135,10 +135,10 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         stays = reopen_to_extend(run_dir, job.settings)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
-    who = learner(job.learner)
-    positions = {"model.positions": who.positions} if who.positions else {}
+    who = get_learner(job.learner)
+    encoding = {"model.positions": who.encoding} if who.encoding else {}
     if not done.exists():
-        cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.learner": who.base,
+        cfg = apply_settings(RunConfig(), {**job.settings, **encoding, "data.learner": who.base,
                                             "data.train": job.train, "data.val": job.val})
         cfg.require_stop_rule()
         result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress,
@@ -167,8 +167,8 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
             print(f"{found}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
-                                    {**job.settings, **positions}.get("model.positions", "learned"),
-                                    task=job.settings.get("data.task"))
+                                    {**job.settings, **encoding}.get("model.positions", "learned"),
+                                    task=task)
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
             eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,

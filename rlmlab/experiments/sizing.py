@@ -89,10 +89,11 @@ REFERENCE = {"rm": {"cpu_s_per_step": 0.46, "threshold": ("length", 595)},
 REFERENCE_DECODE_S = {"rm": 328.0, "cot": 435.0}
 
 
-def step_work(positions: np.ndarray, batch: int, learner: str) -> float:
-    """Relative work of one step of `batch` examples drawn from examples of these positions."""
-    span = positions / 2 if learner == "cot" else np.full(len(positions), float(DENSE_ROW["rm"]))
-    return batch * float((positions * (CPU_MODEL_KEYS + span)).mean())
+def step_work(spans: np.ndarray, batch: int, learner: str) -> float:
+    """Relative work of one step of `batch` examples drawn from examples that occupy `spans`
+    positions each."""
+    keys = spans / 2 if learner == "cot" else np.full(len(spans), float(DENSE_ROW["rm"]))
+    return batch * float((spans * (CPU_MODEL_KEYS + keys)).mean())
 
 
 def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, learner: str) -> float:
@@ -148,20 +149,20 @@ def size_threshold(cols: dict, rows: dict, preset, learners, kind: str, t: int) 
         batch = int(settings.get("train.batch_size", 64))
         steps = settings.get("train.max_steps")
         if family == "cot":
-            positions = trace[tr] - 1
+            spans = trace[tr] - 1
             examples = len(tr)
             tokens = int(trace[tr].sum())
         else:
             # Per frame instance; the mean lane positions per example is what a step's budget multiplies.
             examples = int(cols["frames"][tr].sum())
             tokens = int(cols["lane_tokens"][tr].sum())
-            positions = None
+            spans = None
         total_positions = tokens - examples
         mean_positions = total_positions / examples
         step_positions = batch * mean_positions
         steps_per_epoch = examples / batch
         if family == "cot":
-            work = step_work(positions, batch, "cot")
+            work = step_work(spans, batch, "cot")
         else:
             # Lanes are ~30 positions, inside RM's dense 128-position rows: work per position is flat.
             work = step_positions * (CPU_MODEL_KEYS + DENSE_ROW["rm"])

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.experiments.refs import experiment_runs
-from rlmlab.experiments.tables import learner_name
+from rlmlab.experiments.tables import learner_label
 from rlmlab.experiments.viewer_assets import CSS, EVAL_JS
 from rlmlab.safeio import parse_json, read_json, regular_file
-from rlmlab.learning.learner import learner
+from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.results import RESULTS, evaluated_sets, read_results, results_file, summary_learner
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import Execution, execute
@@ -337,7 +337,7 @@ def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progr
 def _driver(name: str) -> str:
     """What the learner reads ("rm", "cot", ...), so that the page marks its side; "" if unknown."""
     try:
-        return learner(name).driver
+        return get_learner(name).driver
     except RlmlabError:
         return ""
 
@@ -378,7 +378,7 @@ def _header(es: EvalSet, title: str, back: str | None) -> str:
              f"<h1>{_esc(title)}</h1>"]
     who = []
     if summary_learner(s):
-        who.append(f"learner <b>{_esc(learner_name(summary_learner(s)))}</b> (<code>{_esc(summary_learner(s))}</code>)")
+        who.append(f"learner <b>{_esc(learner_label(summary_learner(s)))}</b> (<code>{_esc(summary_learner(s))}</code>)")
     if s.get("predictor") == "oracle":
         who.append("oracle predictor")
     elif s.get("run_dir"):
@@ -540,12 +540,12 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     for job, name, set_name, set_dir in eval_sets(folder):
         rel = Path(job) / name / f"{set_name}.html"
         es = read_eval_set(set_dir, limit)
-        title = f"{job} · {learner_name(name)} · {set_name}"
+        title = f"{job} · {learner_label(name)} · {set_name}"
         page = write_page(out / rel, lambda: eval_page(es, title, "../../index.html", executions, stage, task),
                           len(es.results))
         pages.append(page)
         n = len(es.results)
-        rows.append((job, learner_name(name), set_name, rel.as_posix(), n,
+        rows.append((job, learner_label(name), set_name, rel.as_posix(), n,
                      sum(r["correct"] for r in es.results) / n,
                      sum(bool(r.get("valid", r["correct"])) for r in es.results) / n,
                      sum(bool(r.get("trace_exact")) for r in es.results) / n))

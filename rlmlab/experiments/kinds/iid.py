@@ -15,7 +15,7 @@ from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.tables import (
     eval_results,
     learner_line,
-    learner_name,
+    learner_label,
     learners,
     pct,
     plot_learning_curves,
@@ -55,7 +55,7 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
                 continue
             exprs = [r["expr"] for r in per_seed[0]]
             if any([r["expr"] for r in res] != exprs for res in per_seed[1:]):
-                raise DataError(f"{out}: the seeds of N={n} ({learner_name(name)}) were tested on "
+                raise DataError(f"{out}: the seeds of N={n} ({learner_label(name)}) were tested on "
                                 "different expressions")
             by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
@@ -102,11 +102,11 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         ci = p["ci95"]
         tok = p.get("per_token")
         tci = p.get("per_token_ci95")
-        md.append(f"| {p['N']} | {learner_name(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
+        md.append(f"| {p['N']} | {learner_label(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
                   f"{pct(ci[0])}–{pct(ci[1])} | {' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(tok)} | "
                   f"{'–' if tci is None else pct(tci[0]) + '–' + pct(tci[1])} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
-           r"\midrule"] + [f"{p['N']} & {learner_name(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
+           r"\midrule"] + [f"{p['N']} & {learner_label(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
                            f"{pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
     skipped = meta.get("skipped_sizes")
     if skipped:
@@ -125,12 +125,12 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
             continue
         x = [p["N"] for p in ps]
         line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o", linestyle=style, color=color,
-                        label=learner_name(name))
+                        label=learner_label(name))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         _scatter_seeds(a1, ps, "seed_accuracy", color)
         if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_name(name))
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_label(name))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
             _scatter_seeds(a2, ps, "seed_per_token", color)

@@ -26,7 +26,7 @@ from rlmlab.experiments.tables import (
     LEARNER_COLORS,
     eval_results,
     fitted,
-    learner_name,
+    learner_label,
     learners,
     pct,
     save_figure,
@@ -104,7 +104,7 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
     import json
 
     from rlmlab.learning.config import preset
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
 
     if run_dir is None or not (run_dir / "config.json").exists():
         return {}
@@ -113,7 +113,7 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
         if model.get("positions", "learned") != "learned":
             return {}
         block = model.get("block_size") or preset(model["preset"], name, 1).block_size
-        driver = learner(name).driver
+        driver = get_learner(name).driver
     except (ValueError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
     except ConfigError:
@@ -142,11 +142,11 @@ def sweep_table(kind: str, points: list[dict]) -> str:
         last = p["threshold"]
         cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None
                  else pct(p["ood"][lab]["accuracy"]) for lab in labels]
-        md.append(f"| {p['threshold']} | {learner_name(p['learner'])} | {p['n_train']:,} | {p['t_max']} | "
+        md.append(f"| {p['threshold']} | {learner_label(p['learner'])} | {p['n_train']:,} | {p['t_max']} | "
                   f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
                   + " | ".join(cells) + " |")
     md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
-    notes = [f"- {unit} = {p['threshold']}, {learner_name(p['learner'])}: "
+    notes = [f"- {unit} = {p['threshold']}, {learner_label(p['learner'])}: "
              + ", ".join(f"{k} of {p['n'][lab]} in ×{lab}" for lab, k in p["beyond_table"].items())
              for p in points if p["beyond_table"]]
     if notes:
@@ -171,7 +171,7 @@ def sweep_tex(kind: str, points: list[dict]) -> str:
     for p in points:
         cells = [("n.f." if not p["fitted"] else "--") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
                  for lab in labels]
-        tex.append(f"{p['threshold']} & {learner_name(p['learner'])} & {pct(p['below'] and p['below']['accuracy'])} & "
+        tex.append(f"{p['threshold']} & {learner_label(p['learner'])} & {pct(p['below'] and p['below']['accuracy'])} & "
                    + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(tex).replace("–", "--") + "\n"
@@ -223,7 +223,7 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
                             color=cmap(j / max(1, len(labels) - 1)), lw=1.2, ms=4, alpha=0.9)
             unfit = [p["threshold"] for p in mine if not p["fitted"]]
             handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
-                                  label=learner_name(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
+                                  label=learner_label(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
                                                               if unfit else "")))
         handles.append(Line2D([], [], color="grey", lw=2.4, label=f"below {UNIT[kind]} (learner's colour)"))
         handles += [Line2D([], [], color=cmap(j / max(1, len(labels) - 1)), lw=1.2, label=f"×{lab}")
