@@ -15,7 +15,8 @@ import torch
 from conftest import sample_expressions
 
 from rlmlab.cli import main
-from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
+from rlmlab.experiments.viewer import embedded_data
+from rlmlab.experiments.viewer_data import WRONG_VALID, produced_tokens
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_rows
