@@ -13,13 +13,14 @@ import argparse
 import json
 from pathlib import Path
 
+from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import MAX_THREADS
 from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.results import RESULTS, eval_dir, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
-from rlmlab.task.taskfile import add_task_option, load_task
+from rlmlab.task.taskfile import load_task
 
 MAX_DEPTH = 64  # the default of rlmlab.decoding.driver.Limits.max_depth (test_cli checks they agree)
 RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame_examples"}  # old --by names
@@ -56,9 +57,7 @@ def register(sub) -> None:
                    "(default: none beyond the model's block size)")
     p.add_argument("--traces", action="store_true", help="save every produced trace in traces.parquet (by "
                    "default only those that differ from the canonical trace)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_task_option(p)
+    add_decoding_options(p)
     p.set_defaults(handler=run)
 
 

@@ -224,13 +224,7 @@ class ExperimentPreset:
         """The typed `rlmlab train` settings (dotted keys) of learner `name`'s job: the preset's
         budgets and `train` settings, then its settings for that learner, then `per_learner`."""
         s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
-             "train.answer_eval": self.answer_eval}
-        if self.minutes is not None:
-            s["train.max_minutes"] = self.minutes
-        if self.max_steps is not None:
-            s["train.max_steps"] = self.max_steps
-        if self.patience is not None:
-            s["train.patience"] = self.patience
+             "train.answer_eval": self.answer_eval, **budget_settings(self.minutes, self.max_steps, self.patience)}
         s.update({f"train.{k}": v for k, v in self.train.items()})
         if self.task != "paper":
             s["data.task"] = self.task
@@ -248,6 +242,12 @@ OLD_TABLES = {"per_view": "per_learner", "shortcut_per_view": "shortcut_per_lear
 JOB_OWNED = frozenset({"data.learner", "data.view", "data.train", "data.val", "train.seed"})
 # A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
 POOL_ROW_BYTES = 256
+
+
+def budget_settings(minutes: float | None, max_steps: int | None, patience: int | None) -> dict:
+    """The `train.*` settings of a budget, its unset parts left out (a run's own defaults hold)."""
+    budget = {"train.max_minutes": minutes, "train.max_steps": max_steps, "train.patience": patience}
+    return {k: v for k, v in budget.items() if v is not None}
 
 
 def settable_fields() -> dict[str, object]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import read_jsonl
+from rlmlab.safeio import first_file, read_jsonl
 
 EVAL = "eval"
 RESULTS = "results.parquet"
@@ -55,11 +55,7 @@ def write_rows(out: Path, results: Sequence[dict]) -> Path:
 
 def results_file(folder: str | Path) -> Path | None:
     """The per-expression file of a result folder (Parquet, else legacy JSON lines), or None."""
-    folder = Path(folder)
-    for name in (RESULTS, LEGACY_RESULTS):
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return first_file(folder, (RESULTS, LEGACY_RESULTS))
 
 
 def has_results(folder: str | Path) -> bool:

@@ -82,6 +82,20 @@ class ExperimentKind(ABC):
         """A line of an absorbed experiment's commands.jsonl, as this kind's command for the same runs."""
         return line
 
+    def planned_before(self, out: Path, key: str) -> set:
+        """What the runs that shared the folder `out` before planned under `key` of its
+        experiment.json (sizes, constructions); none in a folder of another kind, which
+        `write_meta` refuses."""
+        from rlmlab.experiments.folder import read_meta
+
+        if not (out / "experiment.json").exists():
+            return set()
+        old = read_meta(out)
+        if old["kind"] != self.name:
+            return set()
+        self.check_meta(old, out / "experiment.json")
+        return set(old.get(key, ()))
+
     def check_meta(self, meta: dict, path: Path) -> None:
         for key, kind in self.meta_fields.items():
             if not isinstance(meta.get(key), kind):

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
-from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.presets import ExperimentPreset, budget_settings
 from rlmlab.experiments.tables import (
     eval_results,
     learner_line,
@@ -26,13 +26,7 @@ from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
 def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
-    s = p.job_settings(name, seed=1337 + seed)
-    if p.iid_minutes is not None:
-        s["train.max_minutes"] = p.iid_minutes
-    if p.iid_max_steps is not None:
-        s["train.max_steps"] = p.iid_max_steps
-    if p.iid_patience is not None:
-        s["train.patience"] = p.iid_patience
+    s = p.job_settings(name, seed=1337 + seed) | budget_settings(p.iid_minutes, p.iid_max_steps, p.iid_patience)
     s.update(p.iid_settings(n, name))
     # The paper's IID sweep uses no weight decay.
     return {**s, "train.weight_decay": 0.0}
@@ -202,12 +196,7 @@ class IIDSweep(ExperimentKind):
         available = split.train.num_rows
         sizes = [n for n in wanted if n <= available]
         skipped = [n for n in wanted if n > available]
-        planned = set(sizes)
-        if (out / "experiment.json").exists():
-            old = read_meta(out)
-            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
-                self.check_meta(old, out / "experiment.json")
-                planned |= set(old.get("sizes", ()))
+        planned = set(sizes) | self.planned_before(out, "sizes")
         meta = {"split": split.params, "sizes": sorted(planned)}
         if skipped:
             # The paper's N = 450,000 does not fit its own 500,000-expression pool (see

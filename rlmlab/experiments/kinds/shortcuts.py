@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_saved, ensure_data, read_meta, write_meta
+from rlmlab.experiments.folder import check_saved, ensure_data, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
@@ -283,12 +283,7 @@ class ShortcutSuite(ExperimentKind):
         if unknown:
             raise ConfigError(f"unknown shortcut construction {unknown[0]!r} "
                               f"(have: {', '.join(EXPERIMENT_CONSTRUCTIONS)})")
-        planned = set(names)
-        if (out / "experiment.json").exists():
-            old = read_meta(out)
-            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
-                self.check_meta(old, out / "experiment.json")
-                planned |= set(old.get("constructions", ()))
+        planned = set(names) | self.planned_before(out, "constructions")
         write_meta(out, self, p, task, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []
