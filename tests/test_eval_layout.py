@@ -12,7 +12,7 @@ import pytest
 import rlmlab.results
 from rlmlab.cli import main
 from rlmlab.experiments.report import report
-from rlmlab.measuring.results import eval_dir, evaluated_sets, find_eval_dir, read_results
+from rlmlab.measuring.results import eval_dir, evaluated_sets, find_eval_dir, read_results, run_of_eval_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"  # written in the old layout
 RUNS = ("length-96/rm", "length-96/cot")
@@ -42,6 +42,8 @@ def test_the_set_eval_is_written_one_level_down_and_found_in_either_layout(both_
         assert evaluated_sets(new / run) == {"eval": new / run / "eval"}
         assert read_results(find_eval_dir(old / run, "eval")) == read_results(find_eval_dir(new / run, "eval"))
     assert find_eval_dir(new / "length-96" / "rm", "test") == new / "length-96" / "rm" / "eval" / "test"
+    for base, folder in ((old, "eval/eval"), (new, "eval"), (new, "eval/test")):
+        assert run_of_eval_dir(base / "length-96/rm" / folder) == base / "length-96/rm"
 
 
 def test_report_and_records_read_both_layouts_alike(both_layouts, tmp_path):
@@ -70,9 +72,11 @@ def test_export_keeps_and_the_viewer_reads_either_layout(both_layouts, tmp_path)
         index = (tmp_path / f"view-{name}" / "index.html").read_text()
         pages[name] = sorted(re.findall(r'<a href="([^"]+\.html)">', index))
     assert pages["old"] == pages["new"] == ["length-96/cot/eval.html", "length-96/rm/eval.html"]
-    for link in pages["new"]:
-        assert (tmp_path / "view-old" / link).read_text().replace(str(old), "") == \
-            (tmp_path / "view-new" / link).read_text().replace(str(new), "")
+    for link in pages["new"]:  # the same page, but for the evaluation folder it names
+        run = link.rpartition("/")[0]
+        page = {name: (tmp_path / f"view-{name}" / link).read_text() for name in ("old", "new")}
+        assert page["old"].replace(str(old / run / "eval" / "eval"), "EVAL") == \
+            page["new"].replace(str(new / run / "eval"), "EVAL")
 
 
 def test_rlmlab_eval_writes_data_named_eval_one_level_down(tmp_path, monkeypatch, capsys):

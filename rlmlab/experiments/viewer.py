@@ -35,7 +35,7 @@ from rlmlab.experiments.viewer_data import (
     read_eval_set,
     read_experiment,
 )
-from rlmlab.measuring.results import RESULTS, results_file, summary_learner
+from rlmlab.measuring.results import RESULTS, results_file, run_of_eval_dir, summary_learner
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.trace import Execution
 
@@ -110,7 +110,7 @@ def _header(es: EvalSet, title: str, back: str | None) -> str:
     inexact = [r for r in res if not r.get("trace_exact")]
     saved = sum(isinstance(r.get("trace"), str) for r in inexact)
     if inexact and saved < len(inexact):
-        run = Path(s.get("run_dir") or es.folder.parent.parent)
+        run = Path(s.get("run_dir") or run_of_eval_dir(es.folder))
         cmd = f"rlmlab eval {run} --data {s.get('data', 'EXPRS')} --out {es.folder} --traces"
         # `rlmlab export` leaves checkpoints behind: say where the one to use lives.
         where = "" if (run / "best" / "checkpoint.json").exists() else (

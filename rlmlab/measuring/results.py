@@ -75,6 +75,12 @@ def find_eval_dir(run_dir: str | Path, set_name: str) -> Path:
     return old if not has_results(new) and has_results(old) else new
 
 
+def run_of_eval_dir(folder: str | Path) -> Path:
+    """The run folder an evaluation folder of either layout belongs to."""
+    folder = Path(folder)
+    return folder.parent.parent if folder.parent.name == EVAL else folder.parent
+
+
 def evaluated_sets(run_dir: str | Path) -> dict[str, Path]:
     """Every set a run was evaluated on, {set: folder}, by name, from either layout (the
     current one where a run holds both)."""
