@@ -158,7 +158,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     summaries = {}
     loaded = None
     for set_name, path in job.evals.items():
-        found = find_eval_dir(run_dir, set_name)  # an evaluation from before `eval_dir` counts too
+        found = find_eval_dir(run_dir, set_name)  # one in the old layout (eval/eval/) counts too
         saved = _evaluated(found)
         if saved is not None and Path(str(saved.get("data", ""))).name == Path(path).name:
             summaries[set_name] = saved
