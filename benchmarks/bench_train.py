@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.learning.learner import learner  # noqa: E402
+from rlmlab.learning.learner import get_learner  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.positions import context_limit  # noqa: E402
 from rlmlab.learning.packing import (  # noqa: E402
@@ -102,9 +102,9 @@ def plain_data(T: int, n: int = 512) -> ExampleSet:
 
 def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
     torch.manual_seed(0)
-    encoding = {} if view.startswith("plain:") or learner(view).positions is None else \
-        {"positions": learner(view).positions}
-    model = Transformer(preset(name, "cot" if view.startswith("plain:") else learner(view).base, len(data.vocab),
+    encoding = {} if view.startswith("plain:") or get_learner(view).encoding is None else \
+        {"positions": get_learner(view).encoding}
+    model = Transformer(preset(name, "cot" if view.startswith("plain:") else get_learner(view).base, len(data.vocab),
                                **encoding))
     data, dropped = fit_to_block(data, context_limit(model.cfg), True, "benchmark")
     optimizer = configure_optimizer(model, tc)
@@ -162,12 +162,12 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
-                build_examples(exprs, learner(v).base, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                build_examples(exprs, get_learner(v).base, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
                 for v in args.views.split(",")}
         for name in args.presets.split(","):
             for view in args.views.split(","):
                 row_len = (int(view.split(":")[1]) if view.startswith("plain:")
-                           else args.row_len or DataSettings(learner=learner(view).base).row_length)
+                           else args.row_len or DataSettings(learner=get_learner(view).base).row_length)
                 peak = max(peak, matmul_peak(1.0))
                 r = bench(name, view, data[view], args.seconds, tc, row_len)
                 results.append(r)

@@ -20,7 +20,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.results import evaluated_sets, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 
 KINDS = ("eval", "probe", "metrics")
@@ -41,9 +41,11 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
             if has_metrics(run_dir):
                 rows += [{**where, **r} for r in read_metrics(run_dir)]
             continue
-        for set_dir in sorted(p for p in (run_dir / what).glob("*") if has_results(p)):
+        sets = (evaluated_sets(run_dir) if what == "eval" else
+                {p.name: p for p in sorted((run_dir / what).glob("*")) if has_results(p)})
+        for set_name, set_dir in sets.items():
             required = ("expr", "correct") if what == "eval" else ("expr",)
-            rows += [{**where, "set": set_dir.name, **r} for r in read_results(set_dir, required, traces=traces)]
+            rows += [{**where, "set": set_name, **r} for r in read_results(set_dir, required, traces=traces)]
     return rows
 
 

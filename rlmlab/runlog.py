@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import parse_json
+from rlmlab.safeio import first_file, parse_json
 
 METRICS = "metrics.parquet"
 LEGACY_METRICS = "metrics.jsonl"
@@ -20,11 +20,7 @@ LEGACY_METRICS = "metrics.jsonl"
 def metrics_file(run_dir: str | Path) -> Path | None:
     """The run's training log (the live JSON lines first: a run that trains on after a
     conversion appends there), or None."""
-    run_dir = Path(run_dir)
-    for name in (LEGACY_METRICS, METRICS):
-        if (run_dir / name).is_file():
-            return run_dir / name
-    return None
+    return first_file(run_dir, (LEGACY_METRICS, METRICS))
 
 
 def has_metrics(run_dir: str | Path) -> bool:

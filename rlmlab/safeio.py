@@ -138,6 +138,12 @@ def _size(n: int) -> str:
     return f"{n:.3g} PiB"
 
 
+def first_file(folder: str | Path, names) -> Path | None:
+    """The first of `names` that is a regular file in `folder`, or None."""
+    folder = Path(folder)
+    return next((folder / name for name in names if (folder / name).is_file()), None)
+
+
 # --- what a folder holds, checked before writing into it ---------------------
 
 def folder_kind(path: str | Path) -> str | None:

@@ -170,7 +170,7 @@ def test_damaged_finished_markers_are_not_trusted(tmp_path, capsys):
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     assert main(argv) == 0
     run = out / "length-96" / "rm"
-    eval_dir = run / "eval" / "eval"
+    eval_dir = run / "eval"
     good = read_results(eval_dir)
     raw = (eval_dir / "results.parquet").read_bytes()
     # A truncated results file (cut short, or holding fewer results than its summary counts) is

@@ -17,7 +17,7 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
         run = out / "length-595" / learner
         assert json.loads((run / "done.json").read_text())["stop_reason"] == "released"
         assert not (run / "last").exists()  # nothing was trained
-        results = read_results(run / "eval" / "eval")
+        results = read_results(run / "eval")
         assert len(results) == 10  # one per bin
         # The released checkpoints are the committed run's: on the first expression of each bin
         # they give the committed prediction and first divergence (docs/cli.md's demo table is

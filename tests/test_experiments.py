@@ -25,13 +25,13 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
     for learner in ("rm", "cot"):
         assert (out / "length-96" / learner / "done.json").exists()
-        results = read_results(out / "length-96" / learner / "eval" / "eval")
+        results = read_results(out / "length-96" / learner / "eval")
         assert len(results) == 40 and {r["bin"] for r in results} == {b["label"] for b in
                                                                       json.loads((out / "experiment.json").read_text())
                                                                       ["split"]["bins"]}
-    stamp = (out / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime
+    stamp = (out / "length-96" / "rm" / "eval" / "summary.json").stat().st_mtime
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0  # resumes: no work
-    assert (out / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime == stamp
+    assert (out / "length-96" / "rm" / "eval" / "summary.json").stat().st_mtime == stamp
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()
     assert "RM acc. (%)" in table and "CoT acc. (%)" in table and "Gap (pt)" in table
@@ -66,12 +66,12 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert not list(dest.rglob("*.safetensors")) and not [p for p in dest.rglob("*.parquet") if p.name not in RECORD_FILES]
     assert not list(dest.rglob("results.jsonl")) and not list(dest.rglob("metrics.jsonl"))
     assert not (dest / "length-96" / "rm" / "best").exists() and (dest / "README.md").read_text() == "notes"
-    for name in ("length-96/rm/eval/eval/results.parquet", "length-96/cot/config.json", "commands.jsonl",
+    for name in ("length-96/rm/eval/results.parquet", "length-96/cot/config.json", "commands.jsonl",
                  "data/length-96/split.json", "report/table-length-96.md", "report/table-training.md"):
         assert (dest / name).read_bytes() == (out / name).read_bytes(), name
     for learner in ("rm", "cot"):
         run, exported = out / "length-96" / learner, dest / "length-96" / learner
-        assert read_results(exported / "eval" / "eval") == read_results(run / "eval" / "eval")
+        assert read_results(exported / "eval") == read_results(run / "eval")
         assert (exported / "metrics.parquet").exists() and read_metrics(exported) == read_metrics(run) != []
     assert main(["export", str(out), str(out / "copy")]) == 2  # not into the folder it copies
     assert main(["export", str(dest / "length-96"), str(tmp_path / "x")]) == 2  # not an experiment folder
@@ -505,7 +505,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert not (run_dir / "done.json").exists() and not (run_dir / "eval").exists()
     assert main(argv) == 0  # the re-run resumes it to its budget, then evaluates
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
-    assert (run_dir / "eval" / "eval" / "summary.json").exists()
+    assert (run_dir / "eval" / "summary.json").exists()
     # A resume after an interruption is listed as a resume, not as an extended budget.
     from rlmlab.experiments.tables import training_summary
 
@@ -621,7 +621,7 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
     run_dir = out / "length-96" / "rm"
     assert main(argv) == 0
-    first = read_results(run_dir / "eval" / "eval")
+    first = read_results(run_dir / "eval")
     assert json.loads((run_dir / "done.json").read_text())["step"] == 3  # smoke: max_steps 3
     assert main([*argv, "--max-steps", "5"]) == 0  # without --extend a finished run is skipped
     assert json.loads((run_dir / "done.json").read_text())["step"] == 3
@@ -634,8 +634,8 @@ def test_extend_continues_a_run_that_ran_out_of_budget(tmp_path, capsys):
     # The old outputs describe the old model: kept aside, and the evaluation is redone.
     old = run_dir / "superseded-step3"
     assert json.loads((old / "done.json").read_text())["step"] == 3
-    assert read_results(old / "eval" / "eval") == first
-    assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 5
+    assert read_results(old / "eval") == first
+    assert json.loads((run_dir / "eval" / "summary.json").read_text())["step"] <= 5
     assert main(["report", str(out)]) == 0
     # The report marks the extension, where the learning rate restarted, apart from plain resumes.
     assert "- length-96 RM: at step 3 (budget extended)\n" in (out / "report" / "table-training.md").read_text()
@@ -664,7 +664,7 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
     done = json.loads((run_dir / "done.json").read_text())
     assert (done["step"], done["stop_reason"]) == (6, "plateau")  # one more stalled validation allowed
     assert json.loads((run_dir / "superseded-step4" / "done.json").read_text())["step"] == 4
-    assert json.loads((run_dir / "eval" / "eval" / "summary.json").read_text())["step"] <= 6
+    assert json.loads((run_dir / "eval" / "summary.json").read_text())["step"] <= 6
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if r["kind"] in ("end", "resume")] == [4, 4, 6]
     assert main(["report", str(out)]) == 0
@@ -676,7 +676,7 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
 @pytest.mark.parametrize("config", ['{"train": 3}', '{"train": {"patience": "5"}}', '{"train": {"max_minutes": [1]}}',
                                     '{"data": {}}', '[]', '{"train": '])
 def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "plateau"}')
     (tmp_path / "config.json").write_text(config)
@@ -686,13 +686,13 @@ def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
 
 
 def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     out, dest = tmp_path / "length", tmp_path / "results" / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
     assert main(["export", str(out), str(dest)]) == 0
     run_dir, exported = out / "length-96" / "rm", dest / "length-96" / "rm"
-    assert (exported / "done.json").exists() and has_results(exported / "eval" / "eval")
+    assert (exported / "done.json").exists() and has_results(exported / "eval")
     # Extended and still training at the next export: the results say so, not the old end.
     assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
     assert main(["export", str(out), str(dest)]) == 0
@@ -874,7 +874,7 @@ def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_pat
     assert load_run(run).model.cfg.positions == "rope" and load_run(run).model.wpe is None
     with pytest.raises(Exception, match="trained with model.positions=rope, not learned"):
         load_run(run, positions="learned")
-    summary = json.loads((run / "eval" / "eval" / "summary.json").read_text())
+    summary = json.loads((run / "eval" / "summary.json").read_text())
     assert summary["learner"] == "cot@rope" and "view" not in summary
     assert main(["report", str(out)]) == 0
     table = (out / "report" / "table-length-96.md").read_text()

@@ -406,7 +406,7 @@ class FakeCluster:
 def test_ray_jobs_reserve_a_share_of_a_gpu_where_the_cluster_has_one():
     from rlmlab.errors import ConfigError
     from rlmlab.experiments.cluster import GPU_SHARE, _gpu_share, _gpus, _refuse_unschedulable
-    from rlmlab.experiments.jobs import Job
+    from rlmlab.experiments.job import Job
 
     def job(**settings):
         return Job("j", "rm", "t.parquet", "v.parquet", {}, {"train.threads": 1, **settings})

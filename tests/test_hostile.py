@@ -149,7 +149,7 @@ def test_parquet_vocabulary_metadata_deep_or_not_utf8_is_one_error(tmp_path):
 
 
 def test_a_config_read_by_extend_nested_deeply_is_one_error(tmp_path):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "max_steps"}')
     (tmp_path / "config.json").write_text('{"train": ' + DEEP + "}")
@@ -327,7 +327,7 @@ def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path
     run = experiment / "length-96" / "rm"
     data = tmp_path / "e.txt"
     data.write_text("add(1,2)\ndouble(3)\n")
-    theirs = run / "eval" / "eval"
+    theirs = run / "eval"
     before = _files(theirs)
     err = one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(data), "--quiet",
                                   "--out", str(theirs)])
@@ -343,7 +343,7 @@ def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path
 # --- checks before moves; no record of refused commands -------------------------------------------
 
 def test_extend_checks_the_run_can_resume_before_moving_its_outputs(experiment, tmp_path):
-    from rlmlab.experiments.jobs import reopen_to_extend
+    from rlmlab.experiments.run_job import reopen_to_extend
 
     run = tmp_path / "rm"
     shutil.copytree(experiment / "length-96" / "rm", run)

@@ -234,7 +234,7 @@ def test_an_experiment_in_progress_under_the_old_names_resumes(tmp_path, capsys)
     assert resumed and resumed[-1]["step"] == 2
     assert json.loads((run / "last" / "checkpoint.json").read_text())["format"] == ck.FORMAT
     assert "per_learner" in json.loads((out / "experiment.json").read_text())["preset"]
-    assert json.loads((run / "eval" / "eval" / "summary.json").read_text())["learner"] == "rm"
+    assert json.loads((run / "eval" / "summary.json").read_text())["learner"] == "rm"
 
 
 # --- summaries and reports ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import DataSettings
-from rlmlab.learning.learner import as_learner, learner
+from rlmlab.learning.learner import as_learner, get_learner as learner
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.observe import (
     NEW,

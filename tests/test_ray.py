@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlmlab.cli import main
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.results import evaluated_sets, read_results
 from rlmlab.runlog import read_metrics
 
 SMOKE = ["run", "length", "--preset", "smoke", "--threads", "1", "--quiet"]
@@ -113,7 +113,7 @@ def both_runs(tmp_path_factory, request):
 def _results(out: Path) -> dict:
     """{job/learner/set: (per-expression results, summary without paths and timings)} of an experiment folder."""
     found = {}
-    for folder in sorted(p for p in out.glob("*/*/eval/*") if has_results(p)):
+    for folder in sorted(p for run in out.glob("*/*") for p in evaluated_sets(run).values()):
         summary = json.loads((folder / "summary.json").read_text())
         summary = {k: v for k, v in summary.items() if k not in PATHS_AND_TIMINGS}
         found[str(folder.relative_to(out))] = (read_results(folder), summary)
@@ -124,7 +124,7 @@ def test_cluster_run_gives_the_results_of_the_local_run(both_runs):
     cwd, stderr = both_runs
     assert "2 jobs on the Ray cluster at" in stderr and "length-96/rm: done" in stderr
     local, cluster = _results(cwd / "local"), _results(cwd / "cluster")
-    assert sorted(local) == ["length-96/cot/eval/eval", "length-96/rm/eval/eval"]
+    assert sorted(local) == ["length-96/cot/eval", "length-96/rm/eval"]
     assert cluster == local
 
 

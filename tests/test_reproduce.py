@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rlmlab.cli import main
 from rlmlab.experiments.reproduce import compare, compare_training_logs, rerun_command, stored_commands
 from rlmlab.experiments.convert import convert_folder
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.results import find_eval_dir, read_results
 from rlmlab.runlog import convert_metrics, read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"
@@ -32,7 +32,7 @@ def fresh(tmp_path_factory):
 
 def decoded(folder: Path, run: str) -> list[tuple]:
     return [(r["expr"], r["prediction"], r["diverge_at"], r["generated"], r["correct"])
-            for r in read_results(folder / run / "eval" / "eval")]
+            for r in read_results(find_eval_dir(folder / run, "eval"))]  # the fixture's folders are the old layout
 
 
 def test_a_rerun_of_the_stored_commands_decodes_every_expression_as_committed(fresh):
@@ -106,6 +106,18 @@ def test_released_checkpoints_reevaluated_on_a_sample_give_the_committed_predict
         assert decoded(out, run) == [committed[i] for i in range(40) if i % 4 < 2]
 
 
+def test_checkpoints_reevaluated_on_a_folder_of_the_current_layout(fresh, tmp_path, capsys):
+    # `fresh` is this version's run: its set "eval" lies in <run>/eval/, the fixture's in eval/eval/.
+    assert not (fresh / "length-96" / "rm" / "eval" / "eval").exists()
+    out = tmp_path / "reeval"
+    assert main(["reproduce", str(fresh), "--checkpoints", str(fresh / "length-96"), "--out", str(out),
+                 "--sample", "1", "--strict"]) == 0
+    assert "length-96/rm/eval: 10 of 10 expressions with the committed prediction" in capsys.readouterr().out
+    for run in RUNS:
+        full = decoded(fresh, run)
+        assert decoded(out, run) == [full[i] for i in range(40) if i % 4 == 0]
+
+
 def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     argv = ["rlmlab", "run", "length", "--preset", "paper-cpu", "--out", "runs/length-595", "--views=rm,cot",
             "--threads=1", "--learner-setting=per_view.cot.train.max_steps=24000"]
@@ -141,9 +153,9 @@ def test_a_sampled_evaluation_is_redone_when_the_whole_set_is_asked(tmp_path):
     out = tmp_path / "run"
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--learners", "rm", "--threads", "1", "--quiet"]
     assert main(argv + ["--preset.eval_sample=1"]) == 0
-    assert len(read_results(out / "length-96" / "rm" / "eval" / "eval")) == 10
+    assert len(read_results(out / "length-96" / "rm" / "eval")) == 10
     assert main(argv) == 0
-    assert len(read_results(out / "length-96" / "rm" / "eval" / "eval")) == 40
+    assert len(read_results(out / "length-96" / "rm" / "eval")) == 40
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -98,7 +98,7 @@ def test_length_split_trains_seeds_on_the_same_split_and_reports_the_spread(tmp_
         for key in ("train", "val"):  # the same split for every seed
             assert json.loads((s0 / "config.json").read_text())["data"][key] == \
                 json.loads((s1 / "config.json").read_text())["data"][key]
-        e0, e1 = read_results(s0 / "eval" / "eval"), read_results(s1 / "eval" / "eval")
+        e0, e1 = read_results(s0 / "eval"), read_results(s1 / "eval")
         assert [r["expr"] for r in e0] == [r["expr"] for r in e1]  # scored on the same expressions
         losses = [[r["loss"] for r in read_metrics(d) if r["kind"] in ("train", "val")] for d in (s0, s1)]
         assert losses[0] and losses[1] and losses[0] != losses[1]  # another initialisation and data order

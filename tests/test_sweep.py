@@ -129,7 +129,7 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     assert main(["run", "sweep", "--preset", "smoke", "--out", str(sweep), "--depths", "3", "--quiet"]) == 0
     meta = json.loads((sweep / "experiment.json").read_text())
     assert (meta["kind"], list(meta["splits"])) == ("sweep", ["depth-3"])
-    assert has_results(sweep / "depth-3" / "rm" / "eval" / "eval")
+    assert has_results(sweep / "depth-3" / "rm" / "eval")
     assert main(["run", "length", "--preset", "smoke", "--out", str(single), "--quiet"]) == 0
     assert main(["report", str(single)]) == 0
     # Another pool is another sweep: refused before anything is built.
@@ -145,9 +145,9 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     meta = json.loads((dest / "experiment.json").read_text())
     assert (meta["kind"], sorted(meta["splits"])) == ("sweep", ["depth-3", "length-96"])
     assert meta["splits"]["length-96"] == json.loads((single / "experiment.json").read_text())["split"]
-    for name in ("length-96/cot/eval/eval/results.parquet", "data/length-96/split.json"):
+    for name in ("length-96/cot/eval/results.parquet", "data/length-96/split.json"):
         assert (dest / name).read_bytes() == (single / name).read_bytes(), name
-    assert read_results(dest / "length-96/cot/eval/eval") == read_results(single / "length-96/cot/eval/eval")
+    assert read_results(dest / "length-96/cot/eval") == read_results(single / "length-96/cot/eval")
     assert (dest / "length-96/rm/metrics.parquet").exists()  # the training log, converted as exported
     assert read_metrics(dest / "length-96/rm") == read_metrics(single / "length-96/rm") != []
     commands = [json.loads(line) for line in (dest / "commands.jsonl").read_text().splitlines()]
@@ -177,9 +177,9 @@ def test_sweep_runs_resumes_reports_and_takes_in_a_single_threshold_experiment(t
     # Into the sweep's own run folder too: running the threshold then has nothing to train; its
     # split (left out of the export) is rebuilt from the pool and must come out the same.
     assert main(["export", str(single), str(sweep)]) == 0
-    stamp = (sweep / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime
+    stamp = (sweep / "length-96" / "rm" / "eval" / "summary.json").stat().st_mtime
     assert main(["run", "sweep", "--preset", "smoke", "--out", str(sweep), "--lengths", "96", "--quiet"]) == 0
-    assert (sweep / "length-96" / "rm" / "eval" / "eval" / "summary.json").stat().st_mtime == stamp
+    assert (sweep / "length-96" / "rm" / "eval" / "summary.json").stat().st_mtime == stamp
     assert (sweep / "data" / "length-96" / "train.parquet").exists()
     assert not (sweep / "length-96" / "rm" / "best").exists()  # nothing was trained
     # A single-threshold folder still holds only its own experiment.

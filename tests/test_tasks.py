@@ -384,7 +384,7 @@ def test_smoke_experiment_on_the_second_task_and_no_mixing(tmp_path, capsys):
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 2
     assert "another task" in capsys.readouterr().err
     assert main(["report", str(out)]) == 0
-    res = read_results(out / "length-96" / "rm" / "eval" / "eval")
+    res = read_results(out / "length-96" / "rm" / "eval")
     assert res and all(parse(r["expr"], load_task("mod7").library) for r in res)
 
 

@@ -15,7 +15,8 @@ import torch
 from conftest import sample_expressions
 
 from rlmlab.cli import main
-from rlmlab.experiments.viewer import WRONG_VALID, embedded_data, produced_tokens
+from rlmlab.experiments.viewer import embedded_data
+from rlmlab.experiments.viewer_data import WRONG_VALID, produced_tokens
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results, write_rows
@@ -354,7 +355,7 @@ def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
 def test_run_keeps_inexact_traces_and_the_experiment_views(tmp_path):
     out = tmp_path / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
-    eval_dir = out / "length-96" / "rm" / "eval" / "eval"
+    eval_dir = out / "length-96" / "rm" / "eval"
     rows = read_results(eval_dir)
     assert any(not r["trace_exact"] for r in rows)  # three training steps: the model is mostly wrong
     for r in rows:

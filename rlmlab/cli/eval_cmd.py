@@ -13,13 +13,14 @@ import argparse
 import json
 from pathlib import Path
 
+from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import MAX_THREADS
-from rlmlab.learning.learner import learner
-from rlmlab.measuring.results import RESULTS, summary_learner
+from rlmlab.learning.learner import get_learner
+from rlmlab.measuring.results import RESULTS, eval_dir, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
-from rlmlab.task.taskfile import add_task_option, load_task
+from rlmlab.task.taskfile import load_task
 
 MAX_DEPTH = 64  # the default of rlmlab.decoding.driver.Limits.max_depth (test_cli checks they agree)
 RENAMED_FIELDS = {"n_frames": "n_frame_examples", "pred_n_frames": "pred_n_frame_examples"}  # old --by names
@@ -36,8 +37,8 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N expressions only")
     p.add_argument("--batch-size", type=int, default=None,
                    help="expressions decoded at once (default 256 on CUDA, 64 on CPU)")
-    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>; with "
-                   "--oracle runs/oracle-<learner>/eval/<data name>)")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/<data name>, and RUN_DIR/eval "
+                   "for data named eval; with --oracle runs/oracle-<learner>/eval/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
     p.add_argument("--oracle", nargs="?", const=True, default=None, metavar="LEARNER",
                    help="run the oracle predictor g* of LEARNER instead of a model: rm (stack driver), "
@@ -56,9 +57,7 @@ def register(sub) -> None:
                    "(default: none beyond the model's block size)")
     p.add_argument("--traces", action="store_true", help="save every produced trace in traces.parquet (by "
                    "default only those that differ from the canonical trace)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_task_option(p)
+    add_decoding_options(p)
     p.set_defaults(handler=run)
 
 
@@ -72,7 +71,7 @@ def _check_args(args) -> None:
         args.oracle = named or args.oracle_learner
         if args.oracle is None:
             raise ConfigError("--oracle needs a learner: --oracle rm or --oracle cot")
-        learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
+        get_learner(args.oracle)  # an unknown learner or a bad parameter is a one-line error
     else:
         if args.run_dir is None:
             raise ConfigError("give RUN_DIR (a training run folder), or --oracle rm|cot")
@@ -114,12 +113,12 @@ def run(args) -> int:
     if args.oracle:
         name, vocab = args.oracle, task.vocab
         predictor = oracle_predictor(name, vocab, task.library)
-        out = Path(args.out or Path("runs") / f"oracle-{name}" / "eval" / stem)
+        out = Path(args.out or eval_dir(Path("runs") / f"oracle-{name}", stem))
         header = {"predictor": "oracle"}
     else:
         name, vocab, model = run_.named, run_.vocab, run_.model
         predictor = ModelPredictor(model)
-        out = Path(args.out or Path(args.run_dir) / "eval" / stem)
+        out = Path(args.out or eval_dir(args.run_dir, stem))
         header = {"predictor": "model", "run_dir": str(args.run_dir), "which": args.which, "step": run_.step}
     limits = Limits(args.max_depth, args.max_frame_tokens, args.max_new_tokens)
     _refuse_another_evaluation(out, {"learner": name, **header})

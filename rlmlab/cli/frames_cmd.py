@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import MAX_THREADS
-from rlmlab.task.taskfile import add_task_option
 
 GROUP_COLUMNS = ("ood", "split", "construction")  # the default grouping, when the data has one
 
@@ -38,9 +38,7 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=12, help="functions listed in the printed table (default 12)")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/frames/<data name>)")
     p.add_argument("--which", default="best", help="checkpoint to load: best or last (default best)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_task_option(p)
+    add_decoding_options(p)
     p.set_defaults(handler=run)
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import MAX_THREADS
 from rlmlab.measuring.results import write_results
-from rlmlab.task.taskfile import add_task_option, load_task
+from rlmlab.task.taskfile import load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
 
@@ -40,9 +41,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="expressions decoded at once (default 64)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens limit per decoding")
     p.add_argument("--positions-only", action="store_true", help="skip the answer level (no decoding)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_task_option(p)
+    add_decoding_options(p)
     p.set_defaults(handler=run)
 
 

@@ -17,7 +17,7 @@ from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, ExperimentPreset, get_preset, settable_fields
 from rlmlab.experiments.run import run_experiment
 from rlmlab.learning.config import MAX_THREADS, field_docs
-from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.safeio import refuse_other_folder
 
 
@@ -116,7 +116,7 @@ def run(args) -> int:
     if not names:
         raise ConfigError("--learners: no learner given")
     for v in names:
-        learner(v)  # one-line ConfigError naming an unknown learner or encoding
+        get_learner(v)  # one-line ConfigError naming an unknown learner or encoding
         if "/" in v:
             raise ConfigError(f"--learners: {v!r} cannot name a run folder")
     kind = get_kind(args.kind)
@@ -139,10 +139,12 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
+    task = None  # read once, here, and passed down: the plan, its data and every job use this object
     if args.task is not None:
         from rlmlab.task.taskfile import load_task
 
-        preset = preset.with_overrides(task=load_task(args.task).spec)  # checked before anything is written
+        task = load_task(args.task)
+        preset = preset.with_overrides(task=task.spec)  # checked before anything is written
     train = dict(preset.train)
     if args.ray_gpus_per_job is not None:
         if args.ray_address is None:
@@ -160,7 +162,8 @@ def run(args) -> int:
     if args.plan:
         from rlmlab.experiments.sizing import plan_sweep
 
-        print(plan_sweep(preset, out, names, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet))
+        print(plan_sweep(preset, out, names, lengths=lengths, depths=depths, pool=args.pool, progress=not args.quiet,
+                         task=task))
         return 0
 
     def record() -> None:  # once the command is checked and planned: a refused one leaves no trace
@@ -176,5 +179,6 @@ def run(args) -> int:
                                 + (["--extend"] if args.extend else [])}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, learners=names, constructions=constructions,
                    lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
-                   progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job, on_planned=record)
+                   progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job, on_planned=record,
+                   task=task)
     return 0

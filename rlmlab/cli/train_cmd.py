@@ -71,8 +71,9 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def resolve_config(args) -> RunConfig:
-    """Defaults (or the resumed run's settings) < config file < dotted overrides < flags."""
+def resolve_config(args, task=None) -> RunConfig:
+    """Defaults (or the resumed run's settings) < config file < dotted overrides < flags. `task`
+    is the `Task` that `--task` names, when the caller has resolved it already."""
     cfg = RunConfig()
     if args.resume:
         from rlmlab.learning.checkpoint import checkpoint_dir, read_meta  # torch: not for `--help`
@@ -82,12 +83,12 @@ def resolve_config(args) -> RunConfig:
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})
-    task = None
+    spec = None
     if args.task is not None:  # recorded as a built-in name or an absolute path, checked before anything is written
         from rlmlab.task.taskfile import load_task
 
-        task = load_task(args.task).spec
-    flags = {"data": {"learner": args.learner, "train": args.data, "val": args.val, "task": task},
+        spec = (task if task is not None else load_task(args.task)).spec
+    flags = {"data": {"learner": args.learner, "train": args.data, "val": args.val, "task": spec},
              "model": {"preset": args.preset},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}
@@ -97,10 +98,15 @@ def resolve_config(args) -> RunConfig:
 
 
 def run(args) -> int:
-    from rlmlab.experiments.jobs import train_run
+    from rlmlab.experiments.run_job import train_run
+    from rlmlab.task.taskfile import load_task
 
     refuse_other_folder(args.out, "training run", "--out", ConfigError)
-    result = train_run(resolve_config(args), args.out, resume=args.resume, progress=not args.quiet)
+    # The task is read once, here: what --task names, else what the config (or the resumed run) records.
+    task = load_task(args.task) if args.task is not None else None
+    cfg = resolve_config(args, task)
+    task = task if task is not None else load_task(cfg.data.task)
+    result = train_run(cfg, args.out, resume=args.resume, progress=not args.quiet, task=task)
     best = (f"best val {result.select_metric} {result.best_score:.4f} at step {result.best_step}"
             if result.best_score is not None else "no validation")
     print(f"stopped at step {result.step} ({result.stop_reason}); {best}; run folder {result.run_dir}")

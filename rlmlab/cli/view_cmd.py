@@ -20,7 +20,7 @@ def register(sub) -> None:
                        "and what RM and CoT read there; filters by bin, correctness and failure reason. From an "
                        "experiment folder: an index of the report's tables and figures linked to one page per "
                        "evaluation set.")
-    p.add_argument("path", metavar="PATH", help="an evaluation folder (<run>/eval/<set>/, with results.parquet) or "
+    p.add_argument("path", metavar="PATH", help="an evaluation folder (<run>/eval/<set>/ or <run>/eval/, with results.parquet) or "
                    "an experiment folder (with experiment.json)")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default PATH/view)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="first N expressions of each set only")

@@ -48,14 +48,15 @@ class ClusterError(RlmlabError):
 
 
 def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = False,
-               gpus_per_job: float | None = None) -> list[dict]:
+               gpus_per_job: float | None = None, task=None) -> list[dict]:
     """Run `jobs` as tasks of the Ray cluster at `address` (host:port of its head, "auto", or a
     ray:// client address) and return each job's {set: summary}, in the order of `jobs`.
 
     Each task works in this process's working directory, so that relative paths name the same
     files as here, and a run's recorded data paths stay those of a local run of the command
     (a resumed run must train on the paths it started with). `gpus_per_job`: each job's share
-    of a GPU (default: `GPU_SHARE` when the cluster has GPUs, else none)."""
+    of a GPU (default: `GPU_SHARE` when the cluster has GPUs, else none). `task`, the jobs'
+    resolved task, travels with each (None: each job resolves its own `data.task` on its node)."""
     if gpus_per_job is not None and not 0 <= gpus_per_job <= 1:
         raise ConfigError(f"--ray-gpus-per-job must lie in [0, 1], got {gpus_per_job}")
     ray = check_address(address)
@@ -71,7 +72,7 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
         _refuse_unschedulable(ray, jobs, share)
         task = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
         refs = [task.options(num_cpus=_threads(job), num_gpus=_gpus(job, share),
-                             name=f"{job.name}/{job.learner}").remote(job, str(out), extend, cwd)
+                             name=f"{job.name}/{job.learner}").remote(job, str(out), extend, cwd, task)
                 for job in jobs]
         print(f"{len(jobs)} jobs on the Ray cluster at {address}: {_describe(ray)}", file=sys.stderr)
         return _gather(ray, refs, jobs)
@@ -107,11 +108,11 @@ def _largest(ray, resource: str) -> float:
     return max((node["Resources"].get(resource, 0) for node in ray.nodes() if node["Alive"]), default=0)
 
 
-def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
+def _run_on_node(job: Job, out: str, extend: bool, cwd: str, task=None) -> dict:
     """The Ray task: `run_job` on whichever node Ray chose, in the driver's working directory."""
     import torch
 
-    from rlmlab.experiments.jobs import run_job
+    from rlmlab.experiments.run_job import run_job
 
     missing = [path for path in (Path(cwd, p) for p in (out, job.train, job.val, *job.evals.values()))
                if not path.exists()]
@@ -124,7 +125,7 @@ def _run_on_node(job: Job, out: str, extend: bool, cwd: str) -> dict:
     if Path(cwd).is_dir():  # needed for relative paths only, which were found there
         os.chdir(cwd)
     try:
-        return run_job(job, out, progress=False, extend=extend)
+        return run_job(job, out, progress=False, extend=extend, task=task)
     finally:
         os.chdir(worker_cwd)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rlmlab.errors import CheckpointError, DataError, NoResultsError
 from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
-from rlmlab.experiments.jobs import RUN_OUTPUTS
+from rlmlab.experiments.run_job import RUN_OUTPUTS
 from rlmlab.experiments.kinds import get_kind, read_meta
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import refer_to_siblings

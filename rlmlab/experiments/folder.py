@@ -5,6 +5,7 @@
     data/                         the pool, the split or the shortcut data sets (parquet + JSON)
     <job>/<learner>/              a training run (rlmlab train's run folder)
     <job>/<learner>/eval/<set>/   results.parquet (+ traces.parquet) + summary.json of one evaluation set
+                                  (the set "eval" in <job>/<learner>/eval/ itself; before, eval/eval/)
     report/                       tables and figures (`rlmlab report`), pure functions of the above
 
 The checks here keep a re-run from mixing data built under other settings, or one experiment's
@@ -78,13 +79,11 @@ def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is
             raise
 
 
-def load_pool(p: ExperimentPreset, out: Path, progress: bool = True):
-    """The preset's pool (of the preset's task), built once under `out/data/` and shared by every
-    split drawn there."""
+def load_pool(p: ExperimentPreset, out: Path, task, progress: bool = True):
+    """The preset's pool of expressions of `task` (the preset's, resolved), built once under
+    `out/data/` and shared by every split drawn there."""
     from rlmlab.task.pool import build_pool, read_pool, write_pool
-    from rlmlab.task.taskfile import load_task
 
-    task = load_task(p.task)
     path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
     if not path.exists():
         write_pool(build_pool(p.pool_n, p.pool_seed, progress=progress, task=task), path)
@@ -127,15 +126,14 @@ def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expecte
     built.save(data)
 
 
-def write_meta(out: Path, kind, p: ExperimentPreset, extra: dict, learners) -> None:
-    """Write experiment.json for an experiment of `kind` (an `ExperimentKind`); a folder that
+def write_meta(out: Path, kind, p: ExperimentPreset, task, extra: dict, learners) -> None:
+    """Write experiment.json for an experiment of `kind` (an `ExperimentKind`) of `task` (the
+    preset's, resolved); a folder that
     holds another experiment is refused rather than relabelled, which would hide its runs from
     the report. The per-learner settings of earlier runs of other learners in the folder are kept
     beside those of this run's `learners` (`merge_learner_tables`)."""
-    from rlmlab.task.taskfile import load_task
-
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": kind.name, "preset": asdict(p), "task": load_task(p.task).identity, **extra}
+    meta = {"kind": kind.name, "preset": asdict(p), "task": task.identity, **extra}
     refuse_another_experiment(out, kind.identity(meta), kind.identity)
     if (out / "experiment.json").exists():
         old = read_meta(out).get("preset")

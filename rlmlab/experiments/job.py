@@ -1,4 +1,4 @@
-"""`Job`: the unit an experiment is split into, as the kinds plan it (`rlmlab.experiments.jobs`
+"""`Job`: the unit an experiment is split into, as the kinds plan it (`rlmlab.experiments.run_job`
 runs it, here or on a Ray cluster through `rlmlab.experiments.cluster`)."""
 
 from __future__ import annotations

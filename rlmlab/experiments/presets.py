@@ -175,7 +175,7 @@ class ExperimentPreset:
         learner; the value is parsed as the config field's type. A table may be named by its old
         name (`OLD_TABLES`: per_view, ...), as commands stored before the rename do."""
         from rlmlab.learning.config import parse_setting
-        from rlmlab.learning.learner import learner
+        from rlmlab.learning.learner import get_learner
 
         tables = {name: {who: dict(settings) for who, settings in getattr(self, name).items()}
                   for name in PER_LEARNER_TABLES}
@@ -201,7 +201,7 @@ class ExperimentPreset:
             if not eq or not key:
                 raise ConfigError(f"{where}: expected TABLE.LEARNER.SECTION.KEY=VALUE, e.g. "
                                   "shortcut_per_learner.cot.train.batch_size=4")
-            learner(who)  # one-line ConfigError naming an unknown learner or encoding
+            get_learner(who)  # one-line ConfigError naming an unknown learner or encoding
             entry = target.setdefault(who, dict(settings_for(target, who)))
             entry[key] = parse_setting(key, text, where)
         return replace(self, **tables, iid_per_size=sized)
@@ -224,13 +224,7 @@ class ExperimentPreset:
         """The typed `rlmlab train` settings (dotted keys) of learner `name`'s job: the preset's
         budgets and `train` settings, then its settings for that learner, then `per_learner`."""
         s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
-             "train.answer_eval": self.answer_eval}
-        if self.minutes is not None:
-            s["train.max_minutes"] = self.minutes
-        if self.max_steps is not None:
-            s["train.max_steps"] = self.max_steps
-        if self.patience is not None:
-            s["train.patience"] = self.patience
+             "train.answer_eval": self.answer_eval, **budget_settings(self.minutes, self.max_steps, self.patience)}
         s.update({f"train.{k}": v for k, v in self.train.items()})
         if self.task != "paper":
             s["data.task"] = self.task
@@ -248,6 +242,12 @@ OLD_TABLES = {"per_view": "per_learner", "shortcut_per_view": "shortcut_per_lear
 JOB_OWNED = frozenset({"data.learner", "data.view", "data.train", "data.val", "train.seed"})
 # A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
 POOL_ROW_BYTES = 256
+
+
+def budget_settings(minutes: float | None, max_steps: int | None, patience: int | None) -> dict:
+    """The `train.*` settings of a budget, its unset parts left out (a run's own defaults hold)."""
+    budget = {"train.max_minutes": minutes, "train.max_steps": max_steps, "train.patience": patience}
+    return {k: v for k, v in budget.items() if v is not None}
 
 
 def settable_fields() -> dict[str, object]:
@@ -268,9 +268,9 @@ def settings_for(table: dict, name: str) -> dict:
     """Learner `name`'s entry of a per-learner settings table. A learner without settings of its
     own (rm-frames, a new observation function) takes those of the learner whose driver it
     decodes with."""
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
 
-    return table.get(name, table.get(learner(name).driver, {}))
+    return table.get(name, table.get(get_learner(name).driver, {}))
 
 
 def merge_learner_tables(old: dict, new: dict, learners) -> dict:

@@ -21,12 +21,12 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.jobs import RESULT_COLUMNS, run_job
+from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
 from rlmlab.experiments.splits import first_per_bin
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.results import eval_dir, evaluated_sets, read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 from rlmlab.safeio import refuse_outside
 
@@ -365,17 +365,17 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
         (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
                                                        "released": str(src)}) + "\n")
         evals, committed = {}, {}
-        for set_dir in sorted(p for p in (run_path(results, job, learner) / "eval").iterdir() if p.is_dir()):
+        for set_name, set_dir in evaluated_sets(run_path(results, job, learner)).items():
             rows = _sampled(read_results(set_dir), sample)
             columns = ["expr"] + [c for c in RESULT_COLUMNS if rows and all(c in r for r in rows)]
-            path = out / "data" / f"{job}-{learner}-{set_dir.name}.parquet"
+            path = out / "data" / f"{job}-{learner}-{set_name}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.table({c: [r[c] for r in rows] for c in columns}), path)
-            evals[set_dir.name], committed[set_dir.name] = str(path), rows
+            evals[set_name], committed[set_name] = str(path), rows
         echo(f"{job} {learner}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
         run_job(Job(job, learner, "", "", evals, {}, meta.get("preset", {}).get("eval_batch", 64)), out, progress=False)
         for set_name, rows in committed.items():
-            fresh = read_results(run_dir / "eval" / set_name)
+            fresh = read_results(eval_dir(run_dir, set_name))
             same = [(a.get("prediction"), a.get("diverge_at")) == (b.get("prediction"), b.get("diverge_at"))
                     for a, b in zip(rows, fresh)]
             agreement[f"{job}/{learner}/{set_name}"] = {"n": len(rows), "same_prediction_and_divergence": sum(same),

@@ -89,10 +89,11 @@ REFERENCE = {"rm": {"cpu_s_per_step": 0.46, "threshold": ("length", 595)},
 REFERENCE_DECODE_S = {"rm": 328.0, "cot": 435.0}
 
 
-def step_work(positions: np.ndarray, batch: int, learner: str) -> float:
-    """Relative work of one step of `batch` examples drawn from examples of these positions."""
-    span = positions / 2 if learner == "cot" else np.full(len(positions), float(DENSE_ROW["rm"]))
-    return batch * float((positions * (CPU_MODEL_KEYS + span)).mean())
+def step_work(spans: np.ndarray, batch: int, learner: str) -> float:
+    """Relative work of one step of `batch` examples drawn from examples that occupy `spans`
+    positions each."""
+    keys = spans / 2 if learner == "cot" else np.full(len(spans), float(DENSE_ROW["rm"]))
+    return batch * float((spans * (CPU_MODEL_KEYS + keys)).mean())
 
 
 def decode_work(generated: np.ndarray, prompt: np.ndarray, widest: np.ndarray, learner: str) -> float:
@@ -148,20 +149,20 @@ def size_threshold(cols: dict, rows: dict, preset, learners, kind: str, t: int) 
         batch = int(settings.get("train.batch_size", 64))
         steps = settings.get("train.max_steps")
         if family == "cot":
-            positions = trace[tr] - 1
+            spans = trace[tr] - 1
             examples = len(tr)
             tokens = int(trace[tr].sum())
         else:
             # Per frame instance; the mean lane positions per example is what a step's budget multiplies.
             examples = int(cols["frames"][tr].sum())
             tokens = int(cols["lane_tokens"][tr].sum())
-            positions = None
+            spans = None
         total_positions = tokens - examples
         mean_positions = total_positions / examples
         step_positions = batch * mean_positions
         steps_per_epoch = examples / batch
         if family == "cot":
-            work = step_work(positions, batch, "cot")
+            work = step_work(spans, batch, "cot")
         else:
             # Lanes are ~30 positions, inside RM's dense 128-position rows: work per position is flat.
             work = step_positions * (CPU_MODEL_KEYS + DENSE_ROW["rm"])
@@ -190,11 +191,9 @@ def calibrate(rows: list[dict], reference: dict) -> None:
             lv["cpu_hours"] = None if train_s is None else (train_s + lv["decode_s"]) / 3600
 
 
-def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
+def load_plan_pool(preset, out: Path, pool: str | None, progress: bool, task):
     from rlmlab.task.pool import build_pool, read_pool
-    from rlmlab.task.taskfile import load_task
 
-    task = load_task(preset.task)
     if pool is not None:
         table = read_pool(pool, task=task)
     elif (out / "data" / f"pool-{preset.pool_n}-s{preset.pool_seed}.parquet").exists():
@@ -216,18 +215,19 @@ def load_plan_pool(preset, out: Path, pool: str | None, progress: bool):
 
 
 def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False) -> list[dict]:
-    """The sized rows of every threshold asked for (default: the paper's), with CPU estimates."""
+               progress: bool = False, task=None) -> list[dict]:
+    """The sized rows of every threshold asked for (default: the paper's), with CPU estimates;
+    `task` is the preset's, as the command resolved it (None: resolved here)."""
+    from rlmlab.experiments.kinds.base import preset_task
     from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
 
     if lengths is None and depths is None:
         lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
-    table = load_plan_pool(preset, Path(out), pool, progress)
+    task = preset_task(preset, task)
+    table = load_plan_pool(preset, Path(out), pool, progress, task)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
-    from rlmlab.task.taskfile import load_task
-
-    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, load_task(preset.task).library))
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, task.library))
     ref_kind, ref_t = REFERENCE["rm"]["threshold"]
     wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
     ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}
@@ -276,6 +276,6 @@ def plan_table(rows: list[dict], preset) -> str:
 
 
 def plan_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False) -> str:
+               progress: bool = False, task=None) -> str:
     """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
-    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress), preset)
+    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task), preset)

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.learning.learner import PAPER_LEARNERS, learner
+from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.experiments.refs import job_runs, run_path
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.results import find_eval_dir, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 from rlmlab.safeio import read_json
 
@@ -31,10 +31,10 @@ def learner_line(name: str) -> tuple[str | None, str]:
     colours, a learner with another encoding in its base learner's colour and a style of its own,
     any other learner in matplotlib's cycle (None)."""
     try:
-        who = learner(name)
+        who = get_learner(name)
     except ConfigError:
         return None, "-"
-    return LEARNER_COLORS.get(who.base), ENCODING_LINES.get(who.positions, "-")
+    return LEARNER_COLORS.get(who.base), ENCODING_LINES.get(who.encoding, "-")
 
 
 def fitted(best_validation: float | None) -> bool:
@@ -42,11 +42,11 @@ def fitted(best_validation: float | None) -> bool:
     return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
 
 
-def learner_name(name: str) -> str:
+def learner_label(name: str) -> str:
     """Table label of a learner: "RM", "CoT", or its name (also for a folder whose name this
     version does not know)."""
     try:
-        return learner(name).label
+        return get_learner(name).label
     except ConfigError:
         return name
 
@@ -76,7 +76,7 @@ def training_runs(out: Path, job: str) -> dict[str, Path]:
 
 
 def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | None:
-    path = run_path(out, job, name) / "eval" / set_name
+    path = find_eval_dir(run_path(out, job, name), set_name)
     return read_results(path) if has_results(path) else None
 
 
@@ -162,8 +162,8 @@ def plot_learning_curves(path: Path, runs: dict[str, Path]) -> bool:
         color = f"C{i}"  # one colour per learner on both panels
         x = [r[clock] / 60 for r in val]
         if any("answer_acc" in r for r in val):
-            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_name(name), color=color)
-        a2.plot(x, [r["loss"] for r in val], label=learner_name(name), color=color)
+            a1.plot(x, [100 * r.get("answer_acc", float("nan")) for r in val], label=learner_label(name), color=color)
+        a2.plot(x, [r["loss"] for r in val], label=learner_label(name), color=color)
         for ext in extensions(recs):
             for a in (a1, a2):
                 a.axvline(ext.get(clock, 0) / 60, color=color, linestyle=":", linewidth=1)
@@ -237,13 +237,13 @@ def training_table(summaries: list[dict]) -> str:
           "|---|---|---|---|---|---|---|---|---|---|"]
     for t in summaries:
         validating = ("≥ " if t["validations_untimed"] else "") + f"{t['validation_minutes']:.0f}"
-        md.append(f"| {t['job']} | {learner_name(t['learner'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
+        md.append(f"| {t['job']} | {learner_label(t['learner'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
                   f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {validating} | {pct(t['best'])} | "
                   f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
-    curves = [f"- {t['job']} {learner_name(t['learner'])}: " + ", ".join(
+    curves = [f"- {t['job']} {learner_label(t['learner'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
-    resumed = [f"- {t['job']} {learner_name(t['learner'])}: at step " + ", ".join(
+    resumed = [f"- {t['job']} {learner_label(t['learner'])}: at step " + ", ".join(
         f"{s:,}" + (" (budget extended)" if s in t.get("extended_at", ())
                     else " (after a plateau stop, with a larger patience)" if s in t.get("patience_lifted_at", ())
                     else "") + (" (carried without optimizer state: AdamW's moments restarted from zero)"

@@ -47,7 +47,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from rlmlab.errors import CheckpointError, RlmlabError
 from rlmlab.safeio import read_json, shorten
 from rlmlab.learning.config import RunConfig, apply_dict
-from rlmlab.learning.learner import learner as named_learner
+from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import ModelConfig, Transformer
 from rlmlab.task.taskfile import Task, check_same_task, load_task
 from rlmlab.task.vocab import Vocab
@@ -336,7 +336,7 @@ def check_metadata(meta: dict, ckpt: Path) -> None:
                               f"{shorten(repr(trainer['step']))}")
     name = meta["learner"]
     try:
-        encoding = named_learner(name).positions
+        encoding = get_learner(name).encoding
     except RlmlabError as e:
         raise CheckpointError(f"{ckpt}: {META_FILE}: 'learner': {shorten(str(e))}") from None
     if encoding is not None:

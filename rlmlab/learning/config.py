@@ -180,23 +180,23 @@ class DataSettings:
 
     def __post_init__(self):
         _typecheck(self, "data")
-        from rlmlab.learning.learner import learner
+        from rlmlab.learning.learner import get_learner
 
         try:
-            positions = learner(self.learner).positions
+            encoding = get_learner(self.learner).encoding
         except ConfigError as e:
             raise ConfigError(f"data.learner: {e}") from None
-        if positions is not None:
+        if encoding is not None:
             raise ConfigError(f"data.learner: {self.learner!r} names a learner with a position encoding; set "
-                              f"data.learner={self.learner.partition('@')[0]} and model.positions={positions}")
+                              f"data.learner={self.learner.partition('@')[0]} and model.positions={encoding}")
         _positive(self, "data", "val_size", "row_len", "train_size", "workers")
         _seed(self.val_seed, "data.val_seed")
 
     @property
     def row_length(self) -> int:
-        from rlmlab.learning.learner import learner
+        from rlmlab.learning.learner import get_learner
 
-        return self.row_len or learner(self.learner).row_length
+        return self.row_len or get_learner(self.learner).row_length
 
     def resolved_cache_dir(self) -> Path | None:
         if self.cache_dir == "":

@@ -1,7 +1,7 @@
 """A run's examples: expressions read from parquet, split into training and validation, built
 into one learner's examples, and fitted to the model's positional table.
 
-    split = prepare_data(cfg.data)                       # pool -> train/val examples of one learner
+    split = prepare_data(cfg.data, task)                 # pool -> train/val examples of one learner
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import DataSettings
 from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.pool import read_pool
-from rlmlab.task.taskfile import load_task
-from rlmlab.task.vocab import Vocab
+from rlmlab.task.taskfile import Task, load_task
 
 @dataclass
 class DataSplit:
@@ -34,13 +33,14 @@ def read_expr_column(path: str | Path, task=None) -> list[str]:
     return read_pool(path, task=task).column("expr").to_pylist()
 
 
-def prepare_data(data: DataSettings, vocab: Vocab | None = None) -> DataSplit:
+def prepare_data(data: DataSettings, task: Task | None = None) -> DataSplit:
     """Read the expressions, split off validation unless a file gives it, and build the
-    configured learner's training and validation examples (cached, see `build_examples`)."""
+    configured learner's training and validation examples (cached, see `build_examples`).
+    `task` is `data.task` as the command resolved it (None: resolved here)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
-    task = load_task(data.task)
-    vocab = vocab or task.vocab
+    task = task if task is not None else load_task(data.task)
+    vocab = task.vocab
     exprs = read_expr_column(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files
     if data.val is not None:

@@ -11,13 +11,13 @@ function. A `Learner` bundles what follows from a name such as "rm", "rm-frames"
   examples);
 - `row_length`: the base packed-row length of its training batches;
 - `label`: its name in tables ("RM", "CoT", else the name itself);
-- `positions`: the position encoding its model uses when the name asks for one, as in
+- `encoding`: the position encoding its model uses when the name asks for one, as in
   "cot@rope" (`rlmlab.learning.positions`); the name without it is `base`, "cot". Experiments
   name learners this way (their run folders, tables and figures), and so do the summaries of
   `rlmlab eval`, `probe` and `frames` (`LoadedRun.named`); a run's config does not:
   `data.learner` is always the base name and `model.positions` the encoding.
 
-The command line and the configs resolve a name with `learner(name)` (an unknown name is a
+The command line and the configs resolve a name with `get_learner(name)` (an unknown name is a
 one-line ConfigError) and pass the object down; `as_learner` lets library functions take
 either. Which learner is which is known only to `rlmlab.learning.observe` (the observations) and
 `rlmlab.learning.examples` (the packings registered by name).
@@ -44,7 +44,7 @@ class Learner:
     """What the model reads (decides the training examples and the decoding driver)."""
     packing: object
     """`Execution -> list[Example]`: its training sequences (`rlmlab.learning.examples.Packing`)."""
-    positions: str | None = None
+    encoding: str | None = None
     """The position encoding the name asks for ("cot@rope": "rope"); None: the run's `model.positions`."""
 
     @property
@@ -65,7 +65,7 @@ class Learner:
         ("RM", "CoT"), the name itself for any other packing ("rm-frames"); an encoding the name
         asks for follows in parentheses ("CoT (RoPE)")."""
         base = self.observation.label if self.base == self.observation.name else self.base
-        return base if self.positions is None else f"{base} ({POSITION_LABELS[self.positions]})"
+        return base if self.encoding is None else f"{base} ({POSITION_LABELS[self.encoding]})"
 
     @property
     def row_length(self) -> int:
@@ -77,7 +77,7 @@ class Learner:
 
 
 @cache
-def learner(name: str) -> Learner:
+def get_learner(name: str) -> Learner:
     """The learner called `name`: a base name ("rm", "cot", "window:64"), optionally with a
     position encoding after "@" ("cot@rope", "rm@alibi"); an unknown name or a bad parameter is
     a one-line ConfigError."""
@@ -87,12 +87,12 @@ def learner(name: str) -> Learner:
 
     if not isinstance(name, str):
         raise ConfigError(f"a learner is named by a string, got {name!r}")
-    base, at, positions = name.partition("@")
+    base, at, encoding = name.partition("@")
     if at:
-        check_encoding(positions, f"learner {name!r}: the encoding after '@'")
-    return Learner(name, observer(base), get_packing(base), positions if at else None)
+        check_encoding(encoding, f"learner {name!r}: the encoding after '@'")
+    return Learner(name, observer(base), get_packing(base), encoding if at else None)
 
 
 def as_learner(x: Learner | str) -> Learner:
     """A `Learner` as given, or the one a name resolves to."""
-    return x if isinstance(x, Learner) else learner(x)
+    return x if isinstance(x, Learner) else get_learner(x)

@@ -1,7 +1,8 @@
 """The training loop both learners share; the learner is only in the data it is given.
 
-    split = prepare_data(cfg.data)                       # rlmlab.learning.data
-    result = train(cfg, split.train, split.val, "runs/x", validate_fn=...)
+    task = load_task(cfg.data.task)                      # once per command, passed down
+    split = prepare_data(cfg.data, task)                 # rlmlab.learning.data
+    result = train(cfg, split.train, split.val, "runs/x", task=task, validate_fn=...)
 
 One optimizer step takes a fixed token budget of packed rows (see `rlmlab.learning.config` for what
 "batch" means), runs them through the model in micro-batches of one row length, and
@@ -40,7 +41,7 @@ from rlmlab.learning.config import RunConfig
 from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.data import fit_to_block
-from rlmlab.learning.learner import learner
+from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.optim import configure_optimizer, describe_schedule, lr_at
 from rlmlab.learning.packing import RowStream, pack_rows, padding_fraction
@@ -59,7 +60,7 @@ from rlmlab.learning.step import (
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.machine import machine_facts
 from rlmlab.runlog import MetricsLog
-from rlmlab.task.taskfile import load_task
+from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
@@ -111,32 +112,34 @@ def _better(score: float, best: float | None, metric: str, margin: float = 0.0) 
 
 
 def train(cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-          resume: bool = False, validate_fn: ValidateFn | None = None, progress: bool = True,
-          echo: Callable[[str], None] = print) -> TrainResult:
-    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring."""
-    return Trainer(cfg, train_data, val_data, run_dir, resume=resume, validate_fn=validate_fn, progress=progress,
-                   echo=echo).run()
+          task: Task | None = None, resume: bool = False, validate_fn: ValidateFn | None = None,
+          progress: bool = True, echo: Callable[[str], None] = print) -> TrainResult:
+    """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring. `task` is
+    `cfg.data.task` as the command resolved it (None: resolved here)."""
+    return Trainer(cfg, train_data, val_data, run_dir, task=task, resume=resume, validate_fn=validate_fn,
+                   progress=progress, echo=echo).run()
 
 
 class Trainer:
     """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
 
     def __init__(self, cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-                 resume: bool, validate_fn: ValidateFn | None, progress: bool, echo: Callable[[str], None]):
+                 task: Task | None, resume: bool, validate_fn: ValidateFn | None, progress: bool,
+                 echo: Callable[[str], None]):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
         if tc.tensorboard:
             require_tensorboard()  # before anything is written
-        self.vocab, self.learner = train_data.vocab, train_data.learner
-        if (val_data.vocab, val_data.learner) != (self.vocab, self.learner):
+        self.vocab, self.learner = train_data.vocab, get_learner(train_data.learner)
+        if (val_data.vocab, val_data.learner) != (self.vocab, self.learner.name):
             raise DataError("training and validation examples differ in learner or vocabulary")
-        self.task = load_task(cfg.data.task)
+        self.task = task if task is not None else load_task(cfg.data.task)
         if self.vocab != self.task.vocab:
             raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
-        if self.learner != cfg.data.learner:
-            raise ConfigError(f"data.learner={cfg.data.learner} but the examples are of learner {self.learner}")
+        if self.learner.name != cfg.data.learner:
+            raise ConfigError(f"data.learner={cfg.data.learner} but the examples are of learner {self.learner.name}")
         self.device = device = resolve_device(tc.device)
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -144,7 +147,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        model_cfg = cfg.model.build(self.learner, len(self.vocab))
+        model_cfg = cfg.model.build(self.learner.name, len(self.vocab))
         dropped = {}
         limit = context_limit(model_cfg)
         self.train_data, dropped["train"] = fit_to_block(train_data, limit, cfg.data.drop_too_long, "training")
@@ -198,7 +201,7 @@ class Trainer:
     def _describe(self, model_cfg, spans: np.ndarray, resume: bool) -> None:
         cfg, tc, st = self.cfg, self.tc, self.state
         tr, va = self.train_data, self.val_data
-        self.echo(f"model: {cfg.model.preset} ({self.learner}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
+        self.echo(f"model: {cfg.model.preset} ({self.learner.name}) {model_cfg.n_layer} layers, {model_cfg.n_head} heads, "
                   f"width {model_cfg.n_embd}, "
                   + (f"{model_cfg.block_size} positions: " if context_limit(model_cfg) is not None else
                      f"{POSITION_LABELS[model_cfg.positions]} positions (no table, no context limit): ")
@@ -208,7 +211,7 @@ class Trainer:
         padding = padding_fraction(self.stream.epoch_rows(0), spans)
         dropped = (f"; dropped {st.dropped['train']} training / {st.dropped['val']} validation examples longer "
                    f"than {model_cfg.block_size}" if st.dropped.get("train") or st.dropped.get("val") else "")
-        self.echo(f"data: learner {self.learner}, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
+        self.echo(f"data: learner {self.learner.name}, {len(tr):,} training examples from {tr.n_expressions:,} expressions "
                   f"({tr.n_tokens:,} tokens, {tr.n_targets:,} targets), {len(va):,} validation examples; rows of "
                   f"{cfg.data.row_length}+ positions, padding {padding:.1%}; {self.step_tokens:,} positions per step "
                   f"(batch {tc.batch_size} x {spans.mean():.1f}){dropped}"
@@ -253,7 +256,8 @@ class Trainer:
             self.state.elapsed_s, self.state.cpu_s = self.elapsed(), self.cpu()
             self._read_losses()
             self.state.log_window = {"loss": self.window["loss"], "steps": self.window["steps"]}
-        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, learner=self.learner, config=self.cfg.to_dict(),
+        save_checkpoint(self.run_dir, which, self.model, vocab=self.vocab, learner=self.learner.name,
+                        config=self.cfg.to_dict(),
                         task=self.task,
                         step=self.state.step, metrics=_with_prefix(metrics, "val/") | {"tokens": self.state.tokens},
                         optimizer=self.optimizer if last else None,
@@ -289,7 +293,7 @@ class Trainer:
             # The hook may sample or use its own RNG; the training stream must not notice.
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.no_grad():
-                extra = self.validate_fn(model, self.vocab, learner(self.learner).driver)
+                extra = self.validate_fn(model, self.vocab, self.learner.driver)
             metrics.update({k: float(v) for k, v in extra.items()})
         model.train()
         if st.select_metric is None:
@@ -318,7 +322,7 @@ class Trainer:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.learner}",
+            bar = tqdm(total=tc.max_steps, initial=st.step, unit="step", desc=f"train {self.learner.name}",
                        dynamic_ncols=True)
         # Losses carry over a resume; tok/s is this session's own and counts training steps only,
         # so that a validation or a checkpoint save inside the window does not read as a slowdown.

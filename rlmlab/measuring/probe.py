@@ -210,13 +210,13 @@ def answer_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], voca
 
 def probe(predictor: Predictor, learner: str, exprs: Sequence[Call | str], vocab: Vocab,
           extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
-          positions: bool = True, answers: bool = True, stage: Stage | None = None, library=None) -> list[dict]:
+          position_level: bool = True, answers: bool = True, stage: Stage | None = None, library=None) -> list[dict]:
     """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
     `bin`, `split`, `construction`, for grouping). `stage(name, total, unit)` opens a progress report
     for each of its four passes and returns the callback that counts items done."""
     calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
-    if positions:
+    if position_level:
         for row, p in zip(rows, position_probe(predictor, learner, calls, vocab, batch_size, stage, library)):
             row.update(p)
     if answers:

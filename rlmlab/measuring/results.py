@@ -3,6 +3,11 @@
 row, so that a table of answers never reads them) and `summary.json`. Folders written before
 Parquet hold `results.jsonl` (one JSON object per expression, traces inline) and read the same.
 No model code: reports read them. The columns are documented in docs/results-format.md.
+
+A run's evaluation on a set lies in `<run>/eval/<set>/`; the set named "eval" (the threshold
+experiments' binned set, from their eval.parquet) in `<run>/eval/` itself (`eval_dir`). Runs
+written before kept that one in `<run>/eval/eval/`, which `find_eval_dir` and `evaluated_sets`
+still read.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import read_jsonl
+from rlmlab.safeio import first_file, read_jsonl
 
+EVAL = "eval"
 RESULTS = "results.parquet"
 TRACES = "traces.parquet"
 LEGACY_RESULTS = "results.jsonl"
@@ -49,15 +55,40 @@ def write_rows(out: Path, results: Sequence[dict]) -> Path:
 
 def results_file(folder: str | Path) -> Path | None:
     """The per-expression file of a result folder (Parquet, else legacy JSON lines), or None."""
-    folder = Path(folder)
-    for name in (RESULTS, LEGACY_RESULTS):
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return first_file(folder, (RESULTS, LEGACY_RESULTS))
 
 
 def has_results(folder: str | Path) -> bool:
     return results_file(folder) is not None
+
+
+def eval_dir(run_dir: str | Path, set_name: str) -> Path:
+    """Where a run's evaluation on the set `set_name` is written."""
+    run_dir = Path(run_dir)
+    return run_dir / EVAL if set_name == EVAL else run_dir / EVAL / set_name
+
+
+def find_eval_dir(run_dir: str | Path, set_name: str) -> Path:
+    """Where a run's evaluation on `set_name` is read: `eval_dir`, else the folder that runs
+    written before it used (`<run>/eval/eval/` for the set "eval")."""
+    new, old = eval_dir(run_dir, set_name), Path(run_dir) / EVAL / set_name
+    return old if not has_results(new) and has_results(old) else new
+
+
+def run_of_eval_dir(folder: str | Path) -> Path:
+    """The run folder an evaluation folder of either layout belongs to."""
+    folder = Path(folder)
+    return folder.parent.parent if folder.parent.name == EVAL else folder.parent
+
+
+def evaluated_sets(run_dir: str | Path) -> dict[str, Path]:
+    """Every set a run was evaluated on, {set: folder}, by name, from either layout (the
+    current one where a run holds both)."""
+    top = Path(run_dir) / EVAL
+    found = {p.name: p for p in top.glob("*") if p.is_dir() and has_results(p)}
+    if has_results(top):
+        found[EVAL] = top
+    return dict(sorted(found.items()))
 
 
 def summary_learner(summary) -> str | None:

@@ -228,6 +228,7 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
     Each result carries the expression's pool `id`, or, when the data file has any of `columns`
     (bins, OOD flags, signals), those columns instead. With `model`, teacher-forced per-token
     accuracy is added. The summary holds `header`, the data path, the scores and the limits."""
+    task = load_task(task)
     exprs, extra = read_expressions(data, limit, task)
     if columns:
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
@@ -235,7 +236,6 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
     limits = limits or Limits()
     results, summary = decode_and_score(predictor, learner, exprs, vocab, limits, batch_size, model=model,
                                         extra=extra, traces=traces, progress=progress, task=task)
-    task = load_task(task)
     if not task.is_paper:  # a paper summary keeps the form it had before tasks were recorded
         header = {**(header or {}), "task": {**task.identity, "spec": task.spec}}
     summary = {**(header or {}), "data": str(data), **summary,

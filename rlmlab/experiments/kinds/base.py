@@ -15,10 +15,11 @@ def meta_task_digest(meta: dict) -> str:
     return task_of_meta(meta.get("task"), "experiment.json")
 
 
-def preset_task_digest(preset) -> str:
+def preset_task(preset, task=None):
+    """The preset's `Task`: `task` when the command has resolved it already, else read from `preset.task`."""
     from rlmlab.task.taskfile import load_task
 
-    return load_task(preset.task).digest
+    return task if task is not None else load_task(preset.task)
 
 
 class ExperimentKind(ABC):
@@ -46,14 +47,15 @@ class ExperimentKind(ABC):
         return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")],
                 "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, **options) -> dict:
+    def planned_identity(self, preset, task=None, **options) -> dict:
         """`identity` of the experiment a `plan` with these arguments would write, known before
-        any data is built."""
+        any data is built (`task`: the preset's, as `preset_task` takes it)."""
         return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed],
-                "task": preset_task_digest(preset)}
+                "task": preset_task(preset, task).digest}
 
     def plan(self, preset, out: Path, learners: tuple[str, ...], progress: bool = True, **options) -> list:
-        """Build the data under `out/data/`, write `experiment.json`, and return the jobs."""
+        """Build the data under `out/data/`, write `experiment.json`, and return the jobs (`task`
+        among `options`: the preset's, as `preset_task` takes it)."""
         raise ConfigError(f"`rlmlab run` does not plan {self.name} experiments")
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
@@ -79,6 +81,20 @@ class ExperimentKind(ABC):
     def absorb_command(self, line: str, meta: dict) -> str:
         """A line of an absorbed experiment's commands.jsonl, as this kind's command for the same runs."""
         return line
+
+    def planned_before(self, out: Path, key: str) -> set:
+        """What the runs that shared the folder `out` before planned under `key` of its
+        experiment.json (sizes, constructions); none in a folder of another kind, which
+        `write_meta` refuses."""
+        from rlmlab.experiments.folder import read_meta
+
+        if not (out / "experiment.json").exists():
+            return set()
+        old = read_meta(out)
+        if old["kind"] != self.name:
+            return set()
+        self.check_meta(old, out / "experiment.json")
+        return set(old.get(key, ()))
 
     def check_meta(self, meta: dict, path: Path) -> None:
         for key, kind in self.meta_fields.items():

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.presets import ExperimentPreset
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
+from rlmlab.experiments.presets import ExperimentPreset, budget_settings
 from rlmlab.experiments.tables import (
     eval_results,
     learner_line,
-    learner_name,
+    learner_label,
     learners,
     pct,
     plot_learning_curves,
@@ -26,13 +26,7 @@ from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
 def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
-    s = p.job_settings(name, seed=1337 + seed)
-    if p.iid_minutes is not None:
-        s["train.max_minutes"] = p.iid_minutes
-    if p.iid_max_steps is not None:
-        s["train.max_steps"] = p.iid_max_steps
-    if p.iid_patience is not None:
-        s["train.patience"] = p.iid_patience
+    s = p.job_settings(name, seed=1337 + seed) | budget_settings(p.iid_minutes, p.iid_max_steps, p.iid_patience)
     s.update(p.iid_settings(n, name))
     # The paper's IID sweep uses no weight decay.
     return {**s, "train.weight_decay": 0.0}
@@ -55,7 +49,7 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
                 continue
             exprs = [r["expr"] for r in per_seed[0]]
             if any([r["expr"] for r in res] != exprs for res in per_seed[1:]):
-                raise DataError(f"{out}: the seeds of N={n} ({learner_name(name)}) were tested on "
+                raise DataError(f"{out}: the seeds of N={n} ({learner_label(name)}) were tested on "
                                 "different expressions")
             by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
@@ -102,11 +96,11 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         ci = p["ci95"]
         tok = p.get("per_token")
         tci = p.get("per_token_ci95")
-        md.append(f"| {p['N']} | {learner_name(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
+        md.append(f"| {p['N']} | {learner_label(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
                   f"{pct(ci[0])}–{pct(ci[1])} | {' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(tok)} | "
                   f"{'–' if tci is None else pct(tci[0]) + '–' + pct(tci[1])} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
-           r"\midrule"] + [f"{p['N']} & {learner_name(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
+           r"\midrule"] + [f"{p['N']} & {learner_label(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
                            f"{pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
     skipped = meta.get("skipped_sizes")
     if skipped:
@@ -125,12 +119,12 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
             continue
         x = [p["N"] for p in ps]
         line, = a1.plot(x, [100 * p["accuracy"] for p in ps], "o", linestyle=style, color=color,
-                        label=learner_name(name))
+                        label=learner_label(name))
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         _scatter_seeds(a1, ps, "seed_accuracy", color)
         if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_name(name))
+            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_label(name))
             a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
             _scatter_seeds(a2, ps, "seed_per_token", color)
@@ -172,7 +166,7 @@ class IIDSweep(ExperimentKind):
         """Folder of the run at training-set size `n` and seed index `seed` (read back by `iid_runs`)."""
         return f"iid-N{n}-s{seed}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, sizes=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, sizes=None,
              seeds=None) -> list[Job]:
         """Jobs of the IID sweep over `sizes` (default: the preset's) and the seed indices `seeds`
         (default: every seed of each size; a size with fewer seeds runs those it has). Runs on
@@ -183,6 +177,7 @@ class IIDSweep(ExperimentKind):
         from rlmlab.experiments.splits import Split, iid_split
 
         p = preset
+        task = preset_task(p, task)
         wanted = sorted(set(sizes or p.iid_sizes))
         if any(not isinstance(n, int) or n < 1 for n in wanted):
             raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")
@@ -193,20 +188,15 @@ class IIDSweep(ExperimentKind):
 
         data = out / "data" / "iid"
         ensure_data(data, "split.json", lambda: iid_split(
-            load_pool(p, out, progress), n_test=p.iid_n_test, n_val=p.n_val,
+            load_pool(p, out, task, progress), n_test=p.iid_n_test, n_val=p.n_val,
             dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace))
-        split = Split.load(data, p.task)
+        split = Split.load(data, task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
                                              "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
         available = split.train.num_rows
         sizes = [n for n in wanted if n <= available]
         skipped = [n for n in wanted if n > available]
-        planned = set(sizes)
-        if (out / "experiment.json").exists():
-            old = read_meta(out)
-            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
-                self.check_meta(old, out / "experiment.json")
-                planned |= set(old.get("sizes", ()))
+        planned = set(sizes) | self.planned_before(out, "sizes")
         meta = {"split": split.params, "sizes": sorted(planned)}
         if skipped:
             # The paper's N = 450,000 does not fit its own 500,000-expression pool (see
@@ -214,7 +204,7 @@ class IIDSweep(ExperimentKind):
             meta["skipped_sizes"] = {"sizes": skipped, "reason": f"the split has {available} training expressions"}
             print(f"rlmlab: IID sizes {', '.join(map(str, skipped))} skipped: the split has {available} training "
                   "expressions", file=sys.stderr)
-        write_meta(out, self, p, meta, learners)
+        write_meta(out, self, p, task, meta, learners)
         jobs = []
         for n in sizes:
             path = data / f"train-{n}.parquet"

@@ -10,13 +10,13 @@ from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.tables import (
     curve_clock,
-    learner_name,
+    learner_label,
     metrics_records,
     pct,
     save_figure,
     training_summary,
 )
-from rlmlab.learning.learner import learner
+from rlmlab.learning.learner import get_learner
 from rlmlab.safeio import read_json
 from rlmlab.runlog import has_metrics
 
@@ -34,7 +34,7 @@ def _model_shape(model: dict, name: str) -> str:
     from rlmlab.learning.config import MODEL_PRESETS
 
     try:
-        family = learner(name).observation.family
+        family = get_learner(name).observation.family
     except ConfigError:
         family = "cot"
     base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
@@ -78,7 +78,7 @@ def recipe_table(rows: list[dict]) -> str:
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         pos = "–" if r["positions_per_step"] is None else f"{r['positions_per_step']:,}"
-        cells = [r["run"], learner_name(r["learner"]), r["shape"], f"{r['batch']} ({pos})", f"{r['lr']:g}",
+        cells = [r["run"], learner_label(r["learner"]), r["shape"], f"{r['batch']} ({pos})", f"{r['lr']:g}",
                  str(r["warmup"]), f"{r['step']:,}", f"{r['minutes']:.0f} ({r['cpu_minutes']:.0f})",
                  *(pct(r["at"].get(m)) for m in marks), pct(r["best"]),
                  "–" if r["minutes_to_99"] is None else f"{r['minutes_to_99']:.0f}", pct(r["last_token_acc"])]
@@ -101,7 +101,7 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
         if not r["curve"]:
             continue
         x = [c[clock] / 60 for c in r["curve"]]
-        style = "-" if learner(r["learner"]).driver == "cot" else "--"
+        style = "-" if get_learner(r["learner"]).driver == "cot" else "--"
         line, = axes[0].plot(x, [100 * c["answer_acc"] for c in r["curve"]], style, label=r["run"])
         axes[1].plot(x, [100 * (1 - c["token_acc"]) for c in r["curve"]], style, color=line.get_color())
         axes[2].plot(x, [c["loss"] for c in r["curve"]], style, color=line.get_color())

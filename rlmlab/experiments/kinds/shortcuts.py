@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_saved, ensure_data, read_meta, write_meta
+from rlmlab.experiments.folder import check_saved, ensure_data, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness
-from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_name, learners,
+from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_label, learners,
                                        pct, plot_learning_curves, probe_groups, training_runs)
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, share
@@ -71,10 +71,10 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
     # Table 3 proper stays the paper's two learners; others get table-shortcuts-learners.md.
     probed = [v for v in present if any(f"{v}_probe_{s}" in r for r in rows for s in ("iid", "ood"))]
     paper_probed = [v for v in probed if v in PAPER_LEARNERS]
-    probe_cols = [f"Non-invariant positions IID / OOD, {learner_name(v)} (%)" for v in paper_probed]
+    probe_cols = [f"Non-invariant positions IID / OOD, {learner_label(v)} (%)" for v in paper_probed]
 
     def unfit(r):  # the paper's reading needs a learner that fits its training distribution
-        names = [learner_name(v) for v in PAPER_LEARNERS if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
+        names = [learner_label(v) for v in PAPER_LEARNERS if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
         return ", ".join(names) or "–"
 
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
@@ -169,7 +169,7 @@ def shortcut_seeds_table(cells: list[dict]) -> str:
     for c in cells:
         seeds = f"{', '.join(map(str, c['seeds']))} ({len(c['fitted_seeds'])} of {len(c['seeds'])})"
         cols = [x for key in ("iid", "ood", "shortcut_rate") for x in show(c[key])]
-        md.append(f"| {c['construction']} | {learner_name(c['learner'])} | {seeds} | " + " | ".join(cols) + " |")
+        md.append(f"| {c['construction']} | {learner_label(c['learner'])} | {seeds} | " + " | ".join(cols) + " |")
     return "\n".join(md) + "\n"
 
 
@@ -177,7 +177,7 @@ def labelled(r: dict, v: str) -> str:
     """A learner's table label on a construction, marked when it did not fit (IID < 99%): the
     rows that show its out-of-domain numbers carry the mark."""
     iid = r.get(f"{v}_iid")
-    return learner_name(v) + ("" if iid is None or fitted(iid["accuracy"]) else ", not fitted")
+    return learner_label(v) + ("" if iid is None or fitted(iid["accuracy"]) else ", not fitted")
 
 
 def probe_cell(r: dict, v: str) -> str:
@@ -220,7 +220,7 @@ def shortcut_learner_table(rows: list[dict], present: list[str]) -> str:
             if not fitted(iid):
                 ood = ["not fitted"] * 3
             probe = probe_cell(r, v)
-            md.append(f"| {r['construction']} | {learner_name(v)} | {pct(iid)} | " + " | ".join(ood)
+            md.append(f"| {r['construction']} | {learner_label(v)} | {pct(iid)} | " + " | ".join(ood)
                       + f" | {'–' if probe == '– / –' else probe} |")
     return "\n".join(md) + "\n"
 
@@ -262,7 +262,7 @@ class ShortcutSuite(ExperimentKind):
     def job_name(self, construction: str) -> str:
         return f"shortcut-{construction}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
              constructions=None, seeds=None) -> list[Job]:
         """Jobs of `constructions` (default: the paper's six) and training seed indices `seeds` (default:
         seed 0; a seed k > 0 trains in `shortcut-<construction>-s<k>/`). Runs on subsets share the
@@ -272,11 +272,9 @@ class ShortcutSuite(ExperimentKind):
         from rlmlab.shortcuts import (CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset,
                                       build_shortcut_dataset)
 
-        from rlmlab.task.taskfile import load_task
-
         p = preset
         seeds = check_seeds(seeds)
-        task = load_task(p.task)
+        task = preset_task(p, task)
         if not task.is_paper:
             raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
                               f"arithmetic; they do not run on {task.describe()}")
@@ -285,13 +283,8 @@ class ShortcutSuite(ExperimentKind):
         if unknown:
             raise ConfigError(f"unknown shortcut construction {unknown[0]!r} "
                               f"(have: {', '.join(EXPERIMENT_CONSTRUCTIONS)})")
-        planned = set(names)
-        if (out / "experiment.json").exists():
-            old = read_meta(out)
-            if old["kind"] == self.name:  # another kind's folder is refused by write_meta below
-                self.check_meta(old, out / "experiment.json")
-                planned |= set(old.get("constructions", ()))
-        write_meta(out, self, p, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
+        planned = set(names) | self.planned_before(out, "constructions")
+        write_meta(out, self, p, task, {"constructions": [n for n in EXPERIMENT_CONSTRUCTIONS if n in planned]}, learners)
         config = ShortcutConfig(max_trace_len=p.shortcut_max_trace)
         jobs = []
         for name in names:

@@ -17,7 +17,7 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task_digest
+from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task
 from rlmlab.experiments.kinds.threshold import report_threshold
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -26,7 +26,7 @@ from rlmlab.experiments.tables import (
     LEARNER_COLORS,
     eval_results,
     fitted,
-    learner_name,
+    learner_label,
     learners,
     pct,
     save_figure,
@@ -104,7 +104,7 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
     import json
 
     from rlmlab.learning.config import preset
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
 
     if run_dir is None or not (run_dir / "config.json").exists():
         return {}
@@ -113,7 +113,7 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
         if model.get("positions", "learned") != "learned":
             return {}
         block = model.get("block_size") or preset(model["preset"], name, 1).block_size
-        driver = learner(name).driver
+        driver = get_learner(name).driver
     except (ValueError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
     except ConfigError:
@@ -142,11 +142,11 @@ def sweep_table(kind: str, points: list[dict]) -> str:
         last = p["threshold"]
         cells = [("not fitted" if not p["fitted"] else "–") if p["ood"][lab] is None
                  else pct(p["ood"][lab]["accuracy"]) for lab in labels]
-        md.append(f"| {p['threshold']} | {learner_name(p['learner'])} | {p['n_train']:,} | {p['t_max']} | "
+        md.append(f"| {p['threshold']} | {learner_label(p['learner'])} | {p['n_train']:,} | {p['t_max']} | "
                   f"{pct(p['best_validation'])} | {pct(p['below'] and p['below']['accuracy'])} | "
                   + " | ".join(cells) + " |")
     md.append(_n_row(last, [q for q in points if q["threshold"] == last][0], labels))
-    notes = [f"- {unit} = {p['threshold']}, {learner_name(p['learner'])}: "
+    notes = [f"- {unit} = {p['threshold']}, {learner_label(p['learner'])}: "
              + ", ".join(f"{k} of {p['n'][lab]} in ×{lab}" for lab, k in p["beyond_table"].items())
              for p in points if p["beyond_table"]]
     if notes:
@@ -171,7 +171,7 @@ def sweep_tex(kind: str, points: list[dict]) -> str:
     for p in points:
         cells = [("n.f." if not p["fitted"] else "--") if p["ood"][lab] is None else pct(p["ood"][lab]["accuracy"])
                  for lab in labels]
-        tex.append(f"{p['threshold']} & {learner_name(p['learner'])} & {pct(p['below'] and p['below']['accuracy'])} & "
+        tex.append(f"{p['threshold']} & {learner_label(p['learner'])} & {pct(p['below'] and p['below']['accuracy'])} & "
                    + " & ".join(cells) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(tex).replace("–", "--") + "\n"
@@ -223,7 +223,7 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
                             color=cmap(j / max(1, len(labels) - 1)), lw=1.2, ms=4, alpha=0.9)
             unfit = [p["threshold"] for p in mine if not p["fitted"]]
             handles.append(Line2D([], [], color="black", ls=ls, marker=marker,
-                                  label=learner_name(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
+                                  label=learner_label(name) + (f" (not fitted at {', '.join(map(str, unfit))})"
                                                               if unfit else "")))
         handles.append(Line2D([], [], color="grey", lw=2.4, label=f"below {UNIT[kind]} (learner's colour)"))
         handles += [Line2D([], [], color=cmap(j / max(1, len(labels) - 1)), lw=1.2, label=f"×{lab}")
@@ -280,10 +280,10 @@ class ThresholdSweep(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {"kind": meta.get("kind"), "shared": meta.get("shared"), "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, lengths=None, depths=None, seeds=None) -> dict:
-        return {"kind": self.name, "shared": shared(preset), "task": preset_task_digest(preset)}
+    def planned_identity(self, preset, task=None, lengths=None, depths=None, seeds=None) -> dict:
+        return {"kind": self.name, "shared": shared(preset), "task": preset_task(preset, task).digest}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, lengths=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, lengths=None,
              depths=None, seeds=None) -> list[Job]:
         """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths) and the
         training seed indices `seeds` (default: seed 0; `rlmlab.experiments.seeds`). Runs on
@@ -293,6 +293,7 @@ class ThresholdSweep(ExperimentKind):
                                               without_ood)
 
         p = preset
+        task = preset_task(p, task)
         seeds = check_seeds(seeds)
         if lengths is None and depths is None:
             lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
@@ -307,14 +308,14 @@ class ThresholdSweep(ExperimentKind):
 
         def build(kind: str, threshold: int):
             nonlocal pool  # loaded once, by the first threshold whose split has to be built
-            pool = pool if pool is not None else load_pool(p, out, progress)
+            pool = pool if pool is not None else load_pool(p, out, task, progress)
             return threshold_split(pool, kind, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap, n_train=p.n_train)
 
         for name in wanted:
             kind, threshold = parse_job(name)
             data = out / "data" / name
             ensure_data(data, "split.json", partial(build, kind, threshold), expected=splits.get(name))
-            split = Split.load(data, p.task)
+            split = Split.load(data, task)
             check_split(data, split.params, p, asked)
             if (why := without_ood(split.params)) is not None:
                 print(f"{data}: warning: {why}", file=sys.stderr)
@@ -322,7 +323,7 @@ class ThresholdSweep(ExperimentKind):
             jobs += [Job(seeded_job(name, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
                          {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
                      for seed in seeds for v in learners]
-        write_meta(out, self, p, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
+        write_meta(out, self, p, task, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

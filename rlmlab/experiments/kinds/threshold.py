@@ -11,7 +11,7 @@ import numpy as np
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind
+from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -23,7 +23,7 @@ from rlmlab.experiments.tables import (
     fitted,
     gap,
     learner_line,
-    learner_name,
+    learner_label,
     learners,
     pct,
     plot_learning_curves,
@@ -62,7 +62,7 @@ def _frame_errors(out: Path, job: str, learners: list[str], fits: dict[str, floa
             table = render_frames(rows, top=FRAME_TABLE_FUNCTIONS)
         except (KeyError, TypeError):
             raise DataError(f"{run_path(out, job, v) / 'frames' / 'eval' / 'summary.json'}: malformed rows") from None
-        md += (f"\nTeacher-forced errors per active-frame example, {learner_name(v)}{_unfit_label(fits.get(v))} "
+        md += (f"\nTeacher-forced errors per active-frame example, {learner_label(v)}{_unfit_label(fits.get(v))} "
                "(`rlmlab frames`; an "
                "example is wrong if any of its targets is mispredicted; seen: the frame's call occurs among "
                "the frames of the training traces):\n\n" + table + "\n")
@@ -112,10 +112,10 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
           "|---" * (len(labels) + 1) + "|"]
     for v in learners:
         if v in unfit:
-            md.append(f"| {learner_name(v)} acc. (%){_unfit_label(unfit[v])} | "
+            md.append(f"| {learner_label(v)} acc. (%){_unfit_label(unfit[v])} | "
                       + " | ".join("not fitted" if r["ood"] else pct(a) for r, a in zip(rows, acc[v])) + " |")
         else:
-            md.append(f"| {learner_name(v)} acc. (%) | " + " | ".join(pct(a) for a in acc[v]) + " |")
+            md.append(f"| {learner_label(v)} acc. (%) | " + " | ".join(pct(a) for a in acc[v]) + " |")
     if "rm" in acc and "cot" in acc:
         md.append("| Gap (pt) | " + " | ".join(gap(a, b) for a, b in zip(acc["rm"], acc["cot"])) + " |")
     n = [max((r[v]["n"] for v in learners if r.get(v)), default=0) for r in rows]
@@ -125,14 +125,14 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
         if not any(probed):
             continue
         for key, what in (("position_rate", "positions"), ("answer_rate", "answers")):
-            md.append(f"| {learner_name(v)}{', not fitted,' if v in unfit else ''} non-invariant {what} (%) | "
+            md.append(f"| {learner_label(v)}{', not fitted,' if v in unfit else ''} non-invariant {what} (%) | "
                       + " | ".join(pct(p.get(key)) if p else "–" for p in probed) + " |")
-        md.append(f"| {learner_name(v)} probed expressions | "
+        md.append(f"| {learner_label(v)} probed expressions | "
                   + " | ".join(str(p["n_expressions"]) if p else "–" for p in probed) + " |")
     paper = PAPER_TABLE2.get((kind, threshold))
     if paper:
         for v in (v for v in learners if v in paper):  # the paper has rows for RM and CoT only
-            md.append(f"| paper {learner_name(v)} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
+            md.append(f"| paper {learner_label(v)} (%) | " + " | ".join(f"{a:.1f}" for a in paper[v]) + " |")
 
     tex = [r"\begin{tabular}{@{}l*{%d}{c}!{\vrule}*{%d}{c}@{}}" % (n_iid, len(labels) - n_iid), r"\toprule",
            rf"\textbf{{{kind.capitalize()}}} & \multicolumn{{{n_iid}}}{{c}}{{\textbf{{IID}}}} & "
@@ -141,7 +141,7 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
            r"\midrule"]
     for v in learners:
         cells = ["n.f." if r["ood"] and v in unfit else f"${pct(a)}$" for r, a in zip(rows, acc[v])]
-        tex.append(rf"\textbf{{{learner_name(v)} acc. (\%)}} & " + " & ".join(cells) + r" \\")
+        tex.append(rf"\textbf{{{learner_label(v)} acc. (\%)}} & " + " & ".join(cells) + r" \\")
     if "rm" in acc and "cot" in acc:
         tex.append(r"\textbf{Gap (pt)} & " + " & ".join(f"${gap(a, b)}$" for a, b in zip(acc["rm"], acc["cot"]))
                    + r" \\")
@@ -177,7 +177,7 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners:
         a = [100 * p[1]["accuracy"] for p in pts]
         lo = [100 * p[1]["ci95"][0] for p in pts]
         hi = [100 * p[1]["ci95"][1] for p in pts]
-        label = learner_name(v) + (" (not fitted: in domain only)" if v in unfit else "")
+        label = learner_label(v) + (" (not fitted: in domain only)" if v in unfit else "")
         color, style = learner_line(v)
         line, = ax.plot(x, a, "o", linestyle=style, color=color, label=label)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
@@ -205,7 +205,7 @@ def _plot_seeds(ax, xs: list[int], v: str, d: dict) -> None:
     pts = [(x, c) for x, c in zip(xs, d["cells"]) if c is not None and c["mean"] is not None]
     x = [p[0] for p in pts]
     line, = ax.plot(x, [100 * c["mean"] for _, c in pts], "o", linestyle=style, color=color, lw=2.2,
-                    label=f"{learner_name(v)}, mean of {len(d['seeds'])} seeds")
+                    label=f"{learner_label(v)}, mean of {len(d['seeds'])} seeds")
     ax.fill_between(x, [100 * c["ci95"][0] for _, c in pts], [100 * c["ci95"][1] for _, c in pts],
                     color=line.get_color(), alpha=0.15)
     for s in map(str, d["seeds"]):
@@ -339,7 +339,7 @@ def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> 
     def seeds_of(c):
         return "–" if c is None else " / ".join("n.f." if x is None else pct(x) for x in c["per_seed"].values())
 
-    fits = "; ".join(f"{learner_name(v)}: seed{'s' if len(d['seeds']) > 1 else ''} "
+    fits = "; ".join(f"{learner_label(v)}: seed{'s' if len(d['seeds']) > 1 else ''} "
                      f"{', '.join(map(str, d['seeds']))} ({len(d['fitted_seeds'])} of {len(d['seeds'])} fitted)"
                      for v, d in spread["learners"].items())
     md = ["\nOver training seeds: each learner's mean accuracy over its seeds (all scored on the same "
@@ -347,9 +347,9 @@ def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> 
           "seed's accuracy in seed order (n.f.: that seed did not fit). An out-of-domain mean stands only "
           f"where every seed fitted. {fits}.\n\n" + head.rstrip("\n")]
     for v, d in spread["learners"].items():
-        md.append(f"| {learner_name(v)}: mean over seeds (%) | " + " | ".join(mean(c) for c in d["cells"]) + " |")
-        md.append(f"| {learner_name(v)}: 95% interval | " + " | ".join(interval(c) for c in d["cells"]) + " |")
-        md.append(f"| {learner_name(v)}: per seed (%) | " + " | ".join(seeds_of(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_label(v)}: mean over seeds (%) | " + " | ".join(mean(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_label(v)}: 95% interval | " + " | ".join(interval(c) for c in d["cells"]) + " |")
+        md.append(f"| {learner_label(v)}: per seed (%) | " + " | ".join(seeds_of(c) for c in d["cells"]) + " |")
     if spread["paired"]:
         md.append("\nPaired differences (percentage points, first learner minus second; expressions resampled "
                   "together, each learner's seeds on their own; 95% interval; `>` or `<` where the interval "
@@ -358,7 +358,7 @@ def spread_tables(spread: dict, bins: list[dict], kind: str, threshold: int) -> 
             cells = ["–" if c is None else
                      f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
                      + {"higher": " >", "lower": " <"}.get(c["verdict"], "") for c in p["cells"]]
-            md.append(f"| {learner_name(p['a'])} − {learner_name(p['b'])} | " + " | ".join(cells) + " |")
+            md.append(f"| {learner_label(p['a'])} − {learner_label(p['b'])} | " + " | ".join(cells) + " |")
     return "\n".join(md) + "\n"
 
 
@@ -385,7 +385,7 @@ def wrong_trace_table(summaries: dict[str, dict], threshold_name: str) -> str:
 
     md = ["| learner | wrong OOD answers | malformed (%) | first divergence, median token | quartiles |",
           "|---|---|---|---|---|"]
-    md += [f"| {learner_name(v)} | {w['n']} | {pct(w['malformed'])} | {tok(w['diverge_median'])} | "
+    md += [f"| {learner_label(v)} | {w['n']} | {pct(w['malformed'])} | {tok(w['diverge_median'])} | "
            f"{tok(w['diverge_q1'])} / {tok(w['diverge_q3'])} |" for v, w in summaries.items()]
     return (f"\nHow the wrong out-of-domain answers fail ({threshold_name}; learners that fit only): "
             "the share of traces that end without an answer, and the token at which the produced trace "
@@ -428,7 +428,7 @@ def failure_prediction_table(predictors: dict[str, dict]) -> str:
 
     md = ["| learner | probed OOD expressions | answered wrongly | AUC, non-invariant positions | "
           "AUC, trace length |", "|---|---|---|---|---|"]
-    md += [f"| {learner_name(v)} | {p['n']} | {p['wrong']} | {auc(p['non_invariance'])} | {auc(p['trace_len'])} |"
+    md += [f"| {learner_label(v)} | {p['n']} | {p['wrong']} | {auc(p['non_invariance'])} | {auc(p['trace_len'])} |"
            for v, p in predictors.items()]
     return ("\nDoes non-invariance predict which out-of-domain expressions fail? ROC AUC over the probed OOD "
             "expressions (0.5: no better than chance; 95% stratified bootstrap interval); the share of "
@@ -462,10 +462,10 @@ class ThresholdSplit(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {**super().identity(meta), "threshold": meta.get("threshold")}
 
-    def planned_identity(self, preset, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
-        return {**super().planned_identity(preset), "threshold": self.threshold(preset, threshold)}
+    def planned_identity(self, preset, task=None, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
+        return {**super().planned_identity(preset, task), "threshold": self.threshold(preset, threshold)}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
              threshold: int | None = None, seeds: list[int] | None = None) -> list[Job]:
         """One job per learner and training seed index (default: seed 0 only). Every seed trains
         on the same split and is evaluated on the same expressions; the seed sets the model's
@@ -473,18 +473,19 @@ class ThresholdSplit(ExperimentKind):
         from rlmlab.experiments.splits import Split, threshold_split, without_ood
 
         p = preset
+        task = preset_task(p, task)
         threshold = self.threshold(p, threshold)
         seeds = check_seeds(seeds)
         data = out / "data" / self.job_name(threshold)
         ensure_data(data, "split.json", lambda: threshold_split(
-            load_pool(p, out, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
+            load_pool(p, out, task, progress), self.name, threshold, n_val=p.n_val, per_bin_cap=p.per_bin_cap,
             n_train=p.n_train))
-        split = Split.load(data, p.task)
+        split = Split.load(data, task)
         check_split(data, split.params, p, {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap,
                                             "n_train_requested": p.n_train})
         if (why := without_ood(split.params)) is not None:
             print(f"{data}: warning: {why}", file=sys.stderr)
-        write_meta(out, self, p, {"threshold": threshold, "split": split.params}, learners)
+        write_meta(out, self, p, task, {"threshold": threshold, "split": split.params}, learners)
         return [Job(self.job_name(threshold, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
                     {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), p.eval_batch)
                 for seed in seeds for v in learners]

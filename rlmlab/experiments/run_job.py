@@ -1,9 +1,8 @@
-"""Jobs: the unit an experiment is split into.
-
-A job trains one learner on one data set and evaluates it on the experiment's
-evaluation sets, in its own folder `<experiment>/<job>/<learner>/`. It skips what is already there
-(a finished run has `done.json`; an evaluation `results.parquet` + `summary.json`), so re-running
-an experiment resumes it. Jobs run one after another here, or on a Ray cluster.
+"""Running one job (`rlmlab.experiments.job.Job`): train one learner on one data set, then
+evaluate it on the experiment's evaluation sets, in its own folder `<experiment>/<job>/<learner>/`.
+It skips what is already there (a finished run has `done.json`; an evaluation `results.parquet`
++ `summary.json`), so re-running an experiment resumes it. Jobs run one after another here, or
+on a Ray cluster.
 """
 
 from __future__ import annotations
@@ -81,40 +80,50 @@ def _check_resumable(run_dir: Path) -> None:
     TrainerState.from_saved({k: v for k, v in meta["trainer"].items() if k != "rng"}, ckpt)
 
 
-def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True):
+def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True, task=None):
     """Train one run from its `RunConfig` (`rlmlab train` and every job): build its examples,
-    validate by decoding `train.answer_eval` validation expressions, train or resume. Returns
-    `rlmlab.learning.train.TrainResult`."""
+    validate by decoding `train.answer_eval` validation expressions, train or resume. `task` is
+    `cfg.data.task` as the command resolved it (None: resolved here, once for all three steps).
+    Returns `rlmlab.learning.train.TrainResult`."""
     from rlmlab.learning.data import prepare_data
     from rlmlab.learning.train import train
     from rlmlab.measuring.score import answer_accuracy_fn
+    from rlmlab.task.taskfile import load_task
 
-    split = prepare_data(cfg.data)
-    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=cfg.data.task)
+    task = task if task is not None else load_task(cfg.data.task)
+    split = prepare_data(cfg.data, task)
+    validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=task)
                    if cfg.train.answer_eval else None)
-    return train(cfg, split.train, split.val, run_dir, resume=resume, validate_fn=validate_fn, progress=progress)
+    return train(cfg, split.train, split.val, run_dir, task=task, resume=resume, validate_fn=validate_fn,
+                 progress=progress)
 
 
 BUSY_RUN = "another process is training or evaluating this run"
 
 
-def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False) -> dict:
+def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = False, task=None) -> dict:
     """Train (or resume, or skip when done) and evaluate; returns {set: summary}. With `extend`, a
     finished run continues when the job now asks for a larger budget than the one it ran out
-    of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run that another process holds (`rlmlab run` on the same folder,
-    learners and subset twice) is refused rather than trained twice at once."""
+    of, or a larger patience (or none) than the one that stopped it (`reopen_to_extend`). A run
+    that another process holds (`rlmlab run` on the same folder, learners and subset twice) is
+    refused rather than trained twice at once. `task` is the job's `data.task` as the command
+    resolved it (None: resolved here; a job that names none evaluates on its checkpoint's task)."""
     from rlmlab.experiments.folder import folder_lock
+    from rlmlab.task.taskfile import load_task
 
+    if task is None and "data.task" in job.settings:
+        task = load_task(job.settings["data.task"])
     with folder_lock(job.run_dir(Path(out)), wait=False, busy=BUSY_RUN):
-        return _run_job(job, Path(out), progress, extend)
+        return _run_job(job, Path(out), progress, extend, task)
 
 
-def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
+def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
-    from rlmlab.learning.learner import learner
+    from rlmlab.learning.learner import get_learner
     from rlmlab.learning.step import resolve_device
+    from rlmlab.measuring.results import eval_dir, find_eval_dir
     from rlmlab.measuring.score import evaluate_file
 
     run_dir = job.run_dir(out)
@@ -126,13 +135,14 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
         stays = reopen_to_extend(run_dir, job.settings)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
-    who = learner(job.learner)
-    positions = {"model.positions": who.positions} if who.positions else {}
+    who = get_learner(job.learner)
+    encoding = {"model.positions": who.encoding} if who.encoding else {}
     if not done.exists():
-        cfg = apply_settings(RunConfig(), {**job.settings, **positions, "data.learner": who.base,
+        cfg = apply_settings(RunConfig(), {**job.settings, **encoding, "data.learner": who.base,
                                             "data.train": job.train, "data.val": job.val})
         cfg.require_stop_rule()
-        result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress)
+        result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress,
+                           task=task)
         if result.stop_reason == "interrupted":
             # Ctrl-C saved `last`; the run is unfinished, so neither mark it done (a re-run would
             # skip it) nor evaluate a half-trained model. The re-run resumes from `last`.
@@ -148,20 +158,20 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool) -> dict:
     summaries = {}
     loaded = None
     for set_name, path in job.evals.items():
-        eval_dir = run_dir / "eval" / set_name
-        saved = _evaluated(eval_dir)
+        found = find_eval_dir(run_dir, set_name)  # one in the old layout (eval/eval/) counts too
+        saved = _evaluated(found)
         if saved is not None and Path(str(saved.get("data", ""))).name == Path(path).name:
             summaries[set_name] = saved
             continue
         if saved is not None:  # e.g. a sample (`--preset.eval_sample`) where the whole set is asked now
-            print(f"{eval_dir}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
+            print(f"{found}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
         loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
-                                    {**job.settings, **positions}.get("model.positions", "learned"),
-                                    task=job.settings.get("data.task"))
+                                    {**job.settings, **encoding}.get("model.positions", "learned"),
+                                    task=task)
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
-            eval_dir, ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
+            eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
             batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
                     "set": set_name},
