@@ -70,8 +70,8 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
     try:
         share = _gpu_share(ray, gpus_per_job)
         _refuse_unschedulable(ray, jobs, share)
-        task = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
-        refs = [task.options(num_cpus=_threads(job), num_gpus=_gpus(job, share),
+        on_node = ray.remote(max_retries=LOST_WORKER_RETRIES, retry_exceptions=False)(_run_on_node)
+        refs = [on_node.options(num_cpus=_threads(job), num_gpus=_gpus(job, share),
                              name=f"{job.name}/{job.learner}").remote(job, str(out), extend, cwd, task)
                 for job in jobs]
         print(f"{len(jobs)} jobs on the Ray cluster at {address}: {_describe(ray)}", file=sys.stderr)
