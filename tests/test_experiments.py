@@ -873,7 +873,7 @@ def test_a_learner_with_another_position_encoding_runs_beside_the_papers(tmp_pat
     assert json.loads((out / "length-96" / "cot" / "config.json").read_text())["model"]["positions"] == "learned"
     assert load_run(run).model.cfg.positions == "rope" and load_run(run).model.wpe is None
     with pytest.raises(Exception, match="trained with model.positions=rope, not learned"):
-        load_run(run, positions="learned")
+        load_run(run, encoding="learned")
     summary = json.loads((run / "eval" / "summary.json").read_text())
     assert summary["learner"] == "cot@rope" and "view" not in summary
     assert main(["report", str(out)]) == 0

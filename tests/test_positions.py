@@ -257,13 +257,13 @@ def test_a_checkpoint_records_its_encoding_and_refuses_another(tmp_path, positio
     m, run = _save(tmp_path, positions)
     meta = json.loads((run / "best" / "checkpoint.json").read_text())
     assert meta["model_config"]["positions"] == meta["config"]["model"]["positions"] == positions
-    loaded = load_run(run, positions=positions)
+    loaded = load_run(run, encoding=positions)
     x = torch.randint(0, len(VOCAB), (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(x), m(x), atol=0, rtol=0)
     other = next(e for e in ENCODINGS if e != positions)
     with pytest.raises(CheckpointError, match=f"trained with model.positions={positions}, not {other}$"):
-        load_run(run, positions=other)
+        load_run(run, encoding=other)
 
 
 @pytest.mark.parametrize("positions, named", [("learned", "rm"), ("rope", "rm@rope"), ("none", "rm@none")])
@@ -288,7 +288,7 @@ def test_a_checkpoint_without_the_field_is_the_learned_table(tmp_path):
     del meta["model_config"]["positions"], meta["config"]["model"]["positions"]  # as written before the option
     meta["digest"] = meta_digest(meta)  # re-sealed: only the missing field is under test
     path.write_text(json.dumps(meta))
-    loaded = load_run(run, positions="learned")
+    loaded = load_run(run, encoding="learned")
     assert loaded.model.cfg.positions == "learned"
     x = torch.randint(0, len(VOCAB), (1, 12))
     with torch.no_grad():

@@ -96,8 +96,8 @@ class LoadedRun:
         """The learner as experiments name it, which summaries record: `learner`, with
         "@<encoding>" unless the model has the paper's learned table ("cot@rope"), so that a
         summary written by `rlmlab eval`, `probe` or `frames` is labelled like one of `rlmlab run`."""
-        positions = self.model.cfg.positions
-        return self.learner if positions == "learned" else f"{self.learner}@{positions}"
+        encoding = self.model.cfg.positions
+        return self.learner if encoding == "learned" else f"{self.learner}@{encoding}"
 
 
 # --- writing ----------------------------------------------------------------
@@ -388,8 +388,9 @@ def _check_run_config(config: dict, name: str, vocab_size: int, model_config: di
 
 
 def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu",
-                positions: str | None = None) -> Transformer:
-    """The checkpoint's model; with `positions`, refused unless it was trained with that encoding.
+                encoding: str | None = None) -> Transformer:
+    """The checkpoint's model; with `encoding`, refused unless it was trained with that position
+    encoding.
     A checkpoint written before encodings were an option has the paper's learned table."""
     try:
         cfg = ModelConfig(**meta["model_config"])
@@ -400,8 +401,8 @@ def build_model(meta: dict, ckpt: Path, device: str | torch.device = "cpu",
     if said != cfg.positions:
         raise CheckpointError(f"{ckpt}: its model config has positions={cfg.positions!r}, its run config "
                               f"model.positions={said!r}")
-    if positions is not None and positions != cfg.positions:
-        raise CheckpointError(f"{ckpt}: trained with model.positions={cfg.positions}, not {positions}")
+    if encoding is not None and encoding != cfg.positions:
+        raise CheckpointError(f"{ckpt}: trained with model.positions={cfg.positions}, not {encoding}")
     _check_shapes(cfg, ckpt)
     model = Transformer(cfg)
     try:
@@ -506,9 +507,9 @@ def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu",
-             positions: str | None = None, task: Task | str | None = None) -> LoadedRun:
+             encoding: str | None = None, task: Task | str | None = None) -> LoadedRun:
     """Load a run's `best` or `last` model in eval mode (CheckpointError on any problem, and
-    when `positions` is given and the run was trained with another encoding). The
+    when `encoding` is given and the run was trained with another position encoding). The
     checkpoint's vocabulary must be its task's (`run_task`): a model whose token ids mean other
     tokens would decode, and score, nonsense."""
     ckpt = checkpoint_dir(run_dir, which)
@@ -521,7 +522,7 @@ def load_run(run_dir: str | Path, which: str = "best", device: str | torch.devic
     if vocab != task.vocab:
         raise CheckpointError(f"{ckpt}: its vocabulary differs from that of {task.describe()} "
                               "(tokens reordered, added or missing)")
-    model = build_model(meta, ckpt, device, positions).eval()
+    model = build_model(meta, ckpt, device, encoding).eval()
     if model.cfg.vocab_size != len(vocab):
         raise CheckpointError(f"{ckpt}: model has {model.cfg.vocab_size} token ids, vocabulary {len(vocab)}")
     return LoadedRun(model, vocab, meta["learner"], meta["config"], int(meta["step"]), meta["metrics"], task)
