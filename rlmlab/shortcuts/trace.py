@@ -14,10 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import DataError
+from rlmlab.task.events import (
+    LITERAL_BINDING_LEN,
+    RETURN_CLOSE_LEN,
+    RETURN_HEAD_LEN,
+    Bind,
+    Pop,
+    Push,
+    Return,
+    events,
+)
 from rlmlab.task.expr import DIGITS, Expr
-from rlmlab.task.frames import FrameExample, StackReplay
 from rlmlab.task.trace import Execution
-from rlmlab.task.vocab import ASSIGN, END_RETURN, RETURN
 
 
 # --- frames of the flattened trace ---------------------------------------------------
@@ -39,36 +47,38 @@ class TraceFrame:
 
 
 def frame_tree(tokens: Sequence[str], prompt_len: int) -> TraceFrame:
-    """The frames of a complete trace as a tree, read off the stack replay that cuts RM's
-    examples (`StackReplay`): a frame opens at its push and closes at its `</return>`, whose
-    payload is its value."""
-    replay = StackReplay(tokens[:prompt_len])
-    stack: list[dict] = [{"call": tuple(tokens[:prompt_len]), "start": prompt_len, "children": []}]
-    for i in range(prompt_len, len(tokens)):
-        event = replay.feed(tokens[i])
-        if event == "error":
-            raise DataError(f"not a legal trace at token {i}: {replay.error}")
-        if event == "push":
-            stack.append({"call": tuple(replay.top), "start": i + 1, "children": []})
-        elif event in ("pop", "done"):
-            returned = replay.answer if event == "done" else replay.top[-1:]
-            b = stack.pop()
-            frame = TraceFrame(b["call"], b["start"], i + 1, returned[-1], tuple(b["children"]))
-            if event == "done":
-                if i != len(tokens) - 1:
+    """The frames of a complete trace as a tree, from the trace's events: a frame opens at its
+    push and closes at its pop, whose payload is its value."""
+    stack: list[tuple[Push, list[TraceFrame]]] = []
+    for e in events(tokens, prompt_len):  # an illegal trace raises TraceError, a DataError
+        if type(e) is Push:
+            stack.append((e, []))
+        elif type(e) is Pop:
+            push, children = stack.pop()
+            frame = TraceFrame(push.call, push.end, e.end, e.value[-1], tuple(children))
+            if not stack:
+                if e.end != len(tokens):
                     raise DataError("trace continues after the root returned")
                 return frame
-            stack[-1]["children"].append(frame)
+            stack[-1][1].append(frame)
     raise DataError("incomplete trace: the root frame never returned")
 
 
 def internal_returns(tokens: Sequence[str], frame: TraceFrame) -> list[tuple[int, int]]:
-    """(position, value) of every integer literal return `<return> v </return>` inside `frame`."""
-    out = []
-    for i in range(frame.start + 1, frame.end - 1):
-        if tokens[i - 1] == RETURN and tokens[i + 1] == END_RETURN and tokens[i] in DIGITS:
-            out.append((i, int(tokens[i])))
-    return out
+    """(position, value) of every integer literal return `<return> v </return>` inside `frame`.
+    The frame's tokens are the trace of its own call run as a root, so they are read as one."""
+    call = list(frame.call)
+    shift = frame.start - len(call)
+    return [(shift + e.end - 1 - RETURN_CLOSE_LEN, int(e.value[0]))
+            for e in events(call + list(tokens[frame.start:frame.end]), len(call))
+            if type(e) is Return and e.literal and e.value[0] in DIGITS]
+
+
+def descendants(frame: TraceFrame):
+    """Every frame below `frame`, in the order they open."""
+    for c in frame.children:
+        yield c
+        yield from descendants(c)
 
 
 def child(frame: TraceFrame, *path: int) -> TraceFrame:
@@ -103,16 +113,12 @@ class RootFrame:
     """(path of argument indices, token) for every literal leaf of the written expression."""
 
 
-def root_payload(frames: Sequence[FrameExample], prompt_len: int) -> tuple[tuple[str, ...], int]:
-    """Bound values of the root frame (its `p := v` pairs after every child returned) and the
-    local index of its answer token, from the execution's last root example."""
-    last = [f for f in frames if f.depth == 1][-1]
-    toks = last.tokens
-    payload, i = [], prompt_len
-    while i + 2 < len(toks) and toks[i + 1] == ASSIGN:
-        payload.append(toks[i + 2])
-        i += 3
-    return tuple(payload), len(toks) - 2
+def root_payload(tokens: Sequence[str], prompt_len: int) -> tuple[tuple[str, ...], int]:
+    """Bound values of the root frame (its `p := v` bindings, each child's value in place) and
+    the index of its answer token in RM's final root frame (context + targets): the written
+    expression, one literal binding per parameter, then `return <return> a </return>`."""
+    payload = tuple(e.value for e in events(tokens, prompt_len) if type(e) is Bind and e.depth == 1)
+    return payload, prompt_len + LITERAL_BINDING_LEN * len(payload) + RETURN_HEAD_LEN
 
 
 def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], str]]:
@@ -127,5 +133,5 @@ def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, 
 
 def root_frame(ex: Execution, signal: str) -> RootFrame:
     """The root frame of an executed example with its signal S."""
-    payload, pos = root_payload(ex.frames, ex.prompt_len)
+    payload, pos = root_payload(ex.tokens, ex.prompt_len)
     return RootFrame(ex.expr.fn, payload, ex.value_token, pos, signal, tuple(literal_paths(ex.expr)))
