@@ -16,7 +16,8 @@ sequence, which the `rm` and `reduce` observations need on whatever a window or 
 `events(tokens, prompt_len)` gives the same replay as typed events with their token spans:
 `Push` (a frame opens on a written call), `Bind` (`name := value`), `Return` (a frame's
 `return <return> ... </return>`) and `Pop` (a frame hands its value back); `write(events)`
-writes the tokens back.
+writes the tokens back. `frame_steps` reads the `Bind` and `Return` steps off one frame as
+the model sees it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ VALUE_LEN = 1  # a value is one literal token
 
 PUSH, POP, DONE, ERROR = "push", "pop", "done", "error"
 
+_CONTROL = frozenset(CONTROL)
+_LEGAL_WATCH = _CONTROL | frozenset(SPECIALS)  # the tokens the legal mode has to look at
+
+
+class _Every:
+    """Watches every token: a stopped legal reader answers each with ERROR."""
+
+    def __contains__(self, tok) -> bool:
+        return True
+
 
 class Frame:
     """One frame of the replay: its tokens as the model sees them."""
@@ -99,8 +110,11 @@ class TraceReader:
         self.value: list[str] | None = None  # the payload of the last pop or of the root's return
         self.max_depth = 1
         self.n_cuts = 0  # active-frame examples cut: one per push, per pop and at the end
-        for t in prompt:
-            self.feed(t)
+        # Most tokens are neither control nor special: `feed` appends those to the top frame
+        # with one set lookup (it is called once per token by every decoder and packer).
+        self._watch = _LEGAL_WATCH if legal else _CONTROL
+        self._top = self.stack[0].tokens
+        self.feed_all(prompt)
         self.stack[0].seg_start = len(self.stack[0].tokens)
 
     @property
@@ -109,26 +123,37 @@ class TraceReader:
 
     @property
     def top(self) -> list[str]:
-        return self.stack[-1].tokens
+        return self._top
 
     def cut(self, frame: Frame, depth: int) -> None:
         """Called when `frame` (at `depth`) ends a segment, before the stack changes; a
         subclass keeps the example (`frames.StackReplay`)."""
 
     def feed(self, tok: str) -> str | None:
+        if tok not in self._watch:
+            self._top.append(tok)
+            return None
+        return self._control(tok)
+
+    def feed_all(self, tokens: Iterable[str]) -> None:
+        """`feed` every token, dropping the events (Pi_rec of a whole sequence in one call)."""
+        for tok in tokens:
+            if tok in self._watch:
+                self._control(tok)
+            else:
+                self._top.append(tok)
+
+    def _control(self, tok: str) -> str | None:
         if self.error is not None:
             return ERROR
         legal = self.legal
         if legal:
             if self.done:
                 return self._fail("token after the root returned")
-            if tok in SPECIALS:
+            if tok not in _CONTROL:
                 return self._fail(f"model-level token {tok} inside a trace")
         frame = self.stack[-1]
         toks, controls = frame.tokens, frame.controls
-        if tok not in CONTROL:
-            toks.append(tok)
-            return None
         opener = toks[controls[-1]] if controls else None
         if legal:
             why = _illegal(tok, opener, len(toks) - controls[-1] - 1 if controls else 0)
@@ -142,6 +167,7 @@ class TraceReader:
             self.n_cuts += 1
             del toks[start:]
             self.stack.append(Frame(q, len(q)))
+            self._top = q
             if len(self.stack) > self.max_depth:
                 self.max_depth = len(self.stack)
             return PUSH
@@ -155,11 +181,13 @@ class TraceReader:
             if len(self.stack) == 1:
                 self.done = True
                 self.answer = a
+                self._watch = _Every()
                 return DONE
             self.stack.pop()
             parent = self.stack[-1]
             parent.tokens.extend(a)
             parent.seg_start = len(parent.tokens)
+            self._top = parent.tokens
             return POP
         # An opener, or (outside the legal mode) a closer that closes nothing: an ordinary token
         # of the frame that later closers see as the nearest control token.
@@ -169,6 +197,7 @@ class TraceReader:
 
     def _fail(self, reason: str) -> str:
         self.error = reason
+        self._watch = _Every()
         return ERROR
 
 
@@ -283,32 +312,35 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
         return
     r = TraceReader(tokens[:prompt_len])
     yield Push(1, tuple(tokens[:prompt_len]), 0, prompt_len)
+    feed, stack = r.feed, r.stack
     # Per frame, the trace position of each of its tokens but a closer just fed; a value a
     # child returned stands at the child's closing `</return>`.
     where: list[list[int]] = [list(range(prompt_len))]
+    pos = where[-1]
     for i in range(prompt_len, len(tokens)):
-        tok = tokens[i]
-        frame = r.stack[-1]
-        ev = r.feed(tok)
+        frame = stack[-1]
+        ev = feed(tokens[i])
         if ev is None:
-            where[-1].append(i)
-            if not frame.controls:
-                yield from _bind(frame.tokens, where[-1], len(r.stack))
+            pos.append(i)
+            toks = frame.tokens
+            # `toks[-2] == ASSIGN` first: it rules out nearly every token at once.
+            if len(toks) >= LITERAL_BINDING_LEN and toks[-2] == ASSIGN and not frame.controls \
+                    and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
+                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
         elif ev == ERROR:
             if errors == "raise":
                 raise TraceError(r.error, i)
             return
         elif ev == PUSH:
-            pos = where[-1]
             start = len(frame.tokens)  # where the <call> stood
             call_at = pos[start]
             del pos[start:]
-            where.append(list(range(call_at + 1, i)))
-            yield Push(len(r.stack), tuple(r.top), call_at, i + 1)
+            pos = list(range(call_at + 1, i))
+            where.append(pos)
+            yield Push(len(stack), tuple(r.top), call_at, i + 1)
         else:
             value = tuple(r.value)
-            depth = len(r.stack) + 1 if ev == POP else 1
-            pos = where.pop() if ev == POP else where[-1]
+            depth = len(stack) + 1 if ev == POP else 1
             toks = frame.tokens  # it ends `<return> value </return>`
             ret = len(toks) - len(value) - 2
             head = ret - 1 if ret >= 1 and toks[ret - 1] == RETURN_KW else ret
@@ -318,15 +350,32 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
                 if i + 1 < len(tokens) and errors == "raise":
                     raise TraceError("token after the root returned", i + 1)
                 return
-            parent = where[-1]
-            parent.extend([i] * len(value))
-            yield from _bind(r.top, parent, len(r.stack))
+            where.pop()
+            pos = where[-1]
+            pos.extend([i] * len(value))
+            toks = r.top
+            if len(toks) >= LITERAL_BINDING_LEN and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
+                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
 
 
-def _bind(frame: list[str], pos: list[int], depth: int) -> Iterator[Bind]:
-    """A `Bind` if the frame's tokens now end `name := value`."""
-    if len(frame) >= 3 and frame[-2] == ASSIGN and frame[-3] not in CONTROL:
-        yield Bind(depth, frame[-3], frame[-1], pos[-3], pos[-1] + 1)
+def _binding(frame: Sequence[str], k: int) -> bool:
+    """Whether a frame's tokens k, k+1, k+2 are a step `name := value`."""
+    return frame[k + 1] == ASSIGN and frame[k] not in _CONTROL and frame[k + 2] not in _CONTROL
+
+
+def frame_steps(frame: Sequence[str], call_len: int, depth: int = 1) -> list[Bind | Return]:
+    """The steps of one frame as the model sees it (its written call of `call_len` tokens, then
+    what it wrote, each child's value in place of the child's call block): its bindings, then
+    its return once it has written one. Spans are positions in `frame`."""
+    out: list[Bind | Return] = []
+    k = call_len
+    while k + LITERAL_BINDING_LEN <= len(frame) and _binding(frame, k):
+        out.append(Bind(depth, frame[k], frame[k + 2], k, k + LITERAL_BINDING_LEN))
+        k += LITERAL_BINDING_LEN
+    head = k + RETURN_HEAD_LEN
+    if len(frame) > head and tuple(frame[k:head]) == RETURN_HEAD and frame[-1] == END_RETURN:
+        out.append(Return(depth, tuple(frame[head:-1]), k, len(frame)))
+    return out
 
 
 def write(stream: Iterable[Event]) -> list[str]:

@@ -43,8 +43,7 @@ class FrameExample:
 def active_frame(tokens: Iterable[str]) -> list[str]:
     """Pi_rec exactly as Fig. 1(C) writes it: total on any sequence, returns the top frame."""
     r = TraceReader(legal=False)
-    for tok in tokens:
-        r.feed(tok)
+    r.feed_all(tokens)
     return r.top
 
 
