@@ -192,7 +192,7 @@ def analyse(text: str) -> dict:
         ft = f.tokens
         if any(ft[i] == k and ft[i - 1] == ASSIGN for i in range(1, len(ft))):
             bound_k_by_depth[f.depth] += 1
-    payload, _ = root_payload(ex.tokens, p)
+    payload, _ = root_payload(ex.frames, p)
     # the max frame (depth 2) binds x := 0 (what multiply(H, 0) returns) and y := v
     max_binds_k = any(f.depth == 2 and any(f.tokens[i] == k and f.tokens[i - 1] == ASSIGN
                                            for i in range(1, len(f.tokens))) for f in ex.frames)
@@ -477,7 +477,7 @@ def main() -> None:
                 n += 1
                 if part == "iid":
                     ex = execute(parse(r["expr"]))
-                    payloads.add(root_payload(ex.tokens, ex.prompt_len)[0])
+                    payloads.add(root_payload(ex.frames, ex.prompt_len)[0])
                 if got is None or not got[0]:
                     continue
                 pos, ans, length = got

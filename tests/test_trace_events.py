@@ -23,6 +23,7 @@ from rlmlab.task.events import (
     Return,
     TraceReader,
     events,
+    frame_steps,
     write,
 )
 from rlmlab.task.expr import DIGITS, tokens
@@ -182,6 +183,10 @@ def test_events_agree_with_the_executor(random_exprs):
             assert ex.tokens[b.end - 1] == (b.value if b.literal else END_RETURN)
         for r in (r for r in evs if type(r) is Return):
             assert ex.tokens[r.start] == "return" and ex.tokens[r.end - 1] == END_RETURN
+        # the root's steps as the trace gives them and as its final frame (what RM reads) does
+        final = [f for f in ex.frames if f.depth == 1][-1].tokens
+        assert [(type(x), x.value) for x in evs if type(x) in (Bind, Return) and x.depth == 1] == \
+               [(type(x), x.value) for x in frame_steps(final, ex.prompt_len)]
         # every Return is followed by the Pop of its frame
         assert [(type(a), type(b), a.depth, a.end) for a, b in zip(evs, evs[1:]) if type(a) is Return] == \
                [(Return, Pop, b.depth, b.end) for a, b in zip(evs, evs[1:]) if type(a) is Return]
@@ -254,7 +259,7 @@ def test_readers_on_random_and_corrupted_traces_are_the_replaced_ones(seed):
 def test_shortcut_readers_are_the_replaced_ones(random_exprs):
     for e in random_exprs:
         ex = execute(e)
-        assert root_payload(ex.tokens, ex.prompt_len) == old_root_payload(ex)
+        assert root_payload(ex.frames, ex.prompt_len) == old_root_payload(ex)
         tree = frame_tree(ex.tokens, ex.prompt_len)
         for f in [tree, *descendants(tree)]:
             assert internal_returns(ex.tokens, f) == old_internal_returns(ex.tokens, f)

@@ -14,17 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import DataError
-from rlmlab.task.events import (
-    LITERAL_BINDING_LEN,
-    RETURN_CLOSE_LEN,
-    RETURN_HEAD_LEN,
-    Bind,
-    Pop,
-    Push,
-    Return,
-    events,
-)
+from rlmlab.task.events import RETURN_CLOSE_LEN, Bind, Pop, Push, Return, events, frame_steps
 from rlmlab.task.expr import DIGITS, Expr
+from rlmlab.task.frames import FrameExample
 from rlmlab.task.trace import Execution
 
 
@@ -44,18 +36,24 @@ class TraceFrame:
     """The value the frame returns."""
     children: tuple["TraceFrame", ...]
     """Frames it opened, in order: argument calls, then the body or branch call."""
+    returned_at: int | None = None
+    """Index of the value token if the frame returned a literal (`return <return> v </return>`);
+    None if its value came back from a call."""
 
 
 def frame_tree(tokens: Sequence[str], prompt_len: int) -> TraceFrame:
     """The frames of a complete trace as a tree, from the trace's events: a frame opens at its
     push and closes at its pop, whose payload is its value."""
     stack: list[tuple[Push, list[TraceFrame]]] = []
+    literal_at = None
     for e in events(tokens, prompt_len):  # an illegal trace raises TraceError, a DataError
         if type(e) is Push:
             stack.append((e, []))
-        elif type(e) is Pop:
+        elif type(e) is Return:
+            literal_at = e.end - RETURN_CLOSE_LEN - 1 if e.literal else None
+        elif type(e) is Pop:  # right after its frame's Return
             push, children = stack.pop()
-            frame = TraceFrame(push.call, push.end, e.end, e.value[-1], tuple(children))
+            frame = TraceFrame(push.call, push.end, e.end, e.value[-1], tuple(children), literal_at)
             if not stack:
                 if e.end != len(tokens):
                     raise DataError("trace continues after the root returned")
@@ -65,13 +63,10 @@ def frame_tree(tokens: Sequence[str], prompt_len: int) -> TraceFrame:
 
 
 def internal_returns(tokens: Sequence[str], frame: TraceFrame) -> list[tuple[int, int]]:
-    """(position, value) of every integer literal return `<return> v </return>` inside `frame`.
-    The frame's tokens are the trace of its own call run as a root, so they are read as one."""
-    call = list(frame.call)
-    shift = frame.start - len(call)
-    return [(shift + e.end - 1 - RETURN_CLOSE_LEN, int(e.value[0]))
-            for e in events(call + list(tokens[frame.start:frame.end]), len(call))
-            if type(e) is Return and e.literal and e.value[0] in DIGITS]
+    """(position, value) of every integer literal return `<return> v </return>` inside `frame`
+    (its own and its descendants', as `frame_tree` read them; `tokens` is the same trace)."""
+    return sorted((f.returned_at, int(f.value)) for f in (frame, *descendants(frame))
+                  if f.returned_at is not None and f.value in DIGITS)
 
 
 def descendants(frame: TraceFrame):
@@ -113,12 +108,15 @@ class RootFrame:
     """(path of argument indices, token) for every literal leaf of the written expression."""
 
 
-def root_payload(tokens: Sequence[str], prompt_len: int) -> tuple[tuple[str, ...], int]:
-    """Bound values of the root frame (its `p := v` bindings, each child's value in place) and
-    the index of its answer token in RM's final root frame (context + targets): the written
-    expression, one literal binding per parameter, then `return <return> a </return>`."""
-    payload = tuple(e.value for e in events(tokens, prompt_len) if type(e) is Bind and e.depth == 1)
-    return payload, prompt_len + LITERAL_BINDING_LEN * len(payload) + RETURN_HEAD_LEN
+def root_payload(frames: Sequence[FrameExample], prompt_len: int) -> tuple[tuple[str, ...], int]:
+    """Bound values of the root frame (its `p := v` steps after every child returned) and the
+    local index of its answer token, read from RM's final root frame (the execution's last root
+    example): the written expression, one binding per parameter, then `return <return> a </return>`."""
+    last = [f for f in frames if f.depth == 1][-1].tokens
+    steps = frame_steps(last, prompt_len)
+    if not steps or type(steps[-1]) is not Return:
+        raise DataError("the root frame has not returned")
+    return tuple(s.value for s in steps if type(s) is Bind), steps[-1].end - RETURN_CLOSE_LEN - 1
 
 
 def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], str]]:
@@ -133,5 +131,5 @@ def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, 
 
 def root_frame(ex: Execution, signal: str) -> RootFrame:
     """The root frame of an executed example with its signal S."""
-    payload, pos = root_payload(ex.tokens, ex.prompt_len)
+    payload, pos = root_payload(ex.frames, ex.prompt_len)
     return RootFrame(ex.expr.fn, payload, ex.value_token, pos, signal, tuple(literal_paths(ex.expr)))
