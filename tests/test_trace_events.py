@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlmlab.errors import DataError, TraceError
-from rlmlab.learning.observe import _reduction_steps
+from rlmlab.learning.observe import _collapses
 from rlmlab.measuring.probe import completed_calls
 from rlmlab.shortcuts.trace import descendants, frame_tree, internal_returns, root_payload
 from rlmlab.task.events import (
@@ -233,14 +233,21 @@ def test_reader_modes():
 
 
 def reduction(seq):
-    return [(list(s), before) for s, before in _reduction_steps(seq)]
+    """What the reduction yields where calls complete, and the reduced sequence."""
+    out = []
+    return list(_collapses(seq, out)), out
+
+
+def old_reduction(seq):
+    steps = list(old_reduction_steps(seq))
+    return [b for _, b in steps if b is not None], (steps[-1][0] if steps else [])
 
 
 @settings(max_examples=600, deadline=None)
 @given(st.lists(st.sampled_from(_ALPHABET), max_size=40))
 def test_pi_rec_and_the_reduction_are_the_replaced_ones_on_any_sequence(seq):
     assert active_frame(seq) == old_active_frame(seq)
-    assert reduction(seq) == list(old_reduction_steps(seq))
+    assert reduction(seq) == old_reduction(seq)
     assert completed_calls(seq, 0) == old_completed_calls(seq, 0)
 
 
@@ -252,7 +259,7 @@ def test_readers_on_random_and_corrupted_traces_are_the_replaced_ones(seed):
     for seq in (list(ex.tokens), corrupted(ex, rng), corrupted(ex, rng)):
         for n in sorted({rng.randrange(len(seq) + 1) for _ in range(3)} | {len(seq)}):
             assert active_frame(seq[:n]) == old_active_frame(seq[:n])
-            assert reduction(seq[:n]) == list(old_reduction_steps(seq[:n]))
+            assert reduction(seq[:n]) == old_reduction(seq[:n])
         assert completed_calls(seq, ex.prompt_len) == old_completed_calls(seq, ex.prompt_len)
 
 

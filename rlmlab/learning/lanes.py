@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import TraceError
-from rlmlab.task.events import ERROR, POP, PUSH, TraceReader
+from rlmlab.task.events import ERROR, POP, TraceReader
 from rlmlab.task.vocab import CALL
 
 IGNORE = -100  # the target id of a position without a target: F.cross_entropy's ignore_index default
@@ -66,7 +66,7 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
     TraceError."""
     out = Lanes([], [], [], [], [], [], [])
     lane_of_frame: list[_FrameLane] = []
-    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch, is_target)]
+    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch)]
     n_branches = 0
 
     def new_frame() -> int:
@@ -77,8 +77,9 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
     # Lane indices are assigned after all frames are known (frames are laid out one after
     # another), so record (frame, slot) first and resolve at the end.
     def add(f: int, tok: str, pos: int, branch: int, target: bool) -> tuple[int, int]:
-        per_frame_tokens[f].append((tok, pos, branch, target))
-        slot = (f, len(per_frame_tokens[f]) - 1)
+        toks = per_frame_tokens[f]
+        slot = (f, len(toks))
+        toks.append((tok, pos, branch))
         if target:
             lane_of_frame[f].segment.append(slot)
         return slot
@@ -105,24 +106,26 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
         examples.append(fl.segment)
         fl.segment = []
 
+    feed = reader.feed
+    f = stack[-1]
+    fl = lane_of_frame[f]
     for i in range(prompt_len, len(tokens)):
         t = tokens[i]
-        ev = reader.feed(t)
-        if ev == ERROR:
+        ev = feed(t)
+        if ev is not None and ev == ERROR:
             raise TraceError(reader.error, i)
-        f = stack[-1]
-        fl = lane_of_frame[f]
         if fl.branch != -1:  # inside a pending call block
             slot = add(f, t, fl.trunk_len + fl.branch_len, fl.branch, True)
             fl.branch_len += 1
-            if ev != PUSH:
+            if ev is None:  # the block goes on (an illegal token raised above)
                 owner_slots.append(slot)
                 continue
             cut(fl)
             fl.branch = -1
-            child = new_frame()
-            stack.append(child)
-            owner_slots.append(commit(child, reader.top))
+            f = new_frame()
+            stack.append(f)
+            fl = lane_of_frame[f]
+            owner_slots.append(commit(f, reader.top))
             continue
         if t == CALL:
             fl.branch = n_branches
@@ -132,10 +135,12 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
             continue
         slot = add(f, t, fl.trunk_len, -1, True)
         fl.trunk_len += 1
-        if ev == POP:
+        if ev is not None and ev == POP:
             cut(fl)
             stack.pop()
-            owner_slots.append(commit(stack[-1], reader.value))
+            f = stack[-1]
+            fl = lane_of_frame[f]
+            owner_slots.append(commit(f, reader.value))
             continue
         owner_slots.append(slot)
     for f in reversed(stack):  # segments still open (the root's last one, or a prefix's)
@@ -147,12 +152,13 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
     for f, toks in enumerate(per_frame_tokens):
         base.append(start)
         start += len(toks)
-        for i, (tok, pos, b, target) in enumerate(toks):
-            out.tokens.append(tok)
-            out.pos.append(pos)
-            out.frame.append(frame_offset + f)
-            out.branch.append(b)
-            out.labels.append(None)
+        if toks:
+            tok, pos, b = zip(*toks)
+            out.tokens.extend(tok)
+            out.pos.extend(pos)
+            out.branch.extend(b)
+        out.frame.extend([frame_offset + f] * len(toks))
+    out.labels = [None] * start
     for targets in examples:
         for f, s in targets:
             # A target is predicted from the state just before it in its frame's lane order.

@@ -272,35 +272,36 @@ class Window(Observation):
 # --- PENCIL-style reduction -----------------------------------------------------------------
 
 
-def _reduction_steps(tokens: Sequence[str]):
-    """Replay `tokens`, collapsing each completed call block `<call> q </call> ... <return> a
-    </return>` (the child's closing return) to `a` in place. Yields, after every token, the
-    current reduction (a live list: copy what you keep) and, if that token completed a call,
-    the sequence as it stood just before the collapse (else None). The pushes and pops are
-    those of Pi_rec's own replay (`TraceReader` outside the legal mode), so both maps agree on
-    what a completed call is on any sequence."""
-    out: list[str] = []
+def _collapses(tokens: Sequence[str], out: list[str]):
+    """Reduce `tokens` into `out`, collapsing each completed call block `<call> q </call> ...
+    <return> a </return>` (the child's closing return) to `a` in place. Yields, each time a
+    call completes, the sequence as it stood just before the collapse (`out` then holds the
+    collapsed one). The pushes and pops are those of Pi_rec's own replay (`TraceReader`
+    outside the legal mode), so both maps agree on what a completed call is on any sequence.
+    Nothing is yielded per token: the examples only change where a call completes."""
     calls: list[int] = []  # per open call: index of its <call> in `out`
     r = TraceReader(legal=False)
+    feed = r.feed
     for tok in tokens:
         out.append(tok)
-        ev = r.feed(tok)
-        before = None
+        ev = feed(tok)
+        if ev is None:
+            continue
         if ev == PUSH_EVENT:
             calls.append(len(out) - len(r.top) - CALL_BLOCK_EXTRA)  # the call block ends `out`
         elif ev == POP_EVENT:
             before = tuple(out)
             del out[calls.pop():]
             out.extend(r.value)
-        yield out, before
+            yield before
 
 
 def reduce_calls(tokens: Sequence[str]) -> list[str]:
     """Pi_reduce: every completed call block replaced by its returned value. Total on any sequence."""
     out: list[str] = []
-    for out, _ in _reduction_steps(tokens):
+    for _ in _collapses(tokens, out):
         pass
-    return list(out)
+    return out
 
 
 class _Reducing(Tracker):
@@ -339,10 +340,9 @@ class Reduce(Observation):
         out: list[Segment] = []
         seq: list[str] = []
         m = prompt_len
-        for seq, before in _reduction_steps(tokens):
-            if before is not None:
-                out.append((before, m))
-                m = len(seq)
+        for before in _collapses(tokens, seq):
+            out.append((before, m))
+            m = len(seq)
         if len(seq) > m:
             out.append((tuple(seq), m))
         return out
