@@ -47,6 +47,17 @@ class DataError(RlmlabError):
     """A data file (pool, expression set) that is missing, malformed or inconsistent."""
 
 
+class TraceError(DataError, ValueError):
+    """A token sequence that is not a legal call/return trace (or trace prefix); `pos` is the
+    index of the first token that no legal trace has there. Also a ValueError, which callers of
+    the replay catch."""
+
+    def __init__(self, reason: str, pos: int | None = None):
+        self.reason, self.pos = reason, pos
+        super().__init__(f"not a legal trace at token {pos}: {reason}" if pos is not None
+                         else f"not a legal trace: {reason}")
+
+
 class NoResultsError(DataError):
     """An experiment folder with nothing evaluated yet, so nothing to report."""
 

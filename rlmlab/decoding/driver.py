@@ -1,7 +1,7 @@
 """Greedy decoding for every learner: one driver, any observation function.
 
 `generate(predictor, exprs, vocab, learner)` runs many expressions at once. Each expression is a
-*row*: its flattened trace grows one token per step, and a `StackReplay` keeps the frame
+*row*: its flattened trace grows one token per step, and a `TraceReader` keeps the frame
 stack, decides legality and notices when the root's return block closes. What the row shows
 the predictor is the learner's observation of that trace:
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.learning.observe import Tracker, observer
+from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
 from rlmlab.task.expr import Call, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
-from rlmlab.task.frames import StackReplay
 from rlmlab.task.trace import trace_stats
 from rlmlab.task.vocab import Vocab
 
@@ -82,7 +82,7 @@ class _Row:
         self.i, self.slot, self.text = i, slot, to_text(expr)
         self.cap = cap if cap is not None else (
             RUNAWAY_FACTOR * (trace_stats(expr, library).trace_len - len(prompt)) + RUNAWAY_SLACK)
-        self.replay = StackReplay(prompt)
+        self.replay = TraceReader(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
         self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the observation
@@ -124,7 +124,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
         trace = row.prompt + [toks[t] if 0 <= t < n_vocab else f"<id {t}>" for t in row.out]
         answer = " ".join(r.answer) if reason is None and r.answer is not None else None
         results[row.i] = Generation(row.text, trace, len(row.prompt), answer, reason is None,
-                                    reason, r.max_depth, len(r.examples), row.fed)
+                                    reason, r.max_depth, r.n_cuts, row.fed)
         slots[row.slot] = None
 
     def advance(row: _Row, t: int) -> str | None:
@@ -134,13 +134,13 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
             return "predictor returned no token" if t == NO_TOKEN else f"token id {t} outside the vocabulary"
         r = row.replay
         event = r.feed(toks[t])
-        if event == "error":
+        if event == ERROR:
             return r.error
-        if event == "done":
+        if event == DONE:
             return ""
         if len(row.out) > row.cap:
             return f"more than {row.cap} generated tokens"
-        if event == "push" and r.depth > limits.max_depth:
+        if event == PUSH and r.depth > limits.max_depth:
             return f"deeper than {limits.max_depth} frames"
         if max_frame is not None and len(r.top) > max_frame:
             return f"active frame longer than {max_frame} tokens"

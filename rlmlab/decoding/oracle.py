@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.learning.observe import NEW, POP, PUSH, observer
+from rlmlab.task.events import TraceReader
 from rlmlab.task.expr import default_library, parse
-from rlmlab.task.frames import StackReplay, active_frame
+from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import Vocab
 
@@ -161,7 +162,7 @@ class Oracle:
 class OnActiveFrame:
     """A frame predictor run on whole traces: g o Pi_rec, a CoT predictor.
 
-    Pi_rec is kept incrementally per slot with `StackReplay` (equal to `active_frame` on legal
+    Pi_rec is kept incrementally per slot with a `TraceReader` (equal to `active_frame` on legal
     prefixes, tested in test_trace_properties); on an illegal prefix it falls back to
     `active_frame` itself, which is total. `frame` is a function of the frame's ids alone
     (each frame seen afresh), or an RM predictor fed the frame as the RM decoder would feed it:
@@ -173,7 +174,7 @@ class OnActiveFrame:
     def __init__(self, frame: Callable[[tuple[int, ...]], int] | Predictor, vocab: Vocab):
         self.inner = frame if hasattr(frame, "reset") else _EachFrame(frame)
         self.vocab = vocab
-        self.replays: list[StackReplay | None] = []
+        self.replays: list[TraceReader | None] = []
         self.seen: list[int] = []
         self.frames: list[list[int]] = []  # per slot, the active frame's ids
 
@@ -190,7 +191,7 @@ class OnActiveFrame:
             r = self.replays[f.slot]
             fresh = r is None or f.event == NEW or f.keep < self.seen[f.slot]
             if fresh:
-                r = self.replays[f.slot] = StackReplay()
+                r = self.replays[f.slot] = TraceReader()
                 self.seen[f.slot] = 0
             new = f.seq[self.seen[f.slot]:]
             events = [r.feed(toks[t]) for t in new]

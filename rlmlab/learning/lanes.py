@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlmlab.task.vocab import CALL, END_CALL, END_RETURN, RETURN
+from rlmlab.errors import TraceError
+from rlmlab.task.events import ERROR, POP, TraceReader
+from rlmlab.task.vocab import CALL
 
 IGNORE = -100  # the target id of a position without a target: F.cross_entropy's ignore_index default
 
@@ -50,27 +52,22 @@ class Lanes:
 
 
 class _FrameLane:
-    __slots__ = ("trunk_len", "branch", "branch_len", "payload", "open_return", "segment")
+    __slots__ = ("trunk_len", "branch", "branch_len", "segment")
 
     def __init__(self):
         self.trunk_len = 0  # committed tokens: the next trunk token's position
         self.branch = -1  # id of the open call block, if any
         self.branch_len = 0
-        self.payload: list[str] = []  # tokens between the open <call> and now
-        self.open_return: int | None = None  # lane index of this frame's open <return>
         self.segment: list[int] = []  # lane indices of the targets of the current segment
 
 
-def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
-              strict: bool = True) -> Lanes:
-    """Lane form of a flattened trace (or of any legal prefix of one).
-
-    The caller guarantees legality (`frames.check_prefix`); with `strict`, an ill-formed
-    block raises ValueError.
-    """
+def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> Lanes:
+    """Lane form of a flattened trace (or of any legal prefix of one). The pushes, pops, call
+    payloads and returned values are the replay's (`TraceReader`); an illegal sequence raises
+    TraceError."""
     out = Lanes([], [], [], [], [], [], [])
     lane_of_frame: list[_FrameLane] = []
-    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch, is_target)]
+    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch)]
     n_branches = 0
 
     def new_frame() -> int:
@@ -81,8 +78,9 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
     # Lane indices are assigned after all frames are known (frames are laid out one after
     # another), so record (frame, slot) first and resolve at the end.
     def add(f: int, tok: str, pos: int, branch: int, target: bool) -> tuple[int, int]:
-        per_frame_tokens[f].append((tok, pos, branch, target))
-        slot = (f, len(per_frame_tokens[f]) - 1)
+        toks = per_frame_tokens[f]
+        slot = (f, len(toks))
+        toks.append((tok, pos, branch))
         if target:
             lane_of_frame[f].segment.append(slot)
         return slot
@@ -94,6 +92,7 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
     for t in tokens[:prompt_len]:
         owner_slots.append(add(stack[0], t, root.trunk_len, -1, False))
         root.trunk_len += 1
+    reader = TraceReader(tokens[:prompt_len])
 
     def commit(f: int, toks: list[str]) -> tuple[int, int]:
         """Append input tokens (a child's call payload, or a returned value) to frame f's trunk;
@@ -108,26 +107,26 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
         examples.append(fl.segment)
         fl.segment = []
 
-    for t in tokens[prompt_len:]:
-        f = stack[-1]
-        fl = lane_of_frame[f]
+    feed = reader.feed
+    f = stack[-1]
+    fl = lane_of_frame[f]
+    for i in range(prompt_len, len(tokens)):
+        t = tokens[i]
+        ev = feed(t)
+        if ev is not None and ev == ERROR:
+            raise TraceError(reader.error, i)
         if fl.branch != -1:  # inside a pending call block
             slot = add(f, t, fl.trunk_len + fl.branch_len, fl.branch, True)
             fl.branch_len += 1
-            if t != END_CALL:
-                if strict and t in (CALL, RETURN, END_RETURN):
-                    raise ValueError(f"control token {t} inside a call block")
-                fl.payload.append(t)
+            if ev is None:  # the block goes on (an illegal token raised above)
                 owner_slots.append(slot)
                 continue
-            payload, fl.payload = fl.payload, []
-            if strict and not payload:
-                raise ValueError("empty call payload")
             cut(fl)
             fl.branch = -1
-            child = new_frame()
-            stack.append(child)
-            owner_slots.append(commit(child, payload))
+            f = new_frame()
+            stack.append(f)
+            fl = lane_of_frame[f]
+            owner_slots.append(commit(f, reader.top))
             continue
         if t == CALL:
             fl.branch = n_branches
@@ -137,16 +136,12 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
             continue
         slot = add(f, t, fl.trunk_len, -1, True)
         fl.trunk_len += 1
-        if t == RETURN:
-            fl.open_return = len(per_frame_tokens[f]) - 1
-        if t == END_RETURN and len(stack) >= 2:
-            if strict and fl.open_return is None:
-                raise ValueError("</return> with no open <return>")
-            start = fl.open_return + 1
-            payload = [tok for tok, _, b, _ in per_frame_tokens[f][start:-1] if b == -1]
+        if ev is not None and ev == POP:
             cut(fl)
             stack.pop()
-            owner_slots.append(commit(stack[-1], payload))
+            f = stack[-1]
+            fl = lane_of_frame[f]
+            owner_slots.append(commit(f, reader.value))
             continue
         owner_slots.append(slot)
     for f in reversed(stack):  # segments still open (the root's last one, or a prefix's)
@@ -158,12 +153,13 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0,
     for f, toks in enumerate(per_frame_tokens):
         base.append(start)
         start += len(toks)
-        for i, (tok, pos, b, target) in enumerate(toks):
-            out.tokens.append(tok)
-            out.pos.append(pos)
-            out.frame.append(frame_offset + f)
-            out.branch.append(b)
-            out.labels.append(None)
+        if toks:
+            tok, pos, b = zip(*toks)
+            out.tokens.extend(tok)
+            out.pos.extend(pos)
+            out.branch.extend(b)
+        out.frame.extend([frame_offset + f] * len(toks))
+    out.labels = [None] * start
     for targets in examples:
         for f, s in targets:
             # A target is predicted from the state just before it in its frame's lane order.

@@ -44,8 +44,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import ConfigError
-from rlmlab.task.frames import StackReplay, active_frame, cut_examples
-from rlmlab.task.vocab import CALL, CONTROL, END_CALL, END_RETURN, RETURN
+from rlmlab.task.events import POP as POP_EVENT
+from rlmlab.task.events import PUSH as PUSH_EVENT
+from rlmlab.task.events import CALL_BLOCK_EXTRA, TraceReader
+from rlmlab.task.frames import active_frame, cut_examples
 
 # A training example as (tokens, m): the model reads tokens[:i] to predict tokens[i] for every
 # i >= m; tokens[:m] is visible context only.
@@ -60,8 +62,8 @@ class Tracker(ABC):
 
     `seq` is the observation (token ids), `keep` how many of its leading tokens were already
     shown to the predictor and are unchanged, `event` NEW / PUSH / POP / None for caches that
-    follow a frame stack. `advance(t, event, replay)` is called after the row's `StackReplay`
-    has accepted token id t (`event` is what `StackReplay.feed` returned: None, push or pop).
+    follow a frame stack. `advance(t, event, replay)` is called after the row's `TraceReader`
+    has accepted token id t (`event` is what `TraceReader.feed` returned: None, push or pop).
     """
 
     seq: list[int]
@@ -69,7 +71,7 @@ class Tracker(ABC):
     event: str | None
 
     @abstractmethod
-    def advance(self, t: int, event: str | None, replay: StackReplay) -> None:
+    def advance(self, t: int, event: str | None, replay: TraceReader) -> None:
         """Take token id t into the observation (update seq, keep, event)."""
 
 
@@ -187,7 +189,7 @@ class _FrameStack(Tracker):
             self.seq, self.keep, self.event = q, 0, PUSH
         else:  # pop: the child's seq ends with <return> a; the parent gets a
             parent = self.parents.pop()
-            a = self.seq[len(self.seq) - (len(replay.top) - len(parent)):]
+            a = self.seq[len(self.seq) - len(replay.value):]
             self.keep = len(parent)
             parent.extend(a)
             self.seq, self.event = parent, POP
@@ -270,50 +272,36 @@ class Window(Observation):
 # --- PENCIL-style reduction -----------------------------------------------------------------
 
 
-def _ordinary_tail(seq: Sequence, start: int, opener, control) -> int | None:
-    """If seq[start:] ends with `opener a closer` with no control token in a, the index of
-    `opener`; else None (the same rule as `frames.active_frame`)."""
-    for i in range(len(seq) - 2, start - 1, -1):
-        t = seq[i]
-        if t == opener:
-            return i
-        if t in control:
-            return None
-    return None
-
-
-def _reduction_steps(tokens: Sequence[str]):
-    """Replay `tokens`, collapsing each completed call block `<call> q </call> ... <return> a
-    </return>` (the child's closing return) to `a` in place. Yields, after every token, the
-    current reduction (a live list: copy what you keep) and, if that token completed a call,
-    the sequence as it stood just before the collapse (else None). The call/return matching
-    is `active_frame`'s, so both maps agree on what a completed call is."""
-    out: list[str] = []
-    opens: list[tuple[int, int]] = []  # per open call: (index of its <call>, where the child's text starts)
+def _collapses(tokens: Sequence[str], out: list[str]):
+    """Reduce `tokens` into `out`, collapsing each completed call block `<call> q </call> ...
+    <return> a </return>` (the child's closing return) to `a` in place. Yields, each time a
+    call completes, the sequence as it stood just before the collapse (`out` then holds the
+    collapsed one). The pushes and pops are those of Pi_rec's own replay (`TraceReader`
+    outside the legal mode), so both maps agree on what a completed call is on any sequence.
+    Nothing is yielded per token: the examples only change where a call completes."""
+    calls: list[int] = []  # per open call: index of its <call> in `out`
+    r = TraceReader(legal=False)
+    feed = r.feed
     for tok in tokens:
         out.append(tok)
-        start = opens[-1][1] if opens else 0
-        before = None
-        if tok == END_CALL:
-            i = _ordinary_tail(out, start, CALL, CONTROL)
-            if i is not None:
-                opens.append((i, len(out)))
-        elif tok == END_RETURN and opens:
-            i = _ordinary_tail(out, start, RETURN, CONTROL)
-            if i is not None:
-                before = tuple(out)
-                a = out[i + 1:-1]
-                del out[opens.pop()[0]:]
-                out.extend(a)
-        yield out, before
+        ev = feed(tok)
+        if ev is None:
+            continue
+        if ev == PUSH_EVENT:
+            calls.append(len(out) - len(r.top) - CALL_BLOCK_EXTRA)  # the call block ends `out`
+        elif ev == POP_EVENT:
+            before = tuple(out)
+            del out[calls.pop():]
+            out.extend(r.value)
+            yield before
 
 
 def reduce_calls(tokens: Sequence[str]) -> list[str]:
     """Pi_reduce: every completed call block replaced by its returned value. Total on any sequence."""
     out: list[str] = []
-    for out, _ in _reduction_steps(tokens):
+    for _ in _collapses(tokens, out):
         pass
-    return list(out)
+    return out
 
 
 class _Reducing(Tracker):
@@ -323,20 +311,16 @@ class _Reducing(Tracker):
     def __init__(self, prompt: list[int], vocab):
         self.seq, self.keep, self.event = list(prompt), 0, NEW
         self.calls: list[int] = []  # index in seq of each open call's <call>
-        self.return_id = vocab.ids[RETURN]
 
     def advance(self, t, event, replay):
         self.event = None
         self.seq.append(t)
         self.keep = len(self.seq) - 1
         if event == "push":
-            self.calls.append(len(self.seq) - len(replay.top) - 2)
+            self.calls.append(len(self.seq) - len(replay.top) - CALL_BLOCK_EXTRA)
         elif event == "pop":
             seq = self.seq
-            r = len(seq) - 2
-            while seq[r] != self.return_id:  # the replay accepted it: a has no control token
-                r -= 1
-            a = seq[r + 1:-1]
+            a = seq[len(seq) - 1 - len(replay.value):-1]  # `<return> a </return>` ends the child
             cut = self.calls.pop()
             del seq[cut:]
             seq.extend(a)
@@ -356,10 +340,9 @@ class Reduce(Observation):
         out: list[Segment] = []
         seq: list[str] = []
         m = prompt_len
-        for seq, before in _reduction_steps(tokens):
-            if before is not None:
-                out.append((before, m))
-                m = len(seq)
+        for before in _collapses(tokens, seq):
+            out.append((before, m))
+            m = len(seq)
         if len(seq) > m:
             out.append((tuple(seq), m))
         return out

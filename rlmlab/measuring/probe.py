@@ -38,9 +38,9 @@ from rlmlab.learning.observe import NEW, observer
 from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
 from rlmlab.task.expr import Call, parse, to_text, value_token
-from rlmlab.task.frames import StackReplay
+from rlmlab.task.events import Pop, Push, events
 from rlmlab.task.trace import execute, trace_stats
-from rlmlab.task.vocab import END_RETURN, RETURN, Vocab
+from rlmlab.task.vocab import Vocab
 
 # A progress reporter: stage(name, total, unit) returns the callback that counts items done.
 Stage = Callable[[str, int, str], Callable[[int], None]]
@@ -148,26 +148,16 @@ def position_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], vo
 
 def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, str, int]]:
     """The completed calls of a (possibly invalid) trace, in the order they return: (payload
-    q as written, returned payload a, depth of the child). Replay stops at the first illegal
-    token."""
-    r = StackReplay(tokens[:prompt_len])
-    payloads: list[list[str]] = []
+    q as written, returned payload a, depth of the child). The events stop at the first
+    illegal token. The returned payload is the frame's (a child's value already appended),
+    not the flattened trace's text between <return> and </return>."""
+    payloads: list[tuple[str, ...]] = []
     out = []
-    for i in range(prompt_len, len(tokens)):
-        # The returned payload is the frame's (a child's value already appended), not the
-        # flattened trace's text between <return> and </return>.
-        frame = r.top if tokens[i] == END_RETURN else None
-        n_frame = len(frame) if frame is not None else 0
-        event = r.feed(tokens[i])
-        if event == "push":
-            payloads.append(list(r.top))
-        elif event == "pop":
-            j = n_frame - 1
-            while frame[j] != RETURN:  # the replay accepted it: a holds no control token
-                j -= 1
-            out.append((" ".join(payloads.pop()), " ".join(frame[j + 1:n_frame]), r.depth + 1))
-        elif event in ("error", "done"):
-            break
+    for e in events(tokens, prompt_len, errors="stop"):
+        if type(e) is Push:
+            payloads.append(e.call)
+        elif type(e) is Pop and e.depth > 1:
+            out.append((" ".join(payloads.pop()), " ".join(e.value), e.depth))
     return out
 
 

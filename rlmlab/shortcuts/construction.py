@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.shortcuts.trace import TraceFrame, child, frame_tree, internal_returns
+from rlmlab.shortcuts.trace import TraceFrame, child, descendants, frame_tree, internal_returns
 from rlmlab.task.expr import INT, Call
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.taskfile import paper_task
 from rlmlab.task.trace import Execution, execute, trace_stats
-from rlmlab.task.vocab import CALL
 
 Side = Literal["train", "ood"]
 
@@ -188,8 +187,7 @@ class ShortcutSampler:
     def z_ok(self, tokens: Sequence[str], frame: TraceFrame) -> bool:
         """Z requirements: enough internal integer returns and enough recursive self-calls."""
         fn = frame.call[0]
-        recursions = sum(1 for i in range(frame.start, frame.end - 1)
-                         if tokens[i] == CALL and tokens[i + 1] == fn)
+        recursions = sum(1 for f in descendants(frame) if f.call[0] == fn)
         return (recursions >= self.config.min_recursions
                 and len(internal_returns(tokens, frame)) >= self.config.min_returns)
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import DataError
+from rlmlab.task.events import RETURN_CLOSE_LEN, Bind, Pop, Push, Return, events, frame_steps
 from rlmlab.task.expr import DIGITS, Expr
-from rlmlab.task.frames import FrameExample, StackReplay
+from rlmlab.task.frames import FrameExample
 from rlmlab.task.trace import Execution
-from rlmlab.task.vocab import ASSIGN, END_RETURN, RETURN
 
 
 # --- frames of the flattened trace ---------------------------------------------------
@@ -36,39 +36,44 @@ class TraceFrame:
     """The value the frame returns."""
     children: tuple["TraceFrame", ...]
     """Frames it opened, in order: argument calls, then the body or branch call."""
+    returned_at: int | None = None
+    """Index of the value token if the frame returned a literal (`return <return> v </return>`);
+    None if its value came back from a call."""
 
 
 def frame_tree(tokens: Sequence[str], prompt_len: int) -> TraceFrame:
-    """The frames of a complete trace as a tree, read off the stack replay that cuts RM's
-    examples (`StackReplay`): a frame opens at its push and closes at its `</return>`, whose
-    payload is its value."""
-    replay = StackReplay(tokens[:prompt_len])
-    stack: list[dict] = [{"call": tuple(tokens[:prompt_len]), "start": prompt_len, "children": []}]
-    for i in range(prompt_len, len(tokens)):
-        event = replay.feed(tokens[i])
-        if event == "error":
-            raise DataError(f"not a legal trace at token {i}: {replay.error}")
-        if event == "push":
-            stack.append({"call": tuple(replay.top), "start": i + 1, "children": []})
-        elif event in ("pop", "done"):
-            returned = replay.answer if event == "done" else replay.top[-1:]
-            b = stack.pop()
-            frame = TraceFrame(b["call"], b["start"], i + 1, returned[-1], tuple(b["children"]))
-            if event == "done":
-                if i != len(tokens) - 1:
+    """The frames of a complete trace as a tree, from the trace's events: a frame opens at its
+    push and closes at its pop, whose payload is its value."""
+    stack: list[tuple[Push, list[TraceFrame]]] = []
+    literal_at = None
+    for e in events(tokens, prompt_len):  # an illegal trace raises TraceError, a DataError
+        if type(e) is Push:
+            stack.append((e, []))
+        elif type(e) is Return:
+            literal_at = e.end - RETURN_CLOSE_LEN - 1 if e.literal else None
+        elif type(e) is Pop:  # right after its frame's Return
+            push, children = stack.pop()
+            frame = TraceFrame(push.call, push.end, e.end, e.value[-1], tuple(children), literal_at)
+            if not stack:
+                if e.end != len(tokens):
                     raise DataError("trace continues after the root returned")
                 return frame
-            stack[-1]["children"].append(frame)
+            stack[-1][1].append(frame)
     raise DataError("incomplete trace: the root frame never returned")
 
 
 def internal_returns(tokens: Sequence[str], frame: TraceFrame) -> list[tuple[int, int]]:
-    """(position, value) of every integer literal return `<return> v </return>` inside `frame`."""
-    out = []
-    for i in range(frame.start + 1, frame.end - 1):
-        if tokens[i - 1] == RETURN and tokens[i + 1] == END_RETURN and tokens[i] in DIGITS:
-            out.append((i, int(tokens[i])))
-    return out
+    """(position, value) of every integer literal return `<return> v </return>` inside `frame`
+    (its own and its descendants', as `frame_tree` read them; `tokens` is the same trace)."""
+    return sorted((f.returned_at, int(f.value)) for f in (frame, *descendants(frame))
+                  if f.returned_at is not None and f.value in DIGITS)
+
+
+def descendants(frame: TraceFrame):
+    """Every frame below `frame`, in the order they open."""
+    for c in frame.children:
+        yield c
+        yield from descendants(c)
 
 
 def child(frame: TraceFrame, *path: int) -> TraceFrame:
@@ -104,15 +109,14 @@ class RootFrame:
 
 
 def root_payload(frames: Sequence[FrameExample], prompt_len: int) -> tuple[tuple[str, ...], int]:
-    """Bound values of the root frame (its `p := v` pairs after every child returned) and the
-    local index of its answer token, from the execution's last root example."""
-    last = [f for f in frames if f.depth == 1][-1]
-    toks = last.tokens
-    payload, i = [], prompt_len
-    while i + 2 < len(toks) and toks[i + 1] == ASSIGN:
-        payload.append(toks[i + 2])
-        i += 3
-    return tuple(payload), len(toks) - 2
+    """Bound values of the root frame (its `p := v` steps after every child returned) and the
+    local index of its answer token, read from RM's final root frame (the execution's last root
+    example): the written expression, one binding per parameter, then `return <return> a </return>`."""
+    last = [f for f in frames if f.depth == 1][-1].tokens
+    steps = frame_steps(last, prompt_len)
+    if not steps or type(steps[-1]) is not Return:
+        raise DataError("the root frame has not returned")
+    return tuple(s.value for s in steps if type(s) is Bind), steps[-1].end - RETURN_CLOSE_LEN - 1
 
 
 def literal_paths(e: Expr, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], str]]:

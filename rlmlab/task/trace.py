@@ -1,9 +1,10 @@
 """The executor: an expression becomes its canonical call/return trace (spec: docs/trace-format.md).
 
-`execute` writes the flattened trace and, independently of the replay in `frames`, the
-active-frame examples each frame produces; tests check that the two agree.
-`trace_stats` computes the statistics the experiments split on without writing any token,
-memoised per sub-call, for building large pools quickly.
+`execute` writes the flattened trace with the step templates of `rlmlab.task.events` and,
+independently of the replay in `frames`, the active-frame examples each frame produces; tests
+check that the two agree. `trace_stats` computes the statistics the experiments split on
+without writing any token, counting with the same templates' lengths, memoised per sub-call,
+for building large pools quickly.
 """
 
 from __future__ import annotations
@@ -13,6 +14,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rlmlab.errors import ExprError
+from rlmlab.task.events import (
+    BINDING_HEAD_LEN,
+    CALL_BLOCK_EXTRA,
+    LITERAL_BINDING_LEN,
+    LITERAL_RETURN_LEN,
+    RETURN_CLOSE,
+    RETURN_CLOSE_LEN,
+    RETURN_HEAD,
+    RETURN_HEAD_LEN,
+    VALUE_LEN,
+    binding_head,
+    call_block,
+    literal_binding,
+    literal_return,
+)
 from rlmlab.task.expr import (
     Call,
     Expr,
@@ -28,7 +44,6 @@ from rlmlab.task.expr import tokens as expr_tokens
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.library import Library
 from rlmlab.task.rules import Lazy
-from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN, RETURN_KW
 
 
 @dataclass(frozen=True)
@@ -84,10 +99,11 @@ class _Run:
         def call(e: Call, prefix: list[str]) -> str:
             """Emit `prefix <call> e </call>`, run the child, and write its value into this frame."""
             e_toks = expr_tokens(e)
-            emit(prefix + [CALL] + e_toks + [END_CALL])
+            block = call_block(e_toks)
+            emit(prefix + block)
             self.frames.append(FrameExample(depth, tuple(frame[:seg[0]]), tuple(frame[seg[0]:])))
             v = value_token(self.frame(e, e_toks, depth + 1))
-            del frame[len(frame) - len(e_toks) - 2:]
+            del frame[len(frame) - len(block):]
             frame.append(v)
             seg[0] = len(frame)
             return v
@@ -95,10 +111,10 @@ class _Run:
         bound: list[str] = []
         for p, arg in zip(fn.params, q.args):
             if isinstance(arg, str):
-                emit([p, ASSIGN, arg])
+                emit(literal_binding(p, arg))
                 bound.append(arg)
             else:
-                bound.append(call(arg, [p, ASSIGN]))
+                bound.append(call(arg, binding_head(p)))
 
         if fn.impl is not None:
             v = fn.impl(*map(literal_value, bound))
@@ -107,11 +123,11 @@ class _Run:
             body = substitute(self.library.bodies[fn.name], dict(zip(fn.params, bound)))
 
         if isinstance(body, str):
-            emit([RETURN_KW, RETURN, body, END_RETURN])
+            emit(literal_return(body))
             value = body
         else:
-            value = call(body, [RETURN_KW, RETURN])
-            emit([END_RETURN])
+            value = call(body, list(RETURN_HEAD))
+            emit(list(RETURN_CLOSE))
         self.frames.append(FrameExample(depth, tuple(frame[:seg[0]]), tuple(frame[seg[0]:])))
         return literal_value(value)
 
@@ -165,6 +181,11 @@ def _stats_fn(library: Library):
 
     fns = library.functions
     bodies = library.bodies
+    # The steps' token counts, from the templates the executor writes with (closure constants:
+    # no global lookup in the memoised recursion).
+    bind_literal, bind_head, block, return_literal = (LITERAL_BINDING_LEN, BINDING_HEAD_LEN, CALL_BLOCK_EXTRA,
+                                                      LITERAL_RETURN_LEN)
+    return_head, return_close, value_len = RETURN_HEAD_LEN, RETURN_CLOSE_LEN, VALUE_LEN
 
     @lru_cache(maxsize=1 << 20)
     def stats(q: Call) -> tuple[int | bool, int, int, int, int, int, int, int]:
@@ -183,7 +204,7 @@ def _stats_fn(library: Library):
         def child(e: Call, prefix: int) -> int | bool:
             nonlocal ctx, seg, emitted, depth, n, width, lane, lanes_below, frames_below, longest
             esize = size(e)
-            seg += prefix + esize + 2
+            seg += prefix + esize + block
             width = max(width, ctx + seg)
             n += 1
             v, c_emit, c_depth, c_width, c_n, c_lanes, c_frames, c_longest = stats(e)
@@ -191,20 +212,20 @@ def _stats_fn(library: Library):
             depth = max(depth, c_depth)
             width = max(width, c_width)
             n += c_n
-            lane += seg + 1  # what the frame wrote up to the call block, and the value back
+            lane += seg + value_len  # what the frame wrote up to the call block, and the value back
             lanes_below += c_lanes
             frames_below += c_frames
             longest = max(longest, c_longest)
-            ctx += seg - esize - 2 + 1
+            ctx += seg - esize - block + value_len  # the block gives way to the value
             seg = 0
             return v
 
         for p, arg in zip(fn.params, q.args):
             if isinstance(arg, str):
-                seg += 3
+                seg += bind_literal
                 bound.append(literal_value(arg))
             else:
-                bound.append(child(arg, 2))
+                bound.append(child(arg, bind_head))
         if fn.impl is not None:
             v = fn.impl(*bound)
             body = q.args[v.index] if type(v) is Lazy else value_token(v)
@@ -212,10 +233,10 @@ def _stats_fn(library: Library):
             body = substitute(bodies[fn.name], dict(zip(fn.params, map(value_token, bound))))
         if isinstance(body, str):
             value = literal_value(body)
-            seg += 4
+            seg += return_literal
         else:
-            value = child(body, 2)
-            seg += 1
+            value = child(body, return_head)
+            seg += return_close
         emitted += seg
         width = max(width, ctx + seg)
         lane += seg

@@ -1,0 +1,402 @@
+"""The call/return trace grammar, written once (spec: docs/trace-format.md).
+
+Writing: the tokens of each step a frame takes (`literal_binding`, `binding_head`,
+`call_block`, `literal_return`, `RETURN_HEAD`, `RETURN_CLOSE`). The executor writes with them,
+and `trace_stats` counts with their lengths, so the count cannot drift from what is written.
+
+Reading: `TraceReader` replays any token sequence, one token at a time, with a stack of frames
+(Fig. 1(C)): on `</call>` the block's payload becomes a new frame (PUSH), on `</return>` with a
+parent below the frame is popped and its payload appended to the parent (POP), and the root's
+own `</return>` ends the trace (DONE). The replay's one rule, whichever mode: a closer acts
+only when the frame's last control token is its own opener. With `legal=True` (decoders,
+training examples) the reader also stops at the first token that no legal trace prefix has
+and says why (ERROR); with `legal=False` it is the paper's total map Pi_rec, defined on any
+sequence, which the `rm` and `reduce` observations need on whatever a window or a model shows.
+
+`events(tokens, prompt_len)` gives the same replay as typed events with their token spans:
+`Push` (a frame opens on a written call), `Bind` (`name := value`), `Return` (a frame's
+`return <return> ... </return>`) and `Pop` (a frame hands its value back); `write(events)`
+writes the tokens back. `frame_steps` reads the `Bind` and `Return` steps off one frame as
+the model sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from rlmlab.errors import TraceError
+from rlmlab.task.vocab import ASSIGN, CALL, CONTROL, END_CALL, END_RETURN, RETURN, RETURN_KW, SPECIALS
+
+# --- writing --------------------------------------------------------------------------------
+
+
+def literal_binding(name: str, value: str) -> list[str]:
+    """`name := value`, a literal argument bound in place."""
+    return [name, ASSIGN, value]
+
+
+def binding_head(name: str) -> list[str]:
+    """`name :=`, followed by the call block of an argument that is a call."""
+    return [name, ASSIGN]
+
+
+def call_block(call: Sequence[str]) -> list[str]:
+    """`<call> call </call>`: a child frame evaluates the written call."""
+    return [CALL, *call, END_CALL]
+
+
+def literal_return(value: str) -> list[str]:
+    """`return <return> value </return>`: a frame returns a literal."""
+    return [RETURN_KW, RETURN, value, END_RETURN]
+
+
+RETURN_HEAD = (RETURN_KW, RETURN)
+"""Opens a return whose payload is a call block; `RETURN_CLOSE` follows once the child returned."""
+RETURN_CLOSE = (END_RETURN,)
+
+# The step lengths, for counting a trace without writing it.
+LITERAL_BINDING_LEN = len(literal_binding("p", "0"))
+BINDING_HEAD_LEN = len(binding_head("p"))
+CALL_BLOCK_EXTRA = len(call_block(()))
+LITERAL_RETURN_LEN = len(literal_return("0"))
+RETURN_HEAD_LEN = len(RETURN_HEAD)
+RETURN_CLOSE_LEN = len(RETURN_CLOSE)
+VALUE_LEN = 1  # a value is one literal token
+
+
+# --- reading: the replay --------------------------------------------------------------------
+
+PUSH, POP, DONE, ERROR = "push", "pop", "done", "error"
+
+_CONTROL = frozenset(CONTROL)
+_LEGAL_WATCH = _CONTROL | frozenset(SPECIALS)  # the tokens the legal mode has to look at
+
+
+class _Every:
+    """Watches every token: a stopped legal reader answers each with ERROR."""
+
+    def __contains__(self, tok) -> bool:
+        return True
+
+
+class Frame:
+    """One frame of the replay: its tokens as the model sees them."""
+
+    __slots__ = ("tokens", "seg_start", "controls")
+
+    def __init__(self, tokens: list[str], seg_start: int):
+        self.tokens = tokens
+        self.seg_start = seg_start  # where the segment in progress began (see `frames.cut_examples`)
+        # Positions of the control tokens in `tokens`; in a legal frame, the unclosed openers.
+        self.controls: list[int] = []
+
+
+class TraceReader:
+    """A token sequence replayed with a stack of frames; `feed` returns PUSH, POP, DONE, ERROR or None.
+
+    After PUSH, `top` is the new frame (its written call); after POP or DONE, `value` is the
+    payload the frame returned (after DONE also `answer`). In the legal mode the first illegal
+    token sets `error`, and it and every later token return ERROR; outside it nothing is illegal,
+    and the root's `</return>` is an ordinary token (Pi_rec has no end).
+    """
+
+    def __init__(self, prompt: Iterable[str] = (), legal: bool = True):
+        self.legal = legal
+        self.stack: list[Frame] = [Frame([], 0)]
+        self.error: str | None = None
+        self.done = False  # the root's return block has closed
+        self.answer: list[str] | None = None  # the root's returned payload, once done
+        self.value: list[str] | None = None  # the payload of the last pop or of the root's return
+        self.max_depth = 1
+        self.n_cuts = 0  # active-frame examples cut: one per push, per pop and at the end
+        # Most tokens are neither control nor special: `feed` appends those to the top frame
+        # with one set lookup (it is called once per token by every decoder and packer).
+        self._watch = _LEGAL_WATCH if legal else _CONTROL
+        self._top = self.stack[0].tokens
+        self.feed_all(prompt)
+        self.stack[0].seg_start = len(self.stack[0].tokens)
+
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+    @property
+    def top(self) -> list[str]:
+        return self._top
+
+    def cut(self, frame: Frame, depth: int) -> None:
+        """Called when `frame` (at `depth`) ends a segment, before the stack changes; a
+        subclass keeps the example (`frames.StackReplay`)."""
+
+    def feed(self, tok: str) -> str | None:
+        if tok not in self._watch:
+            self._top.append(tok)
+            return None
+        return self._control(tok)
+
+    def feed_all(self, tokens: Iterable[str]) -> None:
+        """`feed` every token, dropping the events (Pi_rec of a whole sequence in one call)."""
+        for tok in tokens:
+            if tok in self._watch:
+                self._control(tok)
+            else:
+                self._top.append(tok)
+
+    def _control(self, tok: str) -> str | None:
+        if self.error is not None:
+            return ERROR
+        legal = self.legal
+        if legal:
+            if self.done:
+                return self._fail("token after the root returned")
+            if tok not in _CONTROL:
+                return self._fail(f"model-level token {tok} inside a trace")
+        frame = self.stack[-1]
+        toks, controls = frame.tokens, frame.controls
+        opener = toks[controls[-1]] if controls else None
+        if legal:
+            why = _illegal(tok, opener, len(toks) - controls[-1] - 1 if controls else 0)
+            if why is not None:
+                return self._fail(why)
+        if tok == END_CALL and opener == CALL:
+            start = controls.pop()
+            q = toks[start + 1:]
+            toks.append(tok)
+            self.cut(frame, len(self.stack))
+            self.n_cuts += 1
+            del toks[start:]
+            self.stack.append(Frame(q, len(q)))
+            self._top = q
+            if len(self.stack) > self.max_depth:
+                self.max_depth = len(self.stack)
+            return PUSH
+        if tok == END_RETURN and opener == RETURN and (legal or len(self.stack) >= 2):
+            start = controls.pop()
+            a = toks[start + 1:]
+            toks.append(tok)
+            self.cut(frame, len(self.stack))
+            self.n_cuts += 1
+            self.value = a
+            if len(self.stack) == 1:
+                self.done = True
+                self.answer = a
+                self._watch = _Every()
+                return DONE
+            self.stack.pop()
+            parent = self.stack[-1]
+            parent.tokens.extend(a)
+            parent.seg_start = len(parent.tokens)
+            self._top = parent.tokens
+            return POP
+        # An opener, or (outside the legal mode) a closer that closes nothing: an ordinary token
+        # of the frame that later closers see as the nearest control token.
+        controls.append(len(toks))
+        toks.append(tok)
+        return None
+
+    def _fail(self, reason: str) -> str:
+        self.error = reason
+        self._watch = _Every()
+        return ERROR
+
+
+def _illegal(tok: str, opener: str | None, payload_len: int) -> str | None:
+    """Why control token `tok` cannot come next in a legal trace whose frame's innermost open
+    block was opened by `opener` (None: no open block) and holds `payload_len` tokens."""
+    if tok == CALL:
+        return "<call> inside a call payload" if opener == CALL else None
+    if tok == RETURN:
+        return f"<return> inside an open {opener} block" if opener is not None else None
+    if tok == END_CALL:
+        if opener != CALL:
+            return "</call> with no open <call>"
+        return "empty call payload" if payload_len == 0 else None
+    if opener != RETURN:
+        return "</return> with no open <return>"
+    return "empty return payload" if payload_len == 0 else None
+
+
+# --- reading: typed events ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A frame opens: frame `depth` evaluates the written call `call`. Its tokens `[start, end)`
+    are the written expression (the root, depth 1) or the parent's `<call> call </call>`."""
+
+    depth: int
+    call: tuple[str, ...]
+    start: int
+    end: int
+
+    @property
+    def fn(self) -> str:
+        return self.call[0]
+
+    @property
+    def args(self) -> tuple[tuple[str, ...], ...]:
+        """The written arguments, split at the call's own commas."""
+        out, cur, level = [], [], 0
+        for t in self.call[2:-1]:
+            if t == "," and level == 0:
+                out.append(tuple(cur))
+                cur = []
+                continue
+            level += (t == "(") - (t == ")")
+            cur.append(t)
+        if cur:
+            out.append(tuple(cur))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Frame `depth` binds `name := value`. `[start, end)` runs from the name through the literal,
+    or, for an argument that is a call, through the child's closing `</return>` (the flattened
+    trace never writes that value; the frame does)."""
+
+    depth: int
+    name: str
+    value: str
+    start: int
+    end: int
+
+    @property
+    def literal(self) -> bool:
+        return self.end - self.start == LITERAL_BINDING_LEN
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Frame `depth` returns `value`: `[start, end)` is its `return <return> ... </return>`,
+    the child's whole trace included when the payload was a call block."""
+
+    depth: int
+    value: tuple[str, ...]
+    start: int
+    end: int
+
+    @property
+    def literal(self) -> bool:
+        return self.end - self.start == RETURN_HEAD_LEN + len(self.value) + RETURN_CLOSE_LEN
+
+
+@dataclass(frozen=True, slots=True)
+class Pop:
+    """Frame `depth` is done and hands `value` to the frame below (none below the root: the trace
+    is complete). It happens at the `</return>` ending at `end`, right after that frame's `Return`."""
+
+    depth: int
+    value: tuple[str, ...]
+    end: int
+
+
+Event = Push | Bind | Return | Pop
+
+
+def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Iterator[Event]:
+    """The events of a trace or of a prefix of one, in token order (a `Push` for the written
+    expression first). A token no legal trace prefix has raises `TraceError`, or with
+    `errors="stop"` ends the stream there (model output: what came before still counts).
+
+    A `Bind` or `Return` is reported when the frame's tokens have the grammar's form; a
+    sequence whose control tokens are legal but whose steps are not (only a model writes one)
+    gives its pushes and pops and fewer steps."""
+    if errors not in ("raise", "stop"):
+        raise ValueError(f"errors must be 'raise' or 'stop', got {errors!r}")
+    bad = next((i for i in range(prompt_len) if tokens[i] in CONTROL or tokens[i] in SPECIALS), None)
+    if bad is not None:
+        if errors == "raise":
+            raise TraceError(f"{tokens[bad]} in the written expression", bad)
+        return
+    r = TraceReader(tokens[:prompt_len])
+    yield Push(1, tuple(tokens[:prompt_len]), 0, prompt_len)
+    feed, stack = r.feed, r.stack
+    # Per frame, the trace position of each of its tokens but a closer just fed; a value a
+    # child returned stands at the child's closing `</return>`.
+    where: list[list[int]] = [list(range(prompt_len))]
+    pos = where[-1]
+    for i in range(prompt_len, len(tokens)):
+        frame = stack[-1]
+        ev = feed(tokens[i])
+        if ev is None:
+            pos.append(i)
+            toks = frame.tokens
+            # `toks[-2] == ASSIGN` first: it rules out nearly every token at once.
+            if len(toks) >= LITERAL_BINDING_LEN and toks[-2] == ASSIGN and not frame.controls \
+                    and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
+                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
+        elif ev == ERROR:
+            if errors == "raise":
+                raise TraceError(r.error, i)
+            return
+        elif ev == PUSH:
+            start = len(frame.tokens)  # where the <call> stood
+            call_at = pos[start]
+            del pos[start:]
+            pos = list(range(call_at + 1, i))
+            where.append(pos)
+            yield Push(len(stack), tuple(r.top), call_at, i + 1)
+        else:
+            value = tuple(r.value)
+            depth = len(stack) + 1 if ev == POP else 1
+            toks = frame.tokens  # it ends `<return> value </return>`
+            ret = len(toks) - len(value) - 2
+            head = ret - 1 if ret >= 1 and toks[ret - 1] == RETURN_KW else ret
+            yield Return(depth, value, pos[head], i + 1)
+            yield Pop(depth, value, i + 1)
+            if ev == DONE:
+                if i + 1 < len(tokens) and errors == "raise":
+                    raise TraceError("token after the root returned", i + 1)
+                return
+            where.pop()
+            pos = where[-1]
+            pos.extend([i] * len(value))
+            toks = r.top
+            if len(toks) >= LITERAL_BINDING_LEN and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
+                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
+
+
+def _binding(frame: Sequence[str], k: int) -> bool:
+    """Whether a frame's tokens k, k+1, k+2 are a step `name := value`."""
+    return frame[k + 1] == ASSIGN and frame[k] not in _CONTROL and frame[k + 2] not in _CONTROL
+
+
+def frame_steps(frame: Sequence[str], call_len: int, depth: int = 1) -> list[Bind | Return]:
+    """The steps of one frame as the model sees it (its written call of `call_len` tokens, then
+    what it wrote, each child's value in place of the child's call block): its bindings, then
+    its return once it has written one. Spans are positions in `frame`."""
+    out: list[Bind | Return] = []
+    k = call_len
+    while k + LITERAL_BINDING_LEN <= len(frame) and _binding(frame, k):
+        out.append(Bind(depth, frame[k], frame[k + 2], k, k + LITERAL_BINDING_LEN))
+        k += LITERAL_BINDING_LEN
+    head = k + RETURN_HEAD_LEN
+    if len(frame) > head and tuple(frame[k:head]) == RETURN_HEAD and frame[-1] == END_RETURN:
+        out.append(Return(depth, tuple(frame[head:-1]), k, len(frame)))
+    return out
+
+
+def write(stream: Iterable[Event]) -> list[str]:
+    """The tokens of a complete trace's events (the inverse of `events`): each event writes the
+    tokens that are its own, at its own positions."""
+    out: dict[int, str] = {}
+
+    def put(at: int, toks: Sequence[str]) -> None:
+        for k, t in enumerate(toks):
+            out[at + k] = t
+
+    for e in stream:
+        if isinstance(e, Push):
+            put(e.start, e.call if e.depth == 1 else call_block(e.call))
+        elif isinstance(e, Bind):
+            put(e.start, literal_binding(e.name, e.value) if e.literal else binding_head(e.name))
+        elif isinstance(e, Return):
+            put(e.start, RETURN_HEAD + e.value if e.literal else RETURN_HEAD)
+            put(e.end - RETURN_CLOSE_LEN, RETURN_CLOSE)
+    n = max(out) + 1 if out else 0
+    holes = [i for i in range(n) if i not in out]
+    if holes:
+        raise TraceError("the events leave tokens unwritten", holes[0])
+    return [out[i] for i in range(n)]
