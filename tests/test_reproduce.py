@@ -118,6 +118,20 @@ def test_checkpoints_reevaluated_on_a_folder_of_the_current_layout(fresh, tmp_pa
         assert decoded(out, run) == [full[i] for i in range(40) if i % 4 == 0]
 
 
+def test_flat_checkpoints_are_seed_0_of_a_folder_with_several_seeds(fresh, tmp_path, capsys):
+    # `rlmlab/released/<name>/<learner>/best` against a results folder that also holds seeds 1, 2.
+    seeded = tmp_path / "seeded"
+    shutil.copytree(fresh, seeded)
+    shutil.copytree(seeded / "length-96", seeded / "length-96-s1")
+    out = tmp_path / "reeval"
+    assert main(["reproduce", str(seeded), "--checkpoints", str(fresh / "length-96"), "--out", str(out),
+                 "--sample", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "length-96/rm/eval: 10 of 10 expressions with the committed prediction" in printed
+    assert "length-96/cot/eval: 10 of 10" in printed and "length-96-s1/rm/eval:" not in printed
+    assert not (out / "length-96-s1").exists()
+
+
 def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     argv = ["rlmlab", "run", "length", "--preset", "paper-cpu", "--out", "runs/length-595", "--views=rm,cot",
             "--threads=1", "--learner-setting=per_view.cot.train.max_steps=24000"]

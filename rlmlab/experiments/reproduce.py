@@ -25,6 +25,7 @@ from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
+from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.results import eval_dir, evaluated_sets, read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
@@ -307,10 +308,13 @@ def _check_out(results: Path, out: Path) -> None:
 
 def _released_runs(checkpoints: Path, results: Path, jobs: list[str]) -> dict[tuple[str, str], Path]:
     """{(job, learner): run folder with best/} for the checkpoints found under `checkpoints`,
-    laid out as <job>/<learner>/best or, for a one-job experiment, <learner>/best."""
+    laid out as <job>/<learner>/best or, for a one-job experiment (its seeds aside), <learner>/best:
+    the checkpoints of its seed 0, as `rlmlab/released/` holds them."""
     found = {}
+    one_job = len({split_seed(job)[0] for job in jobs}) == 1
     for job in jobs:
-        for base in (checkpoints / job, checkpoints) if len(jobs) == 1 else (checkpoints / job,):
+        flat = one_job and split_seed(job)[1] == 0
+        for base in (checkpoints / job, checkpoints) if flat else (checkpoints / job,):
             for run in sorted(p.parent.parent for p in base.glob("*/best/checkpoint.json")):
                 if (run_path(results, job, run.name) / "eval").is_dir():
                     found.setdefault((job, run.name), run)
