@@ -88,15 +88,18 @@ def main() -> None:
     def report(what: str, learner: str, r: dict) -> None:
         rows.append((what, learner, r))
         print(f"{what:<44} {learner:<3}  {r['tok_s']:>8,.0f} tok/s  {r['expr_s']:>7.1f} expr/s  "
-              f"{r['s']:>6.1f} s  {r['cpu_s']:>6.1f} CPU s  ({r['tokens']:,} tokens, fed {r['fed']:,}, valid {r['valid']})", flush=True)
+              f"{r['s']:>6.1f} s  {r['cpu_s']:>6.1f} CPU s  ({r['tokens']:,} tokens, fed {r['fed']:,}, "
+              f"valid {r['valid']})", flush=True)
 
     for learner in ("cot", "rm"):
         report("batch 1, 4 OOD-sized traces", learner, run(models[learner], learner, single, 1))
     for learner in ("cot", "rm"):
         for batch in (64, 256):
-            report(f"batch {batch}, {len(iid)} IID-sized (len <= {L})", learner, run(models[learner], learner, iid, batch))
+            report(f"batch {batch}, {len(iid)} IID-sized (len <= {L})", learner,
+                   run(models[learner], learner, iid, batch))
     for learner in ("cot", "rm"):
-        report(f"batch 64, {len(ood)} OOD-sized ({int(1.5 * L)}-{3 * L})", learner, run(models[learner], learner, ood, 64))
+        report(f"batch 64, {len(ood)} OOD-sized ({int(1.5 * L)}-{3 * L})", learner,
+               run(models[learner], learner, ood, 64))
     speedups = {}
     for learner in ("cot", "rm"):
         first = ood[:64]
