@@ -86,6 +86,13 @@ def test_reproduction_is_judged_against_the_seed_spread():
     assert not CellCheck("c", committed, fresh).inside  # one run's intervals: disagree
     assert CellCheck("c", committed, fresh, spreads["rows[bin=1.0-1.25].rm"]).inside  # within the seeds
     assert not CellCheck("c", committed, {**fresh, "accuracy": 0.7}, spreads["rows[bin=1.0-1.25].rm"]).inside
+    # A sample of ten (`reproduce --sample 10`): ten of ten right is not evidence against 84-97%.
+    sample = {"n": 10, "accuracy": 1.0, "ci95": [0.722, 1.0]}
+    assert CellCheck("c", committed, sample, spreads["rows[bin=1.0-1.25].rm"]).inside
+    assert not CellCheck("c", committed, {"n": 10, "accuracy": 0.3, "ci95": [0.108, 0.603]},
+                         spreads["rows[bin=1.0-1.25].rm"]).inside
+    assert not CellCheck("c", committed, {**fresh, "accuracy": 1.0, "ci95": [0.988, 1.0]},
+                         spreads["rows[bin=1.0-1.25].rm"]).inside  # the whole set: the spread itself
 
 
 def test_length_split_trains_seeds_on_the_same_split_and_reports_the_spread(tmp_path):

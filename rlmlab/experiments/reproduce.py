@@ -52,16 +52,22 @@ class CellCheck:
     def inside(self) -> bool:
         """Whether the two agree. Against a cell with several seeds: the fresh accuracy lies within
         the seeds' spread (their range, widened to the seeds-and-expressions bootstrap interval
-        of their mean), since a fresh run is one more seed on another machine. Otherwise either
-        accuracy lies in the other's 95% interval. (A fresh cell of a sample has a wide interval
-        around a committed cell of the whole set; a fresh cell of the whole set is held to the
-        committed interval.)"""
+        of their mean), since a fresh run is one more seed on another machine; a fresh cell of a
+        sample (fewer expressions than the committed cell) agrees when its own 95% interval
+        reaches the spread, since its first expressions of a bin say less than the seeds do.
+        Otherwise either accuracy lies in the other's 95% interval. (A fresh cell of a sample
+        has a wide interval around a committed cell of the whole set; a fresh cell of the whole
+        set is held to the committed interval.)"""
         def within(x: dict, ci: dict) -> bool:
             lo, hi = ci["ci95"]
             return lo - 1e-12 <= x["accuracy"] <= hi + 1e-12
 
         if self.spread is not None:
-            return self.spread["lo"] - 1e-12 <= self.fresh["accuracy"] <= self.spread["hi"] + 1e-12
+            lo, hi = self.spread["lo"] - 1e-12, self.spread["hi"] + 1e-12
+            if self.fresh["n"] < self.committed["n"]:
+                fresh_lo, fresh_hi = self.fresh["ci95"]
+                return fresh_lo <= hi and fresh_hi >= lo
+            return lo <= self.fresh["accuracy"] <= hi
         return within(self.fresh, self.committed) or within(self.committed, self.fresh)
 
 
