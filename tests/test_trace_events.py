@@ -171,7 +171,7 @@ def test_events_agree_with_the_executor(random_exprs):
         pushes = [p for p in evs if type(p) is Push]
         # one push per frame instance, the executor's frames being 2F - 1 examples
         assert 2 * len(pushes) - 1 == len(ex.frames)
-        assert pushes[0] == Push(1, tuple(tokens(e)), 0, ex.prompt_len)
+        assert pushes[0] == Push(tuple(tokens(e)), depth=1, start=0, end=ex.prompt_len)
         for p in pushes[1:]:
             assert ex.tokens[p.start:p.end] == (CALL, *p.call, END_CALL)
             assert p.fn == p.call[0] and " , ".join(" ".join(a) for a in p.args) == " ".join(p.call[2:-1])
@@ -210,7 +210,7 @@ def test_an_illegal_trace_raises_or_stops_where_it_goes_wrong():
     with pytest.raises(TraceError, match=f"at token {k}: <return> inside an open <call> block") as err:
         list(events(bad, ex.prompt_len))
     assert isinstance(err.value, DataError) and isinstance(err.value, ValueError) and err.value.pos == k
-    root = Push(1, tuple(ex.tokens[:ex.prompt_len]), 0, ex.prompt_len)
+    root = Push(tuple(ex.tokens[:ex.prompt_len]), depth=1, start=0, end=ex.prompt_len)
     assert list(events(bad, ex.prompt_len, errors="stop")) == [root]
     with pytest.raises(TraceError, match="token after the root returned"):
         list(events(list(ex.tokens) + ["x"], ex.prompt_len))

@@ -22,6 +22,24 @@ from rlmlab.safeio import refuse_other_folder
 
 
 PRESET_SETTING = "preset:"
+# Options that narrow what an experiment runs (or, --pool, what --plan sizes): comma-separated,
+# default None, each read by the kinds it names.
+SUBSET_OPTIONS = (
+    ("--lengths", "sweep only: comma-separated length thresholds L (default, with no --depths: the paper's "
+                  "33,96,197,359,595,1060,1345,1839); runs on different thresholds or learners may share --out"),
+    ("--depths", "sweep only: comma-separated depth thresholds K (default, with no --lengths: the paper's "
+                 "3,5,7,9,10)"),
+    ("--pool", "with --plan: the pool parquet to size from (default: <out>/data's pool if built, else the "
+               "preset's pool sampled in memory)"),
+    ("--constructions", "shortcuts only: comma-separated constructions to run (default: the paper's six; also "
+                        "hidden_literal_late, docs/experiments-data.md); runs on different subsets may share "
+                        "--out (e.g. one per core)"),
+    ("--sizes", "iid only: comma-separated training-set sizes N (default: the preset's); runs on different "
+                "sizes or learners may share --out"),
+    ("--seeds", "comma-separated training seed indices to run, 0 first: seed k trains with train.seed 1337+k on "
+                "the same data and evaluation sets, in <job>-s<k>/ (seed 0 keeps <job>/). iid default: all the "
+                "preset's (a size with fewer seeds runs those it has); length, depth, sweep, shortcuts default: 0"),
+)
 
 
 def register(sub) -> None:
@@ -39,31 +57,12 @@ def register(sub) -> None:
                         "`rlmlab train --learner`, e.g. rm,cot,rm-frames), each optionally with a position "
                         "encoding after @ (learned, none, rope, alibi; default: the paper's learned table), "
                         "e.g. rm,cot,cot@rope,cot@none (docs/positions.md)")
-    p.add_argument("--lengths", default=None,
-                   help="sweep only: comma-separated length thresholds L (default, with no --depths: the paper's "
-                        "33,96,197,359,595,1060,1345,1839); runs on different thresholds or learners may share --out")
-    p.add_argument("--depths", default=None,
-                   help="sweep only: comma-separated depth thresholds K (default, with no --lengths: the paper's "
-                        "3,5,7,9,10)")
     p.add_argument("--plan", action="store_true",
                    help="sweep only: print the sizing of each threshold (training expressions and tokens per "
                         "epoch, widest frame and longest trace against the model's tables, decoding cost, CPU "
                         "hours at this command's step budgets) and exit without writing anything")
-    p.add_argument("--pool", default=None,
-                   help="with --plan: the pool parquet to size from (default: <out>/data's pool if built, else "
-                        "the preset's pool sampled in memory)")
-    p.add_argument("--constructions", default=None,
-                   help="shortcuts only: comma-separated constructions to run (default: the paper's six; also "
-                        "hidden_literal_late, docs/experiments-data.md); runs on "
-                        "different subsets may share --out (e.g. one per core)")
-    p.add_argument("--sizes", default=None,
-                   help="iid only: comma-separated training-set sizes N (default: the preset's); runs on "
-                        "different sizes or learners may share --out")
-    p.add_argument("--seeds", default=None,
-                   help="comma-separated training seed indices to run, 0 first: seed k trains with train.seed "
-                        "1337+k on the same data and evaluation sets, in <job>-s<k>/ (seed 0 keeps <job>/). "
-                        "iid default: all the preset's (a size with fewer seeds runs those it has); length, "
-                        "depth, sweep, shortcuts default: 0")
+    for flag, text in SUBSET_OPTIONS:
+        p.add_argument(flag, default=None, help=text)
     p.add_argument("--minutes", type=float, default=None,
                    help="wall-clock limit per learner (per run in the IID sweep): stops a run, leaving it "
                         "unfinished and resumable, and never changes its schedule; machine-dependent")

@@ -220,15 +220,21 @@ def _illegal(tok: str, opener: str | None, payload_len: int) -> str | None:
 # --- reading: typed events ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Push:
-    """A frame opens: frame `depth` evaluates the written call `call`. Its tokens `[start, end)`
-    are the written expression (the root, depth 1) or the parent's `<call> call </call>`."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Span:
+    """An event of frame `depth` (the root: 1) over the trace's tokens `[start, end)`."""
 
     depth: int
-    call: tuple[str, ...]
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push(_Span):
+    """A frame opens and evaluates the written call `call`. Its tokens are the written
+    expression (the root) or the parent's `<call> call </call>`."""
+
+    call: tuple[str, ...]
 
     @property
     def fn(self) -> str:
@@ -251,16 +257,13 @@ class Push:
 
 
 @dataclass(frozen=True, slots=True)
-class Bind:
-    """Frame `depth` binds `name := value`. `[start, end)` runs from the name through the literal,
-    or, for an argument that is a call, through the child's closing `</return>` (the flattened
-    trace never writes that value; the frame does)."""
+class Bind(_Span):
+    """The frame binds `name := value`. Its tokens run from the name through the literal, or, for
+    an argument that is a call, through the child's closing `</return>` (the flattened trace
+    never writes that value; the frame does)."""
 
-    depth: int
     name: str
     value: str
-    start: int
-    end: int
 
     @property
     def literal(self) -> bool:
@@ -268,14 +271,11 @@ class Bind:
 
 
 @dataclass(frozen=True, slots=True)
-class Return:
-    """Frame `depth` returns `value`: `[start, end)` is its `return <return> ... </return>`,
-    the child's whole trace included when the payload was a call block."""
+class Return(_Span):
+    """The frame returns `value`: its tokens are `return <return> ... </return>`, the child's
+    whole trace included when the payload was a call block."""
 
-    depth: int
     value: tuple[str, ...]
-    start: int
-    end: int
 
     @property
     def literal(self) -> bool:
@@ -311,7 +311,7 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
             raise TraceError(f"{tokens[bad]} in the written expression", bad)
         return
     r = TraceReader(tokens[:prompt_len])
-    yield Push(1, tuple(tokens[:prompt_len]), 0, prompt_len)
+    yield Push(tuple(tokens[:prompt_len]), depth=1, start=0, end=prompt_len)
     feed, stack = r.feed, r.stack
     # Per frame, the trace position of each of its tokens but a closer just fed; a value a
     # child returned stands at the child's closing `</return>`.
@@ -326,7 +326,7 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
             # `toks[-2] == ASSIGN` first: it rules out nearly every token at once.
             if len(toks) >= LITERAL_BINDING_LEN and toks[-2] == ASSIGN and not frame.controls \
                     and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
-                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
+                yield Bind(toks[-3], toks[-1], depth=len(stack), start=pos[-3], end=i + 1)
         elif ev == ERROR:
             if errors == "raise":
                 raise TraceError(r.error, i)
@@ -337,14 +337,14 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
             del pos[start:]
             pos = list(range(call_at + 1, i))
             where.append(pos)
-            yield Push(len(stack), tuple(r.top), call_at, i + 1)
+            yield Push(tuple(r.top), depth=len(stack), start=call_at, end=i + 1)
         else:
             value = tuple(r.value)
             depth = len(stack) + 1 if ev == POP else 1
             toks = frame.tokens  # it ends `<return> value </return>`
             ret = len(toks) - len(value) - 2
             head = ret - 1 if ret >= 1 and toks[ret - 1] == RETURN_KW else ret
-            yield Return(depth, value, pos[head], i + 1)
+            yield Return(value, depth=depth, start=pos[head], end=i + 1)
             yield Pop(depth, value, i + 1)
             if ev == DONE:
                 if i + 1 < len(tokens) and errors == "raise":
@@ -355,7 +355,7 @@ def events(tokens: Sequence[str], prompt_len: int, errors: str = "raise") -> Ite
             pos.extend([i] * len(value))
             toks = r.top
             if len(toks) >= LITERAL_BINDING_LEN and _binding(toks, len(toks) - LITERAL_BINDING_LEN):
-                yield Bind(len(stack), toks[-3], toks[-1], pos[-3], i + 1)
+                yield Bind(toks[-3], toks[-1], depth=len(stack), start=pos[-3], end=i + 1)
 
 
 def _binding(frame: Sequence[str], k: int) -> bool:
@@ -370,11 +370,11 @@ def frame_steps(frame: Sequence[str], call_len: int, depth: int = 1) -> list[Bin
     out: list[Bind | Return] = []
     k = call_len
     while k + LITERAL_BINDING_LEN <= len(frame) and _binding(frame, k):
-        out.append(Bind(depth, frame[k], frame[k + 2], k, k + LITERAL_BINDING_LEN))
+        out.append(Bind(frame[k], frame[k + 2], depth=depth, start=k, end=k + LITERAL_BINDING_LEN))
         k += LITERAL_BINDING_LEN
     head = k + RETURN_HEAD_LEN
     if len(frame) > head and tuple(frame[k:head]) == RETURN_HEAD and frame[-1] == END_RETURN:
-        out.append(Return(depth, tuple(frame[head:-1]), k, len(frame)))
+        out.append(Return(tuple(frame[head:-1]), depth=depth, start=k, end=len(frame)))
     return out
 
 

@@ -125,26 +125,29 @@ def parse_rule(text: str) -> Rule:
             return If(c, a, rule())
         return disj()
 
-    def disj() -> Rule:
-        left = conj()
-        while peek() == "or":
-            take()
-            left = Op("or", (left, conj()))
+    def left_assoc(ops: tuple[str, ...], operand) -> Rule:
+        """`operand (op operand)*` for the operators `ops` of one precedence level, left to right."""
+        left = operand()
+        while peek() in ops:
+            op = take()
+            left = Op(op, (left, operand()))
         return left
+
+    def disj() -> Rule:
+        return left_assoc(("or",), conj)
 
     def conj() -> Rule:
-        left = neg()
-        while peek() == "and":
-            take()
-            left = Op("and", (left, neg()))
-        return left
+        return left_assoc(("and",), neg)
 
-    @nested
-    def neg() -> Rule:
-        if peek() == "not":
-            take()
-            return Op("not", (neg(),))
-        return compare()
+    def prefixed(word: str, name: str, operand):
+        """The level `word level | operand`: a prefix operator (`not`, unary `-`) applied as `name`."""
+        @nested
+        def level() -> Rule:
+            if peek() == word:
+                take()
+                return Op(name, (level(),))
+            return operand()
+        return level
 
     def compare() -> Rule:
         left = arith()
@@ -156,25 +159,10 @@ def parse_rule(text: str) -> Rule:
         return left
 
     def arith() -> Rule:
-        left = product()
-        while peek() in ("+", "-"):
-            op = take()
-            left = Op(op, (left, product()))
-        return left
+        return left_assoc(("+", "-"), product)
 
     def product() -> Rule:
-        left = unary()
-        while peek() in ("*", "//", "%"):
-            op = take()
-            left = Op(op, (left, unary()))
-        return left
-
-    @nested
-    def unary() -> Rule:
-        if peek() == "-":
-            take()
-            return Op("neg", (unary(),))
-        return atom()
+        return left_assoc(("*", "//", "%"), unary)
 
     def atom() -> Rule:
         tok = take()
@@ -204,6 +192,8 @@ def parse_rule(text: str) -> Rule:
             raise RuleError(f"unexpected {tok!r} in rule {text!r}")
         return Name(tok)
 
+    neg = prefixed("not", "not", compare)
+    unary = prefixed("-", "neg", atom)
     r = rule()
     if pos < len(toks):
         raise RuleError(f"stray {toks[pos]!r} after the rule {text!r}")
