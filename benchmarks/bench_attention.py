@@ -63,8 +63,8 @@ def main() -> None:
     print("| learner | rows | dense mask ms | " + " | ".join(f"blocks c={c} ms" for c in chunks)
           + " | pairs dense / blocks c=128 / useful |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|")
-    for view, T, kind in cases:
-        data = build_examples(exprs, view, default_vocab())
+    for learner, T, kind in cases:
+        data = build_examples(exprs, learner, default_vocab())
         rows = [r for r in pack_rows(data.lengths - 1, T if kind == "packed" else 128) if r.length == T]
         rows = [r for r in rows if (len(r.examples) == 1) == (kind == "solo")][:args.rows]
         if not rows:
@@ -93,7 +93,7 @@ def main() -> None:
             cells.append(f"{fwd_bwd_ms(lambda: make().attend(q, k, v), (q, k, v), grad, args.repeats):.1f}")
         useful = int((length * (length + 1) // 2).sum())
         pair_cell = f"{B * T * T / 1e6:.2f}M / {pairs.get(128, 0) / 1e6:.2f}M / {useful / 1e6:.2f}M"
-        print(f"| {view} | {B} x {T} ({kind}) | {fwd_bwd_ms(dense, (q, k, v), grad, args.repeats):.1f} | "
+        print(f"| {learner} | {B} x {T} ({kind}) | {fwd_bwd_ms(dense, (q, k, v), grad, args.repeats):.1f} | "
               + " | ".join(cells) + f" | {pair_cell} |", flush=True)
     E, L = 32, 512
     q, k, v = (torch.randn(E, nh, L, hs, requires_grad=True) for _ in range(3))

@@ -35,6 +35,7 @@ def main() -> None:
     from rlmlab.cli import main as cli
     from rlmlab.cli.demo_cmd import PRESET
     from rlmlab.experiments.presets import get_preset
+    from rlmlab.measuring.results import find_eval_dir
 
     job = f"length-{get_preset(PRESET).length}"
 
@@ -44,10 +45,10 @@ def main() -> None:
         rc = cli(["demo", "--out", str(out), "--per-bin", str(args.per_bin), "--quiet"])
         total = time.perf_counter() - t0
         stamps = {}
-        for view in ("rm", "cot"):
-            summary = out / job / view / "eval" / "eval" / "summary.json"
+        for learner in ("rm", "cot"):
+            summary = find_eval_dir(out / job / learner, "eval") / "summary.json"
             if summary.exists():
-                stamps[view] = summary.stat().st_mtime - start_wall
+                stamps[learner] = summary.stat().st_mtime - start_wall
     print(f"exit status {rc}; load average (1 min) at end: {os.getloadavg()[0]:.2f}")
     print(f"rlmlab demo --per-bin {args.per_bin}: {total:.0f} s ({total / 60:.1f} min) in all; goal <= 600 s")
     if stamps:

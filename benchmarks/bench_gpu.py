@@ -141,16 +141,16 @@ def count_kernels(step, device: torch.device) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def bench(view: str, data, name: str, device: torch.device, tc: TrainConfig, compile_model: bool,
+def bench(learner: str, data, name: str, device: torch.device, tc: TrainConfig, compile_model: bool,
           seconds: float, warmup: int, kernels: bool) -> dict:
     torch.manual_seed(0)
-    model = Transformer(preset(name, view, len(data.vocab))).to(device)
+    model = Transformer(preset(name, learner, len(data.vocab))).to(device)
     data, dropped = fit_to_block(data, model.cfg.block_size, True, "benchmark")
     optimizer = configure_optimizer(model, tc)
     fwd = torch.compile(model) if compile_model else model
     kind = attention_kind(device, model.cfg.dropout)
     positions = data.lengths - 1
-    stream = RowStream(positions, DataSettings(learner=view).row_length, seed=0)
+    stream = RowStream(positions, DataSettings(learner=learner).row_length, seed=0)
     step_tokens = round(tc.batch_size * float(positions.mean()))
     flat_len = flat_length(tc, max(stream.row_len, int(positions.max())), step_tokens)  # as the trainer sets it
     guard = FiniteGuard(device)
@@ -176,7 +176,7 @@ def bench(view: str, data, name: str, device: torch.device, tc: TrainConfig, com
     dt = time.perf_counter() - t0
     guard.check()  # a benchmark of non-finite steps measures nothing
     flops, attention = useful_flops(model, data, timed_rows)
-    return {"view": view, "preset": name, "params": model.num_params(include_positions=False), "attention": kind,
+    return {"learner": learner, "preset": name, "params": model.num_params(include_positions=False), "attention": kind,
             "steps": steps, "step_tokens": step_tokens, "step_s": dt / steps, "tok_s": tokens / dt,
             "gflop_s": flops / dt / 1e9, "attention_share": attention / flops, "warmup_s": warmup_s,
             "padding": padding_fraction(timed_rows, positions), "dropped": dropped, "kernels": n_kernels,
@@ -188,7 +188,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda, cuda:N")
     ap.add_argument("--preset", default=None, help="model preset (default: paper on CUDA, small on CPU)")
-    ap.add_argument("--learners", "--views", dest="views", default="rm,cot")  # --views: the old spelling
+    ap.add_argument("--learners", "--views", dest="learners", default="rm,cot")  # --views: the old spelling
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per learner (default 30 CUDA, 10 CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 CUDA, 1 CPU)")
     ap.add_argument("--pool", type=int, default=2000, help="expressions sampled with seed 42")
@@ -224,11 +224,11 @@ def main() -> None:
     exprs = build_pool(args.pool, 42, workers=1).column("expr").to_pylist()
     results = []
     with tempfile.TemporaryDirectory() as cache:
-        for view in args.views.split(","):
-            data = build_examples(exprs, view, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
-            r = bench(view, data, name, device, tc, compile_model, seconds, warmup, args.kernels)
+        for learner in args.learners.split(","):
+            data = build_examples(exprs, learner, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+            r = bench(learner, data, name, device, tc, compile_model, seconds, warmup, args.kernels)
             results.append(r)
-            print(f"  {view:3s} {r['params'] / 1e6:5.2f}M {r['attention']:6s} {r['step_s'] * 1e3:8.1f} ms/step "
+            print(f"  {learner:3s} {r['params'] / 1e6:5.2f}M {r['attention']:6s} {r['step_s'] * 1e3:8.1f} ms/step "
                   f"{r['tok_s']:11,.0f} useful tok/s {r['gflop_s']:9,.0f} GFLOP/s  ({r['steps']} steps of "
                   f"{r['step_tokens']:,} positions, padding {r['padding']:.1%}, attention {r['attention_share']:.0%} "
                   f"of FLOPs, warm-up {r['warmup_s']:.0f}s, dropped {r['dropped']} too long"
@@ -239,7 +239,7 @@ def main() -> None:
     print("| learner | preset | attention | ms/step | useful tok/s | useful GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['view']} | {r['preset']} | {r['attention']} | {r['step_s'] * 1e3:.1f} | {r['tok_s']:,.0f} | "
+        print(f"| {r['learner']} | {r['preset']} | {r['attention']} | {r['step_s'] * 1e3:.1f} | {r['tok_s']:,.0f} | "
               f"{r['gflop_s']:,.0f} | {r['gflop_s'] / peak:.1%} |")
 
 

@@ -45,12 +45,12 @@ def main() -> None:
         n = execute(expr).trace_len
         t_exec = time.perf_counter() - t0
         row = [f"{h:>6}", f"{n:>8,}", f"{t_exec:>10.2f}"]
-        for view in ("rm", "cot"):
+        for learner in ("rm", "cot"):
             t0 = time.perf_counter()
-            (g,) = generate(oracle_predictor(view, vocab), [expr], vocab, view)
+            (g,) = generate(oracle_predictor(learner, vocab), [expr], vocab, learner)
             dt = time.perf_counter() - t0
             assert g.valid, g.reason
-            row += [f"{dt:>8.2f}", f"{1e6 * dt / n:>10.1f}" + (" " if view == "cot" else "")]
+            row += [f"{dt:>8.2f}", f"{1e6 * dt / n:>10.1f}" + (" " if learner == "cot" else "")]
         print(" ".join(row), flush=True)
 
 

@@ -1,6 +1,6 @@
 """CPU seconds per training step: the CPU path compared across two checkouts on a busy machine.
 
-    python benchmarks/bench_step_cpu.py ROOT VIEW PRESET STEPS
+    python benchmarks/bench_step_cpu.py ROOT LEARNER PRESET STEPS
     # before/after a change, interleaved, e.g. an old commit unpacked into /tmp/base:
     for i in 1 2 3; do for tree in /tmp/base .; do for v in rm cot; do
         OMP_NUM_THREADS=1 python benchmarks/bench_step_cpu.py $tree $v small 6; done; done; done
@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-root, view, preset_name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+root, learner, preset_name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 sys.path.insert(0, os.path.abspath(root))
 
 import torch  # noqa: E402
@@ -39,13 +39,13 @@ from rlmlab.task.vocab import default_vocab  # noqa: E402
 
 assert rlmlab.__file__.startswith(os.path.abspath(root)), f"imported {rlmlab.__file__}, not the one under {root}"
 vocab = default_vocab()
-data = build_examples(build_pool(400, 42, workers=1).column("expr").to_pylist(), view, vocab, workers=1)
+data = build_examples(build_pool(400, 42, workers=1).column("expr").to_pylist(), learner, vocab, workers=1)
 torch.manual_seed(0)
-model = Transformer(preset(preset_name, view, len(vocab)))
+model = Transformer(preset(preset_name, learner, len(vocab)))
 data, _ = fit_to_block(data, model.cfg.block_size, True, "benchmark")
 tc = TrainConfig(max_steps=1)
 optimizer = configure_optimizer(model, tc)
-stream = RowStream(data.lengths - 1, DataSettings(learner=view).row_length, 0)
+stream = RowStream(data.lengths - 1, DataSettings(learner=learner).row_length, 0)
 step_tokens = round(tc.batch_size * float((data.lengths - 1).mean()))
 cpu = torch.device("cpu")
 train_step(model, model, optimizer, data, stream.take(step_tokens // 8), vocab.pad_id, tc, cpu)
@@ -54,5 +54,6 @@ for _ in range(steps):
     _, n, _ = train_step(model, model, optimizer, data, stream.take(step_tokens), vocab.pad_id, tc, cpu)
     tokens += n
 c, w = time.process_time() - t0, time.perf_counter() - w0
-print(f"{os.path.abspath(root)} {view} {preset_name}: {c / steps:.4f} CPU s/step, {tokens / c:,.0f} useful tokens per "
-      f"CPU second, {tokens / w:,.0f} per wall second, load {os.getloadavg()[0]:.1f}", flush=True)
+print(f"{os.path.abspath(root)} {learner} {preset_name}: {c / steps:.4f} CPU s/step, "
+      f"{tokens / c:,.0f} useful tokens per CPU second, {tokens / w:,.0f} per wall second, "
+      f"load {os.getloadavg()[0]:.1f}", flush=True)

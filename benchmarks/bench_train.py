@@ -100,12 +100,12 @@ def plain_data(T: int, n: int = 512) -> ExampleSet:
                     np.arange(n, dtype=np.int64), n)
 
 
-def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
+def bench(name: str, learner: str, data, seconds: float, tc: TrainConfig, row_len: int) -> dict:
     torch.manual_seed(0)
-    encoding = {} if view.startswith("plain:") or get_learner(view).encoding is None else \
-        {"positions": get_learner(view).encoding}
-    model = Transformer(preset(name, "cot" if view.startswith("plain:") else get_learner(view).base, len(data.vocab),
-                               **encoding))
+    encoding = {} if learner.startswith("plain:") or get_learner(learner).encoding is None else \
+        {"positions": get_learner(learner).encoding}
+    base = "cot" if learner.startswith("plain:") else get_learner(learner).base
+    model = Transformer(preset(name, base, len(data.vocab), **encoding))
     data, dropped = fit_to_block(data, context_limit(model.cfg), True, "benchmark")
     optimizer = configure_optimizer(model, tc)
     positions = data.lengths - 1
@@ -123,7 +123,7 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
         timed_rows += rows
     dt = time.perf_counter() - t0
     flops, attention = useful_flops(model, data, timed_rows)
-    return {"preset": name, "view": view, "row_len": row_len, "params": model.num_params(include_positions=False),
+    return {"preset": name, "learner": learner, "row_len": row_len, "params": model.num_params(include_positions=False),
             "steps": steps, "step_tokens": step_tokens, "tok_s": tokens / dt, "processed_tok_s": processed / dt,
             "gflop_s": flops / dt / 1e9, "attention_share": attention / flops,
             "padding": padding_fraction(timed_rows, positions), "dropped": dropped,
@@ -133,7 +133,7 @@ def bench(name: str, view: str, data, seconds: float, tc: TrainConfig, row_len: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
-    ap.add_argument("--learners", "--views", dest="views", default="rm,cot",  # --views: the old spelling
+    ap.add_argument("--learners", "--views", dest="learners", default="rm,cot",  # --views: the old spelling
                     help="any of rm (lane-packed), rm-frames, cot, and plain:T "
                     "(random sequences of exactly T positions, one per row: the plain causal ceiling); a learner "
                     "may name a position encoding, as in cot@rope")
@@ -163,15 +163,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
                 build_examples(exprs, get_learner(v).base, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
-                for v in args.views.split(",")}
+                for v in args.learners.split(",")}
         for name in args.presets.split(","):
-            for view in args.views.split(","):
-                row_len = (int(view.split(":")[1]) if view.startswith("plain:")
-                           else args.row_len or DataSettings(learner=get_learner(view).base).row_length)
+            for learner in args.learners.split(","):
+                row_len = (int(learner.split(":")[1]) if learner.startswith("plain:")
+                           else args.row_len or DataSettings(learner=get_learner(learner).base).row_length)
                 peak = max(peak, matmul_peak(1.0))
-                r = bench(name, view, data[view], args.seconds, tc, row_len)
+                r = bench(name, learner, data[learner], args.seconds, tc, row_len)
                 results.append(r)
-                print(f"  {name:6s} {view:3s} {r['params'] / 1e6:5.2f}M  {r['tok_s']:8,.0f} useful tok/s  "
+                print(f"  {name:6s} {learner:3s} {r['params'] / 1e6:5.2f}M  {r['tok_s']:8,.0f} useful tok/s  "
                       f"{r['gflop_s']:6.1f} GFLOP/s  ({r['steps']} steps of {r['step_tokens']:,} positions, rows "
                       f"{'/'.join(map(str, r['row_lengths']))}, padding {r['padding']:.1%}, attention "
                       f"{r['attention_share']:.0%} of FLOPs, dropped {r['dropped']} too long)", flush=True)
@@ -181,7 +181,7 @@ def main() -> None:
     print("| preset | learner | params | row | useful tok/s | useful GFLOP/s | MFU | padding |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['preset']} | {r['view']} | {r['params'] / 1e6:.2f}M | {r['row_len']} | {r['tok_s']:,.0f} | "
+        print(f"| {r['preset']} | {r['learner']} | {r['params'] / 1e6:.2f}M | {r['row_len']} | {r['tok_s']:,.0f} | "
               f"{r['gflop_s']:.1f} | {r['gflop_s'] / peak:.0%} | {r['padding']:.1%} |")
     print(f"total {time.perf_counter() - t_start:.0f}s")
 
