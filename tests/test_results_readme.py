@@ -99,7 +99,9 @@ BIN_ROWS = {
     "RM, K=10, 95% interval, seeds and expressions": ("depth-10-paper-cpu-steps", "table-depth-10.md",
                                                       "RM: 95% interval"),
     "RM, K=10, per seed (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "RM: per seed (%)"),
-    "CoT, K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT, seed 0, acc. (%)"),
+    "CoT, K=10, paper-cpu, steps, mean over seeds (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md",
+                                                         "CoT: mean over seeds (%)"),
+    "CoT, K=10, per seed (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md", "CoT: per seed (%)"),
     "CoT (NoPE), K=10, paper-cpu, steps, not fitted (%)": (
         "depth-10-paper-cpu-steps", "table-depth-10.md", "CoT (NoPE), seed 0, acc. (%), not fitted (best validation 96.3)"),
     "CoT (RoPE), K=10, paper-cpu, steps (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md",
@@ -142,7 +144,7 @@ def test_readme_quotes_the_headline_tables():
                                            "CoT, L=595, paper-cpu, steps, mean over seeds (%)"]
     depth = next(t for t in QUOTING["README.md"] if t[0][0] == "Depth bin (×K), K = 10")
     assert [r[0] for r in depth[1:3]] == ["RM, K=10, paper-cpu, steps, mean over seeds (%)",
-                                          "CoT, K=10, paper-cpu, steps (%)"]
+                                          "CoT, K=10, paper-cpu, steps, mean over seeds (%)"]
 
 
 @pytest.mark.parametrize("header", BIN_HEADERS)
