@@ -2,6 +2,7 @@
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from rlmlab.experiments.report import report
 from rlmlab.measuring.results import write_rows
 from rlmlab.measuring.stats import wilson
 from rlmlab.records import write_records
+from conftest import one_line_error
 
 # Hand-made folders in both forms a report reads: legacy JSON lines and Parquet.
 FORMS = ["jsonl", "parquet"]
@@ -217,3 +219,77 @@ def test_committed_report_regenerates_byte_for_byte(folder, tmp_path):
     bytes depend on the matplotlib version)."""
     report(RESULTS / folder, tmp_path)
     assert_report_regenerates(RESULTS / folder / "report", tmp_path, folder)
+
+
+def _scale_tree(tmp_path):
+    """A results tree with two length experiments at L = 96 (the smoke fixture): `cpu` with
+    seeds 0-1, its runs marked as fitted, and `wide`, whose models are 4 layers of width 64 and
+    whose CoT trained with start offsets; and a comparison folder naming both."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "smoke-length"
+    tree = tmp_path / "results"
+    for name in ("cpu", "wide"):
+        shutil.copytree(fixture, tree / name, ignore=shutil.ignore_patterns("report"))
+    shutil.copytree(tree / "cpu" / "length-96", tree / "cpu" / "length-96-s1")
+    for run in (tree / "cpu").glob("length-96*/*"):
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"kind": "val", "step": 3, "loss": 0.1, "token_acc": 1.0, "answer_acc": 1.0,
+                                "elapsed_s": 1.0}) + "\n")
+    for run in (tree / "wide" / "length-96").iterdir():
+        cfg = json.loads((run / "config.json").read_text())
+        cfg["model"].update(n_layer=4, n_head=4, n_embd=64)
+        cfg["train"]["start_offset"] = 512 if run.name == "cot" else 0
+        (run / "config.json").write_text(json.dumps(cfg))
+    (tree / "scale").mkdir()
+    (tree / "scale" / "experiment.json").write_text(json.dumps(
+        {"kind": "scale", "split_kind": "length", "threshold": 96, "members": ["../cpu", "../wide"]}))
+    return tree
+
+
+def test_scale_report_reads_each_member_over_its_seeds_beside_the_paper(tmp_path):
+    from rlmlab.experiments.report import report
+    from rlmlab.learning.config import body_params
+
+    tree = _scale_tree(tmp_path)
+    rows = json.loads((report(tree / "scale") / "report.json").read_text())["rows"]
+    by = {(r["member"], r["learner"]): r for r in rows}
+    assert sorted(by) == [("cpu", "cot"), ("cpu", "rm"), ("wide", "cot"), ("wide", "rm")]
+    cpu_rm, wide_cot = by["cpu", "rm"], by["wide", "cot"]
+    assert cpu_rm["seeds"] == cpu_rm["fitted_seeds"] == [0, 1]
+    assert wide_cot["shape"] == {"n_layer": 4, "n_head": 4, "n_embd": 64}
+    assert wide_cot["params"] == body_params(4, 64) and wide_cot["recipe"] == "start offsets up to 512"
+    # Two identical seeds: the mean over seeds is the member's own cell, read from its own report.
+    own = json.loads((report(tree / "cpu", tmp_path / "own") / "report.json").read_text())["rows"]
+    first_ood = next(r for r in own if r["ood"])
+    assert cpu_rm["first_ood"]["bin"] == first_ood["bin"] == "1.0-1.25"
+    assert cpu_rm["first_ood"]["mean"] == pytest.approx(first_ood["rm"]["accuracy"])
+    assert cpu_rm["first_ood"]["per_seed"] == [pytest.approx(first_ood["rm"]["accuracy"])] * 2
+    # The smoke runs never reached 99% validation: out of domain they are withheld, in domain not.
+    assert wide_cot["fitted_seeds"] == [] and wide_cot["first_ood"]["mean"] is None and wide_cot["last"]["mean"] is None
+    table = (tree / "scale" / "report" / "table-scale.md").read_text()
+    assert "| wide | CoT | 4L/4H/64 | 0.20M | start offsets up to 512 | 0 of 1 |" in table
+    assert "| the paper | CoT | 6L/6H/384 | 10.65M |" not in table  # no paper row at L = 96
+    assert (tree / "scale" / "report" / "scale.png").exists()
+
+
+@pytest.mark.parametrize("members, message", [
+    (["/etc"], "is not a folder beside it"),
+    (["../cpu/length-96"], "is not a folder beside it"),
+    (["../../results/cpu"], "is not a folder beside it"),
+    (["../missing"], "is not an experiment folder"),
+    ([7], "is not a folder beside it"),
+])
+def test_scale_members_lie_beside_the_comparison(tmp_path, capsys, members, message):
+    tree = _scale_tree(tmp_path)
+    (tree / "scale" / "experiment.json").write_text(json.dumps(
+        {"kind": "scale", "split_kind": "length", "threshold": 96, "members": members}))
+    assert message in one_line_error(capsys, ["report", str(tree / "scale")])
+    assert not (tree / "scale" / "report").exists()
+
+
+def test_scale_refuses_a_member_of_another_split(tmp_path, capsys):
+    tree = _scale_tree(tmp_path)
+    (tree / "scale" / "experiment.json").write_text(json.dumps(
+        {"kind": "scale", "split_kind": "depth", "threshold": 96, "members": ["../cpu"]}))
+    assert "a length experiment at 96, not the comparison's depth split at 96" in one_line_error(
+        capsys, ["report", str(tree / "scale")])
+    assert not (tree / "scale" / "report").exists()

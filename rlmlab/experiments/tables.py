@@ -3,7 +3,6 @@ results and learning curves. Pure functions of saved files; nothing here imports
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
@@ -49,6 +48,25 @@ def learner_label(name: str) -> str:
         return get_learner(name).label
     except ConfigError:
         return name
+
+
+def model_shape(model: dict, name: str) -> dict:
+    """Layers, heads and width of the model a run's `config.json` "model" section describes: its
+    own sizes where set, else its preset's for the learner `name` (the "cot" column for a learner
+    this version does not know)."""
+    from rlmlab.learning.config import MODEL_PRESETS
+
+    try:
+        family = get_learner(name).observation.family
+    except ConfigError:
+        family = "cot"
+    base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
+    return {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
+
+
+def shape_label(shape: dict) -> str:
+    """"3L/8H/128": layers, heads, width."""
+    return f"{shape['n_layer']}L/{shape['n_head']}H/{shape['n_embd']}"
 
 
 def learners(out: Path, jobs: list[str]) -> list[str]:

@@ -71,11 +71,17 @@ class ModelConfig:
 
     def n_params(self) -> int:
         """Parameters this config makes (tied embedding once, positional table included)."""
-        d = self.n_embd
-        return (self.vocab_size + self.block_size) * d + self.n_layer * (12 * d * d + 13 * d) + 2 * d
+        return (self.vocab_size + self.block_size) * self.n_embd + body_params(self.n_layer, self.n_embd)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def body_params(n_layer: int, n_embd: int) -> int:
+    """Parameters outside the token embedding and the positional table: the blocks and the final
+    norm. The paper counts its model this way (6 layers of width 384: 10.65M)."""
+    d = n_embd
+    return n_layer * (12 * d * d + 13 * d) + 2 * d
 
 
 # Context sizes: RM reads one frame (short), CoT the whole flattened trace (long).

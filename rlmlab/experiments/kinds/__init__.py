@@ -9,13 +9,14 @@ from rlmlab.experiments import folder
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.iid import IIDSweep
 from rlmlab.experiments.kinds.recipe import RecipeComparison
+from rlmlab.experiments.kinds.scale import ModelSizeComparison
 from rlmlab.experiments.kinds.shortcuts import ShortcutSuite
 from rlmlab.experiments.kinds.sweep import ThresholdSweep
 from rlmlab.experiments.kinds.threshold import ThresholdSplit
 
 KINDS: dict[str, ExperimentKind] = {k.name: k for k in (
     ThresholdSplit("length"), ThresholdSplit("depth"), ThresholdSweep(), IIDSweep(), ShortcutSuite(),
-    RecipeComparison())}
+    RecipeComparison(), ModelSizeComparison())}
 RUNNABLE = tuple(name for name, k in KINDS.items() if k.runnable)
 """The kinds `rlmlab run` plans."""
 

@@ -3,17 +3,18 @@ validation accuracy against training minutes. Reported like an experiment, never
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError, NoResultsError
+from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.tables import (
     curve_clock,
     learner_label,
     metrics_records,
+    model_shape,
     pct,
     save_figure,
+    shape_label,
     training_summary,
 )
 from rlmlab.learning.learner import get_learner
@@ -28,18 +29,6 @@ def _clock_s(record: dict) -> float:
     """A record's training time: the process's CPU time where logged (one thread: the wall clock the
     run would have taken on a core of its own, whatever else ran beside it), else the wall clock."""
     return record.get("cpu_s", record["elapsed_s"])
-
-
-def _model_shape(model: dict, name: str) -> str:
-    from rlmlab.learning.config import MODEL_PRESETS
-
-    try:
-        family = get_learner(name).observation.family
-    except ConfigError:
-        family = "cot"
-    base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
-    shape = {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
-    return f"{shape['n_layer']}L/{shape['n_head']}H/{shape['n_embd']}"
 
 
 def recipe_row(name: str, run_dir: Path) -> dict:
@@ -58,7 +47,7 @@ def recipe_row(name: str, run_dir: Path) -> dict:
     who = data.get("learner", data.get("view"))  # "view": its name in configs saved before the rename
     if isinstance(who, str) and model.get("positions", "learned") != "learned":
         who = f"{who}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
-    return {"run": name, "learner": who, "shape": _model_shape(model, who),
+    return {"run": name, "learner": who, "shape": shape_label(model_shape(model, who)),
             "batch": train.get("batch_size"), "lr": train.get("lr"), "warmup": train.get("warmup_steps"),
             "positions_per_step": round(steps[-1]["tokens"] / steps[-1]["step"]) if steps else None,
             "step": summary["step"], "tokens": summary["tokens"], "minutes": summary["minutes"],
