@@ -685,22 +685,66 @@ def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["config.json", "done.json"]  # nothing moved
 
 
-def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path):
+def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path, capsys):
     from rlmlab.experiments.run_job import reopen_to_extend
 
     out, dest = tmp_path / "length", tmp_path / "results" / "length"
-    assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
-    assert main(["export", str(out), str(dest)]) == 0
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
     run_dir, exported = out / "length-96" / "rm", dest / "length-96" / "rm"
-    assert (exported / "done.json").exists() and has_results(exported / "eval")
-    # Extended and still training at the next export: the results say so, not the old end.
-    assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
+    (run_dir / "probe" / "eval").mkdir(parents=True)  # as `rlmlab probe` of the first end would leave
+    (run_dir / "probe" / "eval" / "summary.json").write_text('{"groups": []}')
     assert main(["export", str(out), str(dest)]) == 0
-    assert not (exported / "done.json").exists() and not (exported / "eval").exists()
+    assert (exported / "done.json").exists() and has_results(exported / "eval")
+    # Extended and still training at the next export: the run is left out, its earlier export stays.
+    assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
+    capsys.readouterr()
+    assert main(["export", str(out), str(dest)]) == 0
+    assert "left out 1 unfinished run(s) and the commands that planned only them: length-96/rm" in capsys.readouterr().err
+    assert json.loads((exported / "done.json").read_text())["step"] == 3 and (exported / "probe").exists()
+    assert not (exported / "superseded-step3").exists()
+    # Finished at its new budget: the new end replaces the old, and what it has not redone is dropped.
+    assert main([*argv, "--learners", "rm", "--max-steps", "5", "--extend"]) == 0
+    assert main(["export", str(out), str(dest)]) == 0
+    assert json.loads((exported / "done.json").read_text())["step"] == 5 and has_results(exported / "eval")
     assert json.loads((exported / "superseded-step3" / "done.json").read_text())["step"] == 3
-    assert (exported / "config.json").exists() and has_metrics(exported)
+    assert not (exported / "probe").exists() and (exported / "superseded-step3" / "probe").exists()
     assert (dest / "length-96" / "cot" / "done.json").exists()  # the other learner's run is untouched
     assert not list(dest.rglob(".lock")) and list(out.rglob(".lock"))  # lock files stay behind
+
+
+def test_export_leaves_out_runs_in_flight_and_the_commands_that_planned_only_them(tmp_path, monkeypatch, capsys):
+    from contextlib import contextmanager
+
+    import rlmlab.learning.train
+    from rlmlab.experiments.reproduce import stored_commands
+
+    @contextmanager
+    def ctrl_c_at_once(echo):
+        yield {"stop": True}
+
+    out, dest = tmp_path / "length", tmp_path / "results"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]
+    assert main([*argv, "--learners", "rm"]) == 0
+    with monkeypatch.context() as m:  # CoT interrupted: in flight, as a training beside the export would be
+        m.setattr(rlmlab.learning.train, "_stop_on_signals", ctrl_c_at_once)
+        assert main([*argv, "--learners", "cot"]) == 130
+    assert [json.loads(line)["runs"] for line in (out / "commands.jsonl").read_text().splitlines()] == [
+        ["length-96/rm"], ["length-96/cot"]]
+    assert main(["export", str(out), str(dest)]) == 0
+    assert "left out 1 unfinished run(s)" in capsys.readouterr().err
+    assert (dest / "length-96" / "rm" / "done.json").exists() and not (dest / "length-96" / "cot").exists()
+    assert [a[a.index("--learners=rm") if "--learners=rm" in a else -1] for a in stored_commands(dest)] == [
+        "--learners=rm"]  # `rlmlab reproduce` re-runs the finished run's command only
+    report = (dest / "report" / "table-length-96.md").read_text()
+    assert "RM" in report and "CoT" not in report
+    # Once CoT finishes, the next export brings it and its command.
+    assert main([*argv, "--learners", "cot"]) == 0
+    assert main(["export", str(out), str(dest)]) == 0
+    assert "left out" not in capsys.readouterr().err
+    assert (dest / "length-96" / "cot" / "done.json").exists()
+    assert [json.loads(line)["runs"] for line in (dest / "commands.jsonl").read_text().splitlines()] == [
+        ["length-96/rm"], ["length-96/cot"], ["length-96/cot"]]
 
 
 def test_a_run_held_by_another_process_is_refused_and_planning_waits_its_turn(tmp_path, capsys):

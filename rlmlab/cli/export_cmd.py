@@ -14,9 +14,9 @@ def register(sub) -> None:
     p.add_argument("dest", metavar="DEST", help="where the results go (e.g. results/length-small); "
                                                 "files it has that SRC lacks are kept")
     p.add_argument("--resumable", action="store_true",
-                   help="also copy the `last` checkpoint of every unfinished run as weights only (no optimizer "
-                        "moments), to continue it on another machine (docs/cli.md, 'Carrying a run to another "
-                        "machine')")
+                   help="also copy every unfinished run (left out otherwise), with its `last` checkpoint as weights "
+                        "only (no optimizer moments), to continue it on another machine (docs/cli.md, 'Carrying a "
+                        "run to another machine')")
     p.set_defaults(handler=run)
 
 
@@ -26,6 +26,11 @@ def run(args) -> int:
         links = n["skipped_links"]
         print(f"{args.src}: skipped {len(links)} symbolic link(s), neither followed nor copied: "
               + ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else ""), file=sys.stderr)
+    if n["left_out"]:
+        runs = n["left_out"]
+        print(f"{args.src}: left out {len(runs)} unfinished run(s) and the commands that planned only them: "
+              + ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+              + "; export again once they finish (or with --resumable to carry them)", file=sys.stderr)
     carried = (f" (with the `last` checkpoints of {n['resume_checkpoints']} unfinished runs, weights only)"
                if args.resumable else "")
     print(f"copied {n['files']} files ({n['bytes'] / 1e6:.1f} MB) to {args.dest}{carried}; left out "

@@ -165,7 +165,7 @@ def run(args) -> int:
                          task=task))
         return 0
 
-    def record() -> None:  # once the command is checked and planned: a refused one leaves no trace
+    def record(runs: list[str]) -> None:  # once the command is checked and planned: a refused one leaves no trace
         with open(out / "commands.jsonl", "a") as f:
             f.write(json.dumps({"argv": ["rlmlab", "run", args.kind, "--preset", args.preset, "--out", str(out)]
                                 + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
@@ -175,7 +175,8 @@ def run(args) -> int:
                                    and v is not None]
                                 + [f"--preset.{k}={v}" for k, v in settings.items()]
                                 + [f"--learner-setting={item}" for item in args.learner_setting]
-                                + (["--extend"] if args.extend else [])}) + "\n")
+                                + (["--extend"] if args.extend else []),
+                                "runs": runs}) + "\n")
     run_experiment(args.kind, preset, out, threshold=args.threshold, learners=names, constructions=constructions,
                    lengths=lengths, depths=depths, sizes=sizes, seeds=seeds, ray_address=args.ray_address,
                    progress=not args.quiet, extend=args.extend, ray_gpus=args.ray_gpus_per_job, on_planned=record,

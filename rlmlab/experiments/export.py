@@ -47,6 +47,13 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     without `resumable` is refused while `dest` carries the `last` of a run still unfinished in
     `src`, rather than drop the only copy of its progress.
 
+    Without `resumable`, the runs of an `rlmlab run` experiment that have not finished (a run
+    folder without done.json: training now, stopped by its wall-clock limit, or reopened by
+    `--extend`) are left out, with the lines of commands.jsonl that planned only such runs
+    (`"runs"` of the line; lines written before commands named their runs are kept): results
+    hold finished runs, and `rlmlab reproduce` re-runs only their commands. What `dest` holds of
+    such a run from an earlier export stays as it was (`left_out` names them).
+
     Files already in `dest` that the source lacks (a README, say) are kept, except the old
     outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
     has are overwritten, except the two that describe the whole experiment: when `dest` holds
@@ -75,6 +82,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
                 old_commands = [get_kind(meta["kind"]).absorb_command(line, old) for line in old_commands]
                 old = absorbed
         meta = merge_meta(old, meta, dest, {run.parent.name for run in src.glob("*/*/config.json")})
+    in_flight = set() if resumable or not get_kind(meta["kind"]).runnable else runs_in_flight(src)
+    new_commands = [line for line in new_commands if not _plans_only(line, in_flight)]
     commands = merge_commands(old_commands, new_commands)
     if not resumable:
         _refuse_dropping_carried_runs(src, dest)
@@ -85,6 +94,8 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     files, links = _plain_files(src)
     for path in files:
         rel = path.relative_to(src)
+        if any(rel.parts[:len(run.parts)] == run.parts for run in in_flight):
+            continue
         if (rel.parts[0] in REBUILT or path.name == LOCK_NAME
                 or rel.parts in (("experiment.json",), ("commands.jsonl",))):
             continue
@@ -124,7 +135,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     # that an unchanged run exported again leaves its committed bytes (and refs' digests) as they were.
     for path in copied_tables:
         reencode_records(path)
-    _drop_superseded(src, dest)
+    _drop_superseded(src, dest, in_flight)
     _drop_stale_resume_points(src, dest, resumable)
     # A run that a folder beside `dest` already holds byte for byte (the sweep taking in the
     # L = 595 runs of their own results folder) is kept there once, referred to from here.
@@ -139,8 +150,25 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
         reported = False
     return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
-            "resume_checkpoints": carried, "referred": referred,
+            "resume_checkpoints": carried, "referred": referred, "left_out": sorted(map(str, in_flight)),
             "skipped_links": [str(link.relative_to(src)) for link in links]}
+
+
+def runs_in_flight(src: Path) -> set[Path]:
+    """The run folders of an experiment folder (those holding a config.json, relative to `src`)
+    without done.json: not finished, so not results yet."""
+    return {c.parent.relative_to(src) for c in src.glob("*/*/config.json")
+            if c.relative_to(src).parts[0] not in REBUILT and not (c.parent / "done.json").exists()}
+
+
+def _plans_only(line: str, runs: set[Path]) -> bool:
+    """Whether a commands.jsonl line names the runs it planned, and all of them are in `runs`."""
+    try:
+        planned = json.loads(line).get("runs")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return (isinstance(planned, list) and bool(planned) and all(isinstance(r, str) for r in planned)
+            and all(Path(r) in runs for r in planned))
 
 
 def _plain_files(src: Path) -> tuple[list[Path], list[Path]]:
@@ -208,12 +236,15 @@ def _drop_stale_resume_points(src: Path, dest: Path, resumable: bool) -> None:
             shutil.rmtree(meta.parent)
 
 
-def _drop_superseded(src: Path, dest: Path) -> None:
+def _drop_superseded(src: Path, dest: Path, left_out: set[Path]) -> None:
     """Remove from `dest` the outputs of a run that `rlmlab run --extend` has since reopened in
-    `src` (moved to its `superseded-step<N>/`, which the export copied): an earlier export's
-    done.json and evaluations would otherwise still describe the run as finished."""
+    `src` (moved to its `superseded-step<N>/`, which the export copied) and not redone (probes,
+    frame tables; with `--resumable`, a run still training): an earlier export's outputs would
+    otherwise still describe the run's earlier end. Runs the export leaves out keep theirs."""
     for keep in src.rglob("superseded-step*"):
         run = keep.parent.relative_to(src)
+        if run in left_out:
+            continue
         for name in RUN_OUTPUTS:
             stale = dest / run / name
             if (src / run / name).exists() or not (keep / name).exists():

@@ -38,7 +38,7 @@ def _identity_of(meta: dict) -> dict:
 
 def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *, learners=PAPER_LEARNERS,
                    ray_address: str | None = None, progress: bool = True, extend: bool = False,
-                   ray_gpus: float | None = None, on_planned: Callable[[], None] | None = None,
+                   ray_gpus: float | None = None, on_planned: Callable[[list[str]], None] | None = None,
                    task=None, **options) -> list[Job]:
     """Build the data, train the learners `learners`, evaluate; resumable. Returns the jobs it ran.
 
@@ -46,7 +46,8 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
     (default: the preset's), `sizes` and `seeds` for the IID sweep (default: the preset's),
     `constructions` for the shortcuts (default: all six); an option left None takes its default. `extend`
     continues finished runs to a larger budget. `on_planned` is called once the
-    experiment is planned, before any job runs (`rlmlab run` records the command then). `task`
+    experiment is planned, before any job runs, with the run folders it planned (relative to
+    `out`; `rlmlab run` records the command and its runs then). `task`
     is the preset's task as the command resolved it (None: resolved here); the plan, its data
     and every job use this one object."""
     if kind not in RUNNABLE:
@@ -76,7 +77,7 @@ def run_experiment(kind: str, preset: str | ExperimentPreset, out: str | Path, *
         for job in jobs:  # refused now, before the command is recorded, rather than when its turn comes
             refuse_busy(job.run_dir(out), BUSY_RUN)
         if on_planned is not None:
-            on_planned()
+            on_planned([job.run_dir(out).relative_to(out).as_posix() for job in jobs])
     run_jobs(jobs, out, ray_address, progress, extend, ray_gpus, task)
     print(f"{kind}: {len(jobs)} jobs done in {time.perf_counter() - t0:.0f}s; tables: rlmlab report {out}")
     return jobs

@@ -361,11 +361,12 @@ class ThresholdSweep(ExperimentKind):
     def absorb_command(self, line: str, meta: dict) -> str:
         """A stored `rlmlab run length|depth` command line of an absorbed experiment (`meta`) as
         the `rlmlab run sweep` command that trains the same job; the original is kept beside it
-        under "imported"."""
+        under "imported", the runs it planned under "runs" as they were."""
         import json
 
         try:
-            argv = json.loads(line)["argv"]
+            stored = json.loads(line)
+            argv = stored["argv"]
         except (ValueError, KeyError, TypeError, RecursionError):
             return line
         if not (isinstance(argv, list) and argv[:2] == ["rlmlab", "run"] and len(argv) > 2
@@ -383,4 +384,5 @@ class ThresholdSweep(ExperimentKind):
             else:
                 new.append(a)
         new.append(f"--{'lengths' if kind == 'length' else 'depths'}={threshold}")
-        return json.dumps({"argv": new, "imported": argv})
+        runs = {"runs": stored["runs"]} if "runs" in stored else {}  # the same run folders in the sweep
+        return json.dumps({"argv": new, "imported": argv, **runs})
