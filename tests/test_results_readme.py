@@ -90,8 +90,8 @@ BIN_ROWS = {
     "CoT (NoPE), L=595, paper-cpu, steps, not fitted (%)": (
         "length-595-paper-cpu-steps", "table-length-595.md",
         "CoT (NoPE), seed 0, acc. (%), not fitted (best validation 95.7)"),
-    "CoT (RoPE), L=595, paper-cpu, steps (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
-                                                "CoT (RoPE), seed 0, acc. (%)"),
+    "CoT (RoPE), L=595, paper-cpu, steps, mean over seeds (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
+                                                                 "CoT (RoPE): mean over seeds (%)"),
     "RM (RoPE), L=595, paper-cpu, steps, mean over seeds (%)": ("length-595-paper-cpu-steps", "table-length-595.md",
                                                                 "RM (RoPE): mean over seeds (%)"),
     "RM, K=10, paper-cpu, steps, mean over seeds (%)": ("depth-10-paper-cpu-steps", "table-depth-10.md",
