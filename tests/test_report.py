@@ -293,3 +293,12 @@ def test_scale_refuses_a_member_of_another_split(tmp_path, capsys):
     assert "a length experiment at 96, not the comparison's depth split at 96" in one_line_error(
         capsys, ["report", str(tree / "scale")])
     assert not (tree / "scale" / "report").exists()
+
+
+def test_scale_refuses_seeds_scored_on_other_expressions(tmp_path, capsys):
+    tree = _scale_tree(tmp_path)
+    results = tree / "cpu" / "length-96-s1" / "rm" / "eval" / "eval" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    first_ood = next(i for i, line in enumerate(lines) if json.loads(line).get("bin") == "1.0-1.25")
+    results.write_text("\n".join(lines[:first_ood] + lines[first_ood + 1:]) + "\n")
+    assert "were not scored on the same expressions" in one_line_error(capsys, ["report", str(tree / "scale")])

@@ -126,8 +126,11 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
         def over_seeds(label: str, ood: bool) -> dict | None:
             if ood and not all_fitted:
                 return None
-            m = correctness([[r for r in res if r.get("bin") == label] for res in results.values()],
-                            f"{member} {v} bin {label}")
+            try:
+                m = correctness([[r for r in res if r.get("bin") == label] for res in results.values()],
+                                f"{member} {v} bin {label}")
+            except ValueError as e:
+                raise DataError(str(e)) from None
             return spread_cell(m) if m.size else None
 
         in_domain = [r for res in results.values() for r in res if not r.get("ood")]
