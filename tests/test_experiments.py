@@ -512,6 +512,29 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert (training_summary(run_dir)["resumed_at"], training_summary(run_dir)["extended_at"]) == ([1], [])
 
 
+def test_a_finished_run_evaluates_on_the_threads_the_command_asks_for(tmp_path, monkeypatch):
+    # A finished run skips train(), which sets torch's threads; its evaluation used torch's
+    # default (every core) and, beside a training on the other core, ran 7 times slower.
+    import torch
+
+    import rlmlab.measuring.score
+
+    out = tmp_path / "length"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm", "--threads", "1"]
+    assert main(argv) == 0
+    shutil.rmtree(out / "length-96" / "rm" / "eval")  # evaluated again, training skipped
+    seen, evaluate = [], rlmlab.measuring.score.evaluate_file
+    monkeypatch.setattr(rlmlab.measuring.score, "evaluate_file",
+                        lambda *a, **k: (seen.append(torch.get_num_threads()), evaluate(*a, **k))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+
+
 def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path, monkeypatch, capsys):
     from contextlib import contextmanager
 

@@ -110,8 +110,6 @@ def _largest(ray, resource: str) -> float:
 
 def _run_on_node(job: Job, out: str, extend: bool, cwd: str, task=None) -> dict:
     """The Ray task: `run_job` on whichever node Ray chose, in the driver's working directory."""
-    import torch
-
     from rlmlab.experiments.run_job import run_job
 
     missing = [path for path in (Path(cwd, p) for p in (out, job.train, job.val, *job.evals.values()))
@@ -119,8 +117,6 @@ def _run_on_node(job: Job, out: str, extend: bool, cwd: str, task=None) -> dict:
     if missing:
         raise DataError(f"{missing[0]}: not found on Ray node {socket.gethostname()}; --out must be on a "
                         "filesystem that every node mounts at the same path")
-    # Evaluation of an already trained job does not go through train(), which sets the threads.
-    torch.set_num_threads(_threads(job))
     worker_cwd = os.getcwd()
     if Path(cwd).is_dir():  # needed for relative paths only, which were found there
         os.chdir(cwd)

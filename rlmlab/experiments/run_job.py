@@ -155,6 +155,10 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         done.write_text(json.dumps({"step": result.step, "stop_reason": result.stop_reason,
                                     "select_metric": result.select_metric, "best_score": result.best_score,
                                     "best_step": result.best_step}, indent=2) + "\n")
+    threads = job.settings.get("train.threads")
+    if threads:  # train() sets them, but a finished or time-limited run evaluates without training
+        import torch
+        torch.set_num_threads(threads)
     summaries = {}
     loaded = None
     for set_name, path in job.evals.items():
