@@ -513,8 +513,8 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
 
 
 def test_a_finished_run_evaluates_on_the_threads_the_command_asks_for(tmp_path, monkeypatch):
-    # A finished run skips train(), which sets torch's threads; its evaluation used torch's
-    # default (every core) and, beside a training on the other core, ran 7 times slower.
+    # A finished run skips train(), which sets torch's threads; its evaluation must still take
+    # the command's, not torch's default of every core (beside another training, many times slower).
     import torch
 
     import rlmlab.measuring.score
