@@ -173,6 +173,11 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
                                                 shortcut_per_learner={"cot": {"train.batch_size": 3}})
     # Two runs on different constructions share the folder (as one process per core would).
     for name in ("position_parity", "copy_deep_return"):
+        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=[name]), out, progress=False)
+        if name == "copy_deep_return":  # a learner without a run is named, not left as dashes
+            table = (report(out) / "table-shortcuts.md").read_text().splitlines()
+            column = table[0].split(" | ").index("Not fitted (IID < 99%)")
+            assert [line.split(" | ")[column] for line in table[2:4]] == ["RM; no run: CoT", "RM, CoT"]
         run_jobs(get_kind("shortcuts").plan(preset, out, ("rm", "cot"), constructions=[name]), out, progress=False)
         train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
         assert max(train.column("trace_len").to_pylist()) <= 600
@@ -819,6 +824,12 @@ def test_export_merges_runs_of_one_experiment_from_several_folders(tmp_path):
                  "--sizes", "200"]) == 0
     assert main(["export", str(parts[200]), str(dest)]) == 0
     assert (dest / "commands.jsonl").read_text().splitlines() == history + history[-1:]
+    # So does re-exporting the first folder, whose history is no longer the end of the merged one.
+    assert main(["run", "iid", "--preset", "smoke", "--out", str(parts[100]), "--quiet", "--learners", "rm",
+                 "--sizes", "100"]) == 0
+    assert main(["export", str(parts[100]), str(dest)]) == 0
+    first = (parts[100] / "commands.jsonl").read_text().splitlines()
+    assert (dest / "commands.jsonl").read_text().splitlines() == history + history[-1:] + first[-1:]
     # Another experiment's results are refused, not mixed in.
     length = tmp_path / "length"
     assert main(["run", "length", "--preset", "smoke", "--out", str(length), "--quiet", "--learners", "rm"]) == 0

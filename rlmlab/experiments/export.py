@@ -277,10 +277,12 @@ def merge_meta(old: dict, new: dict, where: Path, learners) -> dict:
 
 
 def merge_commands(old: list[str], new: list[str]) -> list[str]:
-    """`old` followed by `new`, where the longest end of `old` that begins `new` is written once:
-    re-exporting a folder after more commands adds only those, exporting another folder appends
-    its history."""
-    for k in range(min(len(old), len(new)), 0, -1):
-        if old[len(old) - k:] == new[:k]:
-            return old[:len(old) - k] + new
-    return old + new
+    """`old` followed by what `new` adds to it: the longest start of `new` that `old` already
+    holds in order (an earlier export of the same folder, perhaps with another folder's history
+    after it) is written once, so re-exporting a folder after more commands adds only those,
+    and exporting another folder appends its history."""
+    held = 0
+    for line in old:
+        if held < len(new) and line == new[held]:
+            held += 1
+    return old + new[held:]

@@ -75,7 +75,10 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
 
     def unfit(r):  # the paper's reading needs a learner that fits its training distribution
         names = [learner_label(v) for v in PAPER_LEARNERS if f"{v}_iid" in r and not fitted(acc(r, f"{v}_iid"))]
-        return ", ".join(names) or "–"
+        # A learner without a run here (still training, or never asked for) is named, so that
+        # its dashes are not read as a learner that fitted.
+        absent = [learner_label(v) for v in PAPER_LEARNERS if f"{v}_iid" not in r]
+        return "; ".join(filter(None, [", ".join(names), absent and "no run: " + ", ".join(absent)])) or "–"
 
     md = ["| Construction | IID RM acc. | IID CoT acc. | OOD RM acc. | OOD CoT acc. | Gap (pt) | Shortcut rate (CoT) "
           f"| Shortcut rate (RM) | Not fitted (IID < {100 * FIT_THRESHOLD:.0f}%) "
