@@ -338,18 +338,19 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
                             "train.eval_every": 300, "train.max_steps": 6_000},
                      # CoT's cosine: 24,000 steps down to a hundredth of the peak rate reached
                      # 99% validation at step 20,000 of the length split, where 30,000 steps down
-                     # to a tenth had not (docs/recipe.md). The shortcut and IID runs keep a tenth.
+                     # to a tenth had not (docs/recipe.md). The IID runs keep a tenth.
                      "cot": {"train.batch_size": 16, "train.lr": 3e-3, "train.warmup_steps": 100,
                              "train.eval_every": 1000, "train.max_steps": 24_000, "train.min_lr_ratio": 0.01}},
         # Shortcut traces capped at 600 tokens, as `small`'s (the paper's CoT context is 4,096;
         # --preset.shortcut_max_trace=4096 lifts the cap). CoT's traces average ~460 tokens, twice
-        # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. CoT has no early
-        # stop: while its learning rate is high its validation accuracy swings by tens of points
-        # between validations, and its plateau comes with the cosine's decay.
+        # the split's, so batch 8 keeps the recipe's ~3.5k positions per step. Neither learner
+        # stops early: while the learning rate is high validation swings by tens of points between
+        # validations, and the plateau comes with the cosine's decay. The budgets are those the
+        # recipe probes fitted with (docs/recipe.md): RM 9,000 steps, CoT the splits' cosine.
         shortcut_max_trace=600,
-        shortcut_per_learner={"rm": {"train.max_steps": 5_000, "train.eval_every": 300, "train.patience": 6},
-                              "cot": {"train.batch_size": 8, "train.max_steps": 14_000, "train.eval_every": 500,
-                                      "train.patience": None, "train.min_lr_ratio": 0.1}},
+        shortcut_per_learner={"rm": {"train.max_steps": 9_000, "train.eval_every": 300, "train.patience": None},
+                              "cot": {"train.batch_size": 8, "train.max_steps": 24_000, "train.eval_every": 500,
+                                      "train.patience": None, "train.min_lr_ratio": 0.01}},
         # The paper's IID protocol (three seeds up to N = 10,000, one above, 5,000 test
         # expressions) on the length split's training distribution (traces of at most 595
         # tokens) rather than the whole generator's: a third of the tokens per expression.
