@@ -163,6 +163,9 @@ def _read_table(path: Path, error: type[RlmlabError], columns: list[str] | None 
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
         table = pf.read(columns=[c for c in columns if c in names] if columns is not None else None)
+        # A damaged page can still decode: full validation finds what it broke (text that is not
+        # UTF-8, offsets out of range) here, rather than as a traceback when a value is read.
+        table.validate(full=True)
         # the file's own metadata, which a read of some columns keeps
         return table.replace_schema_metadata(pf.schema_arrow.metadata)
     except (pa.ArrowException, OSError, ValueError) as e:

@@ -57,6 +57,14 @@ def test_every_row_of_a_data_file_is_checked(tmp_path):
         read_pool(tmp_path / "ints.parquet")
     with pytest.raises(DataError, match="expression 70 .*literal"):
         build_examples(good + ["7"], "rm", default_vocab())
+    # A byte damaged inside stored text past those rows: the file still decodes, its text is not UTF-8.
+    pq.write_table(pa.table({"expr": good + ["add(3,4)"]}), tmp_path / "text.parquet", compression="none",
+                   use_dictionary=False, write_statistics=False)
+    raw = (tmp_path / "text.parquet").read_bytes()
+    assert raw.count(b"add(3,4)") == 1
+    (tmp_path / "text.parquet").write_bytes(raw.replace(b"add(3,4)", b"add(3,\xff)"))
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        read_pool(tmp_path / "text.parquet")
 
 
 def test_a_damaged_view_cache_is_rebuilt(tmp_path):

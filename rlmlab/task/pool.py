@@ -128,6 +128,7 @@ def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None)
     path = regular_file(path, DataError, "data file")
     try:
         table = pq.read_table(path)
+        table.validate(full=True)  # a damaged page that still decodes (text that is not UTF-8)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
     if "expr" not in table.column_names:
