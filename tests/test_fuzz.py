@@ -272,7 +272,7 @@ RESULT_RECORDS = st.lists(st.one_of(st.dictionaries(st.text(max_size=8), JSON_VA
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(records=RESULT_RECORDS, damage=st.one_of(st.none(), DAMAGE), which=st.sampled_from(["results", "traces"]),
        summary=st.one_of(JSON_VALUES.map(json.dumps), DEEP_JSON))
-# a NUL inside a stored string: the file reads, its text is not UTF-8 (UnicodeDecodeError in to_pylist)
+# a NUL written into a data page: the file still reads, but its text is no longer UTF-8
 @example(records=[{"correct": False, "expr": "\u0800"}, {"\x1f\x1f\U00010000": [], "\U00010000": [None]}],
          damage=("overwrite", 0.0703125, b"\x00"), which="results", summary="[]")
 def test_any_results_parquet_is_read_or_refused_on_one_line(tmp_path, records, damage, which, summary):
