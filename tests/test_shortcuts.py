@@ -227,10 +227,12 @@ def test_checks_on_hand_made_root_frames():
         ValidityLimits(copy_fit=1.5)
 
 
-def test_datasets_are_deterministic_and_roundtrip(datasets, tmp_path):
+def test_datasets_are_deterministic_and_roundtrip(datasets, tmp_path, capsys):
     a = datasets["long_range_aggregate"]
-    b = build_shortcut_dataset("long_range_aggregate", seed=1, check=False, **SIZES)
+    b = build_shortcut_dataset("long_range_aggregate", seed=1, check=False, progress=True, **SIZES)
     assert a.train.equals(b.train) and a.val.equals(b.val) and a.ood.equals(b.ood) and a.iid.equals(b.iid)
+    total = sum(v for k, v in SIZES.items() if k.startswith("n_"))  # the bar counts every example of the four sets, and draws nothing itself
+    assert f"{total}/{total}" in capsys.readouterr().err
     folder = a.save(tmp_path / "lra")
     c = ShortcutDataset.load(folder)
     assert c.name == a.name and c.params == a.params

@@ -95,8 +95,9 @@ def _row(i: int, ex: Execution, signal: str) -> dict:
 
 
 def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: ShortcutConfig,
-              exclude: set[str]) -> tuple[list[dict], list[RootFrame]]:
-    """n distinct examples (texts not in `exclude`), with S checked against the answer."""
+              exclude: set[str], bar=None) -> tuple[list[dict], list[RootFrame]]:
+    """n distinct examples (texts not in `exclude`), with S checked against the answer; `bar`, a
+    tqdm bar or None, counts the examples kept."""
     sampler = ShortcutSampler(c, rng, config)
     rows, roots, seen = [], [], set(exclude)
     attempts = 0
@@ -115,17 +116,20 @@ def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: 
             raise DataError(f"{c.name}: {split} example {text} has S={sig} and answer {ex.value_token}")
         rows.append(_row(len(rows), ex, sig))
         roots.append(root_frame(ex, sig))
+        bar and bar.update(1)
     return rows, roots
 
 
 def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_VAL, n_iid: int = N_IID,
                            n_ood: int = N_OOD, seed: int = 0, config: ShortcutConfig = ShortcutConfig(),
-                           limits: ValidityLimits = ValidityLimits(), check: bool = True) -> ShortcutDataset:
+                           limits: ValidityLimits = ValidityLimits(), check: bool = True,
+                           progress: bool = False) -> ShortcutDataset:
     """Sample a construction's training, validation, IID and OOD sets and run the validity checks.
 
     Each set comes from its own RNG (seeded by name, set and `seed`) and holds distinct texts;
     validation and IID share no text with training or with each other. With `check=True` an invalid construction raises
-    DataError naming the failed checks; with `check=False` the report is only recorded.
+    DataError naming the failed checks; with `check=False` the report is only recorded. `progress`
+    shows a bar over the examples drawn (the paper-cpu sets take minutes).
     """
     c = get_construction(name)
     for label, n in (("n_train", n_train), ("n_val", n_val), ("n_iid", n_iid), ("n_ood", n_ood)):
@@ -135,11 +139,17 @@ def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_V
     def rng(part: str) -> random.Random:
         return random.Random(f"rlmlab-shortcut:{name}:{part}:{seed}")
 
-    train_rows, train_roots = _draw_set(c, "train", n_train, rng("train"), config, set())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_train + n_val + n_iid + n_ood, unit="expr", desc=f"data {name}", dynamic_ncols=True)
+    train_rows, train_roots = _draw_set(c, "train", n_train, rng("train"), config, set(), bar)
     train_texts = {r["expr"] for r in train_rows}
-    val_rows, _ = _draw_set(c, "train", n_val, rng("val"), config, train_texts)
-    iid_rows, _ = _draw_set(c, "train", n_iid, rng("iid"), config, train_texts | {r["expr"] for r in val_rows})
-    ood_rows, ood_roots = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts)
+    val_rows, _ = _draw_set(c, "train", n_val, rng("val"), config, train_texts, bar)
+    iid_rows, _ = _draw_set(c, "train", n_iid, rng("iid"), config, train_texts | {r["expr"] for r in val_rows}, bar)
+    ood_rows, ood_roots = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts, bar)
+    bar and bar.close()
     report = check_validity(c, train_roots, ood_roots, limits)
     meta = {b"rlmlab.task.vocab": paper_task().vocab.to_json().encode()}
     params = {"construction": c.name, "title": c.title, "excluded": c.excluded, "seed": seed,

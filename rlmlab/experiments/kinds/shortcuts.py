@@ -294,7 +294,7 @@ class ShortcutSuite(ExperimentKind):
             data = out / "data" / self.job_name(name)
             ensure_data(data, "shortcut.json", lambda: build_shortcut_dataset(
                 name, n_train=p.shortcut_n_train, n_val=min(p.n_val, 300), n_iid=p.shortcut_n_eval,
-                n_ood=p.shortcut_n_eval, config=config), identity=ShortcutDataset.identity)
+                n_ood=p.shortcut_n_eval, config=config, progress=progress), identity=ShortcutDataset.identity)
             ds = ShortcutDataset.load(data)
             saved = {**ds.params, "max_trace_len": (ds.params.get("config") or {}).get("max_trace_len")}
             check_saved(data, saved, {"n_train": p.shortcut_n_train, "n_val": min(p.n_val, 300),
