@@ -188,22 +188,30 @@ def _stats_fn(library: Library):
     return_head, return_close, value_len = RETURN_HEAD_LEN, RETURN_CLOSE_LEN, VALUE_LEN
 
     @lru_cache(maxsize=1 << 20)
+    def csize(e: Expr) -> int:
+        """`size`, memoised per sub-expression: `stats` asks for the size of every frame and
+        call block, and unmemoised that recursion was half of a shortcut data build."""
+        if isinstance(e, str):
+            return 1
+        return 2 + len(e.args) + sum(csize(a) for a in e.args)
+
+    @lru_cache(maxsize=1 << 20)
     def stats(q: Call) -> tuple[int | bool, int, int, int, int, int, int, int]:
         """(value, tokens this frame and its descendants emit, depth below incl. this frame,
         widest example, number of examples, lane tokens of this frame and its descendants,
         frame instances, longest lane)."""
         fn = fns[q.fn]
-        ctx = size(q)  # the frame's committed tokens
+        ctx = csize(q)  # the frame's committed tokens
         seg = 0  # tokens generated in the current segment
         emitted = depth = n = 0
         width = 0
-        lane = size(q)  # the call payload opens the frame's lane
+        lane = ctx  # the call payload opens the frame's lane
         lanes_below = frames_below = longest = 0
         bound = []
 
         def child(e: Call, prefix: int) -> int | bool:
             nonlocal ctx, seg, emitted, depth, n, width, lane, lanes_below, frames_below, longest
-            esize = size(e)
+            esize = csize(e)
             seg += prefix + esize + block
             width = max(width, ctx + seg)
             n += 1
