@@ -189,8 +189,8 @@ def _stats_fn(library: Library):
 
     @lru_cache(maxsize=1 << 20)
     def csize(e: Expr) -> int:
-        """`size`, memoised per sub-expression: `stats` asks for the size of every frame and
-        call block, and unmemoised that recursion was half of a shortcut data build."""
+        """`size`, memoised per sub-expression: `stats` asks for the size of every frame and call
+        block, which re-walks each subtree once per ancestor with the plain recursion."""
         if isinstance(e, str):
             return 1
         return 2 + len(e.args) + sum(csize(a) for a in e.args)
