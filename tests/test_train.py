@@ -186,7 +186,7 @@ def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp
 
     from safetensors.torch import load_file
 
-    from rlmlab.machine import machine_facts
+    from rlmlab.machine import SAME_BITS, machine_facts
 
     fixture = Path(__file__).parent / "fixtures" / "resume-8cb4743"
     expected = json.loads((fixture / "expected.json").read_text())
@@ -200,13 +200,17 @@ def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp
     assert (result.step, result.best_step) == (expected["end"], expected["best_step"])
     losses = {kind: {str(r["step"]): r["loss"] for r in records(run, kind) if r["step"] > expected["stop"]}
               for kind in ("train", "val")}
-    here = machine_facts()
-    if (here["cpu"], here["torch"]) != (expected["machine"]["cpu"], expected["machine"]["torch"]):
+    weights = load_file(run / "last" / "model.safetensors")
+    here, there = machine_facts(), expected["machine"]
+    if any(here.get(k) != there.get(k) for k in SAME_BITS):
         assert losses["train"] == pytest.approx(expected["train_loss"], rel=1e-4)
         assert losses["val"] == pytest.approx(expected["val_loss"], rel=1e-4)
+        reference = load_file(fixture / "expected-last.safetensors")
+        assert weights.keys() == reference.keys()
+        for k, t in reference.items():
+            torch.testing.assert_close(weights[k], t, atol=1e-5, rtol=1e-4)
         return
     assert (losses["train"], losses["val"]) == (expected["train_loss"], expected["val_loss"])
-    weights = load_file(run / "last" / "model.safetensors")
     assert {k: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
             for k, t in sorted(weights.items())} == expected["last_sha256"]
 
@@ -238,6 +242,7 @@ def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_pat
     sessions = records(tmp_path / "a", "start") + records(tmp_path / "a", "resume")
     assert [r["step"] for r in sessions] == [0, 4]
     assert all(r["machine"]["torch"] == torch.__version__ and r["machine"]["cpu"] for r in sessions)
+    assert all(r["machine"]["isa"] == torch.backends.cpu.get_cpu_capability() for r in sessions)
 
 
 def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_them(data, tmp_path):
