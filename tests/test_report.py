@@ -269,6 +269,15 @@ def test_scale_report_reads_each_member_over_its_seeds_beside_the_paper(tmp_path
     assert "| wide | CoT | 4L/4H/64 | 0.20M | start offsets up to 512 | 0 of 1 |" in table
     assert "| the paper | CoT | 6L/6H/384 | 10.65M |" not in table  # no paper row at L = 96
     assert (tree / "scale" / "report" / "scale.png").exists()
+    # A third seed that did not fit: out of domain the cells stay those of the fitted seeds, said so.
+    fixture = Path(__file__).resolve().parent / "fixtures" / "smoke-length"
+    shutil.copytree(fixture / "length-96", tree / "cpu" / "length-96-s2")
+    rows = json.loads((report(tree / "scale") / "report.json").read_text())["rows"]
+    again = next(r for r in rows if (r["member"], r["learner"]) == ("cpu", "rm"))
+    assert (again["seeds"], again["fitted_seeds"]) == ([0, 1, 2], [0, 1])
+    assert again["first_ood"]["per_seed"] == cpu_rm["first_ood"]["per_seed"] and again["first_ood"]["fitted_only"]
+    assert "| 2 of 3 |" in (table := (tree / "scale" / "report" / "table-scale.md").read_text())
+    assert table.count(", fitted seeds only") == 4  # both learners, both bins
 
 
 @pytest.mark.parametrize("members, message", [

@@ -92,8 +92,9 @@ def _recipe(train: dict) -> str:
 
 def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
     """One row per learner of a member folder: model, recipe, seeds (fitted ones), and over its
-    seeds the mean accuracy in domain, in the first bin past the threshold and in the last bin
-    (out of domain only where every seed fitted), with the wrong traces' first divergence."""
+    seeds the mean accuracy in domain, in the first bin past the threshold and in the last bin,
+    with the wrong traces' first divergence. Out of domain only fitted seeds count: over every
+    seed where all fitted, over the fitted ones (the cell says so) where only some did."""
     meta = read_meta(member)  # checked by `member_folders`
     job = f"{kind}-{threshold}"
     bins = meta["split"]["bins"]
@@ -121,20 +122,22 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
         if len(shapes) > 1 or len(recipes) > 1:
             raise DataError(f"{member}: the seeds of {v} trained different models or recipes; compare them apart")
         shape = dict(shapes.pop())
-        all_fitted = all(fitted(b) for b in best.values())
+        ood_results = {s: res for s, res in results.items() if fitted(best[s])}
+        some_only = 0 < len(ood_results) < len(results)
 
         def over_seeds(label: str, ood: bool) -> dict | None:
-            if ood and not all_fitted:
+            chosen = ood_results if ood else results
+            if not chosen:
                 return None
             try:
-                m = correctness([[r for r in res if r.get("bin") == label] for res in results.values()],
+                m = correctness([[r for r in res if r.get("bin") == label] for res in chosen.values()],
                                 f"{member} {v} bin {label}")
             except ValueError as e:
                 raise DataError(str(e)) from None
-            return spread_cell(m) if m.size else None
+            return {**spread_cell(m), "fitted_only": ood and some_only} if m.size else None
 
         in_domain = [r for res in results.values() for r in res if not r.get("ood")]
-        wrong = wrong_trace_summary([r for res in results.values() for r in res]) if all_fitted else None
+        wrong = wrong_trace_summary([r for res in ood_results.values() for r in res]) if ood_results else None
         rows.append({
             "member": member.name, "learner": v, "shape": shape,
             "params": body_params(shape["n_layer"], shape["n_embd"]), "recipe": recipes.pop(),
@@ -153,8 +156,10 @@ def _cell(c: dict) -> str:
         return "not fitted"
     text = pct(c["mean"])
     if c["seeds"] > 1:
-        return f"{text} ({pct(c['min'])}–{pct(c['max'])})"
-    return f"{text} [{pct(c['ci95'][0])}, {pct(c['ci95'][1])}]"
+        text = f"{text} ({pct(c['min'])}–{pct(c['max'])})"
+    else:
+        text = f"{text} [{pct(c['ci95'][0])}, {pct(c['ci95'][1])}]"
+    return text + (", fitted seeds only" if c.get("fitted_only") else "")
 
 
 def scale_table(rows: list[dict], kind: str, threshold: int) -> str:
@@ -176,8 +181,9 @@ def scale_table(rows: list[dict], kind: str, threshold: int) -> str:
             md.append(f"| the paper | {learner_label(v)} | {shape_label(PAPER_SHAPE)} | {n / 1e6:.2f}M | – | – | – | "
                       f"{paper[v][3]:.1f} | {paper[v][-1]:.1f} | – |")
     return (f"Model size, {kind} split at {unit} = {threshold}: each learner over its training seeds (mean, and the "
-            "seeds' range, or with one seed its 95% bootstrap interval over expressions); out of domain only where "
-            "every seed reached 99% validation. Parameters exclude the token embedding and the positional "
+            "seeds' range, or with one seed its 95% bootstrap interval over expressions); out of domain over the "
+            "seeds that reached 99% validation, and only where one did (\"fitted seeds only\" where some did not), "
+            "as is the wrong traces' median. Parameters exclude the token embedding and the positional "
             "table, as the paper counts them:\n\n" + "\n".join(md) + "\n")
 
 
