@@ -37,8 +37,8 @@ def machine_facts() -> dict:
     cpu_id = " ".join(f"{k.split()[-1]} {info[k]}" for k in ("cpu family", "model", "stepping") if k in info)
     if "cache size" in info:
         cpu_id += f", cache {info['cache size']}"
-    facts = {"cpu": cpu, "cpu_id": f"{info.get('vendor_id', '?')} {cpu_id}".strip(), "isa": torch.backends.cpu.get_cpu_capability(),
-             "cores": os.cpu_count(), "python": platform.python_version(),
+    facts = {"cpu": cpu, "cpu_id": f"{info.get('vendor_id', '?')} {cpu_id}".strip(),
+             "isa": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(), "python": platform.python_version(),
              "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         facts["gpu"] = torch.cuda.get_device_name()
