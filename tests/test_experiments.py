@@ -474,6 +474,7 @@ def test_experiment_json_keeps_the_settings_of_every_learners_runs(tmp_path):
     ({"iid_minutes": 0.0}, "iid_minutes must be positive"),
     ({"iid_max_trace": -1}, "iid_max_trace must be a positive integer"),
     ({"iid_patience": 2.5}, "iid_patience must be a positive integer"),
+    ({"eval_runaway_factor": 0}, "eval_runaway_factor must be a positive integer"),
     ({"train": {"lrr": 1e-3}}, "unknown config key 'train.lrr'"),
     ({"per_learner": {"rm": {"train.batch_size": "64"}}}, "train.batch_size: expected int"),
     ({"shortcut_per_learner": {"cot": {"train.batchsize": 32}}}, "unknown config key 'train.batchsize'"),

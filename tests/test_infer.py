@@ -257,13 +257,25 @@ def test_rm_training_variants_decode_as_rm_and_unknown_views_are_user_errors():
         generate(Oracle(VOCAB), [WORKED], VOCAB, "window")
 
 
-def test_the_default_cap_scales_with_each_expressions_canonical_trace():
-    from rlmlab.decoding.driver import RUNAWAY_FACTOR, RUNAWAY_SLACK
+@pytest.mark.parametrize("factor", [None, 1, 3])
+def test_the_default_cap_scales_with_each_expressions_canonical_trace(factor):
+    from rlmlab.decoding.driver import RUNAWAY_SLACK
 
+    limits = Limits() if factor is None else Limits(runaway_factor=factor)
     exprs = ["square(2)", "factorial(9,1)", "add(sum_of_squares(2,3),double(4))"]
     for learner in ("rm", "cot"):
-        gens = generate(Script(["x"]), exprs, VOCAB, learner, batch_size=1)  # never closes its root
+        gens = generate(Script(["x"]), exprs, VOCAB, learner, limits, batch_size=1)  # never closes its root
         for e, g in zip(exprs, gens):
             ex = execute(e)
-            cap = RUNAWAY_FACTOR * (ex.trace_len - ex.prompt_len) + RUNAWAY_SLACK
+            cap = (factor or 8) * (ex.trace_len - ex.prompt_len) + RUNAWAY_SLACK
             assert g.reason == f"more than {cap} generated tokens" and g.n_generated == cap + 1
+
+
+def test_any_runaway_factor_lets_a_right_trace_finish_and_a_bad_one_is_a_config_error():
+    exprs = ["square(2)", "factorial(9,1)", "add(sum_of_squares(2,3),double(4))"]
+    for learner in ("rm", "cot"):
+        gens = generate(oracle_predictor(learner, VOCAB), exprs, VOCAB, learner, Limits(runaway_factor=1))
+        assert all(g.valid and g.answer == str(execute(e).value) for e, g in zip(exprs, gens))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError, match="runaway_factor must be a positive integer"):
+            Limits(runaway_factor=bad)

@@ -144,6 +144,9 @@ def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     argv = ["rlmlab", "run", "length", "--preset", "small", "--out", "runs/x", "--learners=rm,rm-frames"]
     assert rerun_command(argv, Path("y"), learners=["rm-frames"]) == [
         "rlmlab", "run", "length", "--preset", "small", "--out=y", "--learners=rm-frames", "--quiet"]
+    # The committed evaluation's runaway factor is pinned, over any the command gave.
+    pinned = rerun_command([*argv, "--preset.eval_runaway_factor=2"], Path("y"), runaway_factor=8)
+    assert pinned[-2:] == ["--preset.eval_runaway_factor=8", "--quiet"] and "--preset.eval_runaway_factor=2" not in pinned
     assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlmlab.errors import ConfigError
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.learning.observe import Tracker, observer
 from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
@@ -45,13 +46,28 @@ class Limits:
     """Tokens of the active frame, visible plus generated (None: no limit beyond what the
     predictor can read, its block size)."""
     max_new_tokens: int | None = None
-    """Generated trace tokens. None: scaled to each expression, `RUNAWAY_FACTOR` times the tokens
+    """Generated trace tokens. None: scaled to each expression, `runaway_factor` times the tokens
     its canonical trace generates plus `RUNAWAY_SLACK`, so that a model that never closes the
     root stops after a few times the work a right answer takes (the driver writes the flattened
     trace whatever the learner, so the bound is the same for RM and CoT)."""
+    runaway_factor: int = 8
+    """The scale of that per-expression bound. A right answer always fits (any factor >= 1); the
+    factor only sets how long a wrong row runs before it is cut, which costs decoding time
+    for models whose rows no block size stops (no positional table)."""
+
+    def __post_init__(self):
+        if not isinstance(self.runaway_factor, int) or isinstance(self.runaway_factor, bool) \
+                or self.runaway_factor < 1:
+            raise ConfigError(f"runaway_factor must be a positive integer, got {self.runaway_factor!r}")
+
+    def row_cap(self, expr: Call, prompt_len: int, library=None) -> int:
+        """The most trace tokens a row of `expr` may generate."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return self.runaway_factor * (trace_stats(expr, library).trace_len - prompt_len) + RUNAWAY_SLACK
 
 
-RUNAWAY_FACTOR, RUNAWAY_SLACK = 8, 64
+RUNAWAY_SLACK = 64
 
 
 @dataclass
@@ -77,11 +93,10 @@ class Generation:
 class _Row:
     __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, cap: int | None, library=None):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, limits: Limits, library=None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
-        self.cap = cap if cap is not None else (
-            RUNAWAY_FACTOR * (trace_stats(expr, library).trace_len - len(prompt)) + RUNAWAY_SLACK)
+        self.cap = limits.row_cap(expr, len(prompt), library)
         self.replay = TraceReader(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
@@ -153,7 +168,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab, obs, limits.max_new_tokens, library)
+                slots[s] = _Row(i, s, calls[i], vocab, obs, limits, library)
         live = [row for row in slots if row is not None]
         if not live:
             break

@@ -27,6 +27,8 @@ class Job:
     `rlmlab train --section.key=value`."""
     eval_batch: int = 64
     """Expressions decoded at once."""
+    runaway_factor: int | None = None
+    """The evaluation's `Limits.runaway_factor` (None: the driver's default)."""
 
     def run_dir(self, out: Path) -> Path:
         return out / self.name / self.learner

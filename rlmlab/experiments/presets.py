@@ -92,6 +92,11 @@ class ExperimentPreset:
     paper fixes none, its CoT context is 4,096)."""
     eval_batch: int = 64
     """Expressions decoded at once."""
+    eval_runaway_factor: int | None = None
+    """How many times its canonical trace an evaluated row may generate before it is cut as a
+    runaway (`Limits.runaway_factor`; None: the driver's default, 8). Only wrong rows reach it:
+    a lower factor changes no right answer, only how long a model without a positional table
+    spends on rows it never closes."""
     eval_sample: int | None = None
     """Decode only the first N expressions of each evaluation bin (of each evaluation set, for
     sets without bins). The split, hence the training data, stays the preset's: for a quick
@@ -113,7 +118,7 @@ class ExperimentPreset:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
         for name in ("n_train", "max_steps", "iid_max_steps", "patience", "iid_patience", "iid_max_trace",
-                     "eval_sample"):
+                     "eval_sample", "eval_runaway_factor"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{where}: {name} must be a positive integer or None, got {value!r}")
@@ -136,6 +141,11 @@ class ExperimentPreset:
                                       "its own data and learner; the seed comes from --seeds)")
                 apply_settings(RunConfig(), settings)
         check_fits(POOL_ROW_BYTES * self.pool_n, f"{where}: a pool of pool_n={self.pool_n} expressions", ConfigError)
+
+    @property
+    def eval_options(self) -> dict:
+        """The `Job` fields that say how its evaluation decodes."""
+        return {"eval_batch": self.eval_batch, "runaway_factor": self.eval_runaway_factor}
 
     def iid_seeds_at(self, n: int) -> int:
         """How many seeds the IID sweep trains at training-set size `n`."""
@@ -308,7 +318,8 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
     "smoke": ExperimentPreset(
         name="smoke", model="tiny", pool_n=4_000, length=96, depth=5, per_bin_cap=4, n_val=20, answer_eval=5,
         max_steps=3, patience=None, eval_every=2, train={"warmup_steps": 1, "batch_size": 4},
-        iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8),
+        iid_sizes=(100, 200), iid_seeds=1, iid_n_test=20, shortcut_n_train=40, shortcut_n_eval=6, eval_batch=8,
+        eval_runaway_factor=1),
     # The task on a 2-core CPU at thresholds a third of the paper's (L = 197, K = 5) with a
     # 3-layer width-128 model; its committed results are under results/*-small. Step budgets
     # match what its committed (time-budgeted) runs trained; docs/presets.md.

@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlmlab.decoding.driver import Limits
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_meta
 from rlmlab.experiments.job import Job
@@ -263,12 +264,16 @@ def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
     return kept + [f"{name}={value}"]
 
 
-def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None, sample: int | None = None
-                  ) -> list[str] | None:
+def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None, sample: int | None = None,
+                  runaway_factor: int | None = None) -> list[str] | None:
     """A stored command with its folder replaced by `out`, its learners restricted to `learners`
     and its evaluation cut to the first `sample` expressions of each bin (of each set), its
-    split and training left as stored; None when none of its learners is asked for."""
+    split and training left as stored; None when none of its learners is asked for. With
+    `runaway_factor`, its evaluation cuts runaway rows where the committed one did, whatever the
+    preset says today."""
     new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
+    if runaway_factor is not None:
+        new = _set_flag(new, "--preset.eval_runaway_factor", str(runaway_factor))
     if learners is not None:
         # Commands stored before `--learners` name the learners `--views`.
         have = (_flag(argv, "--learners") or _flag(argv, "--views") or "rm,cot").split(",")
@@ -289,7 +294,10 @@ def rerun(results: Path, out: Path, learners: list[str] | None = None, sample: i
 
     results, out = Path(results), Path(out)
     _check_out(results, out)
-    commands = [c for c in (rerun_command(a, out, learners, sample) for a in stored_commands(results)) if c]
+    # A folder recorded before presets named a factor decoded with the driver's default.
+    recorded = read_meta(results).get("preset")
+    factor = (recorded.get("eval_runaway_factor") if isinstance(recorded, dict) else None) or Limits().runaway_factor
+    commands = [c for c in (rerun_command(a, out, learners, sample, factor) for a in stored_commands(results)) if c]
     if not commands:
         raise DataError(f"--learners {','.join(learners or [])}: no stored command of {results} trains those learners")
     for argv in commands:
@@ -383,7 +391,9 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
             pq.write_table(pa.table({c: [r[c] for r in rows] for c in columns}), path)
             evals[set_name], committed[set_name] = str(path), rows
         echo(f"{job} {learner}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
-        run_job(Job(job, learner, "", "", evals, {}, meta.get("preset", {}).get("eval_batch", 64)), out, progress=False)
+        recorded = meta.get("preset", {})
+        run_job(Job(job, learner, "", "", evals, {}, recorded.get("eval_batch", 64),
+                    recorded.get("eval_runaway_factor")), out, progress=False)
         for set_name, rows in committed.items():
             fresh = read_results(eval_dir(run_dir, set_name))
             same = [(a.get("prediction"), a.get("diverge_at")) == (b.get("prediction"), b.get("diverge_at"))

@@ -118,6 +118,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
 
 
 def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
+    from rlmlab.decoding.driver import Limits
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import RunConfig, apply_settings
@@ -161,6 +162,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         torch.set_num_threads(threads)
     summaries = {}
     loaded = None
+    limits = Limits() if job.runaway_factor is None else Limits(runaway_factor=job.runaway_factor)
     for set_name, path in job.evals.items():
         found = find_eval_dir(run_dir, set_name)  # one in the old layout (eval/eval/) counts too
         saved = _evaluated(found)
@@ -176,7 +178,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         _, summaries[set_name] = evaluate_file(
             eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
-            batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
+            limits=limits, batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
             header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
                     "set": set_name},
             task=loaded.task)

@@ -240,7 +240,7 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
         header = {**(header or {}), "task": {**task.identity, "spec": task.spec}}
     summary = {**(header or {}), "data": str(data), **summary,
                "limits": {"max_depth": limits.max_depth, "max_frame_tokens": limits.max_frame_tokens,
-                          "max_new_tokens": limits.max_new_tokens}}
+                          "max_new_tokens": limits.max_new_tokens, "runaway_factor": limits.runaway_factor}}
     write_results(out_dir, results, summary)
     return results, summary
 

@@ -215,7 +215,7 @@ class IIDSweep(ExperimentKind):
                     continue
                 for v in learners:
                     jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
-                                    {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), p.eval_batch))
+                                    {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), **p.eval_options))
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

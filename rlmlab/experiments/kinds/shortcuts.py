@@ -309,7 +309,7 @@ class ShortcutSuite(ExperimentKind):
                                     str(data / "val.parquet"),
                                     {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
                                     p.job_settings(v, seed=seed_value(seed), per_learner=p.shortcut_per_learner),
-                                    p.eval_batch))
+                                    **p.eval_options))
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
