@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rlmlab.errors import ConfigError
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
+from rlmlab.errors import ConfigError
 from rlmlab.learning.observe import Tracker, observer
 from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
 from rlmlab.task.expr import Call, parse, to_text
