@@ -51,9 +51,10 @@ class Limits:
     root stops after a few times the work a right answer takes (the driver writes the flattened
     trace whatever the learner, so the bound is the same for RM and CoT)."""
     runaway_factor: int = 8
-    """The scale of that per-expression bound. A right answer always fits (any factor >= 1); the
-    factor only sets how long a wrong row runs before it is cut, which costs decoding time
-    for models whose rows no block size stops (no positional table)."""
+    """The scale of that per-expression bound. The canonical trace fits under any factor >= 1;
+    the factor sets how far a row may stray from it (a longer trace may still end in the right
+    answer) before it is cut, and so the decoding time of models whose rows no block size stops
+    (no positional table)."""
 
     def __post_init__(self):
         if not isinstance(self.runaway_factor, int) or isinstance(self.runaway_factor, bool) \

@@ -94,9 +94,9 @@ class ExperimentPreset:
     """Expressions decoded at once."""
     eval_runaway_factor: int | None = None
     """How many times its canonical trace an evaluated row may generate before it is cut as a
-    runaway (`Limits.runaway_factor`; None: the driver's default, 8). Only wrong rows reach it:
-    a lower factor changes no right answer, only how long a model without a positional table
-    spends on rows it never closes."""
+    runaway (`Limits.runaway_factor`; None: the driver's default, 8). The canonical trace fits
+    under any factor; a lower one mostly shortens the rows a model without a positional table
+    never closes, but also cuts a longer, non-canonical trace that might have ended right."""
     eval_sample: int | None = None
     """Decode only the first N expressions of each evaluation bin (of each evaluation set, for
     sets without bins). The split, hence the training data, stays the preset's: for a quick
