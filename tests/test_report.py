@@ -179,6 +179,31 @@ def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
     assert "| 25 | 2 | 50.0 |" in training_table([{**row, "validation_minutes": 2.0, "validations_untimed": 0}])
 
 
+def test_training_table_gives_cpu_hours_over_sessions_and_the_first_step_at_the_fitting_threshold(tmp_path):
+    """The step budgets are judged by the first validation at 99%, which can come long before the
+    best; CPU time is cumulative over the sessions of a resumed run (the last record has it all)."""
+    from rlmlab.experiments.tables import training_summary, training_table
+
+    recs = [{"kind": "train", "step": 100, "elapsed_s": 50.0, "cpu_s": 1800.0},
+            {"kind": "val", "step": 100, "answer_acc": 0.985, "elapsed_s": 60.0, "cpu_s": 1900.0},
+            {"kind": "resume", "step": 100, "elapsed_s": 60.0, "cpu_s": 1900.0},
+            {"kind": "val", "step": 200, "answer_acc": 0.9899999999, "elapsed_s": 90.0, "cpu_s": 3600.0},
+            {"kind": "val", "step": 300, "answer_acc": 0.97, "elapsed_s": 120.0, "cpu_s": 5400.0},
+            {"kind": "val", "step": 400, "answer_acc": 1.0, "elapsed_s": 150.0, "cpu_s": 7200.0},
+            {"kind": "end", "step": 400, "reason": "max_steps", "elapsed_s": 151.0, "cpu_s": 7236.0}]
+    write_records(tmp_path / "metrics.parquet", recs)
+    summary = training_summary(tmp_path)
+    assert (summary["first_fit_step"], summary["best_step"]) == (200, 400)  # 98.99999% counts as 99%
+    assert summary["cpu_hours"] == pytest.approx(2.01)
+    row = "| toy | RM | 400 | 0.0M | 0.00 | 2.01 | 3 | ≥ 0 | 100.0 | 400 | 200 | max_steps |"
+    assert row in training_table([{**summary, "job": "toy", "learner": "rm"}])
+    # A log from before CPU time was recorded, and a run that never fitted: dashes, not zeros.
+    write_records(tmp_path / "metrics.parquet", [{k: v for k, v in r.items() if k != "cpu_s"} for r in recs[:3]])
+    old = training_summary(tmp_path)
+    assert (old["cpu_hours"], old["first_fit_step"]) == (None, None)
+    assert "| 0.00 | – | 1 | 0 | 98.5 | 100 | – | in progress |" in training_table([{**old, "job": "toy", "learner": "rm"}])
+
+
 def test_learning_curves_are_drawn_against_cpu_time_when_every_run_logs_it():
     """CoT's step-budgeted L = 595 run was paused and resumed: its first validation came after
     98 wall-clock minutes but 5 CPU minutes. Curves beside RM's are drawn in CPU time; runs from

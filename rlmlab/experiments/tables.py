@@ -224,10 +224,13 @@ def validation_seconds(recs: list[dict]) -> tuple[float, int]:
 
 
 def training_summary(run_dir: Path) -> dict:
-    """Steps, tokens, epochs, minutes and best validation answer accuracy of a run, finished or not."""
+    """Steps, tokens, epochs, minutes, CPU time, best validation answer accuracy and the first
+    step at which validation reached `FIT_THRESHOLD` of a run, finished or not."""
     recs = metrics_records(run_dir)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r]
     best = max(val, key=lambda r: r["answer_acc"], default=None)
+    first_fit = next((r for r in val if fitted(r["answer_acc"])), None)
+    cpu = [r["cpu_s"] for r in recs if "cpu_s" in r]
     last = recs[-1] if recs else {}
     ended = last.get("kind") == "end"
     restarted = [r["step"] for r in recs if r.get("kind") == "resume" and r.get("optimizer") == "restarted"]
@@ -235,8 +238,9 @@ def training_summary(run_dir: Path) -> dict:
     return {"step": last.get("step", 0), "tokens": max((r.get("tokens", 0) for r in recs), default=0),
             "epochs": max((r.get("epoch", 0) for r in recs), default=0),
             "minutes": last.get("elapsed_s", 0) / 60, "validation_minutes": val_s / 60,
-            "validations_untimed": val_unknown, "best": best and best["answer_acc"],
-            "best_step": best and best["step"], "stop": last.get("reason", "?") if ended else "in progress",
+            "validations_untimed": val_unknown, "cpu_hours": max(cpu) / 3600 if cpu else None,
+            "best": best and best["answer_acc"], "best_step": best and best["step"],
+            "first_fit_step": first_fit and first_fit["step"], "stop": last.get("reason", "?") if ended else "in progress",
             "resumed_at": [r["step"] for r in recs if r.get("kind") == "resume"],
             "extended_at": [r["step"] for r in extensions(recs)],
             "patience_lifted_at": [r["step"] for r in extensions(recs, ("plateau",))],
@@ -248,16 +252,22 @@ def _epochs(e: float) -> str:
     return f"{e:.2f}" if e < 10 else f"{e:,.0f}"  # a small IID set is passed hundreds of times
 
 
+def _step(step: int | None) -> str:
+    return "–" if step is None else f"{step:,}"
+
+
 def training_table(summaries: list[dict]) -> str:
     """Markdown table of `training_summary` records (each with its `job` and `learner`)."""
-    md = ["| run | learner | steps | training tokens | epochs | minutes | of which validating | "
-          "best val final answer (%) | at step | stop |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+    md = ["| run | learner | steps | training tokens | epochs | CPU hours | minutes | of which validating | "
+          f"best val final answer (%) | at step | first at ≥ {100 * FIT_THRESHOLD:.0f}% | stop |",
+          "|---" * 12 + "|"]
     for t in summaries:
         validating = ("≥ " if t["validations_untimed"] else "") + f"{t['validation_minutes']:.0f}"
+        cpu = t.get("cpu_hours")
         md.append(f"| {t['job']} | {learner_label(t['learner'])} | {t['step']:,} | {t['tokens'] / 1e6:.1f}M | "
-                  f"{_epochs(t['epochs'])} | {t['minutes']:.0f} | {validating} | {pct(t['best'])} | "
-                  f"{'–' if t['best_step'] is None else format(t['best_step'], ',')} | {t['stop']} |")
+                  f"{_epochs(t['epochs'])} | {'–' if cpu is None else format(cpu, '.2f')} | {t['minutes']:.0f} | "
+                  f"{validating} | {pct(t['best'])} | {_step(t['best_step'])} | {_step(t.get('first_fit_step'))} | "
+                  f"{t['stop']} |")
     curves = [f"- {t['job']} {learner_label(t['learner'])}: " + ", ".join(
         f"{pct(v['answer_acc'])} / {pct(v.get('token_acc'))} ({v['step']:,}; {v.get('elapsed_s', 0) / 60:.0f} min)"
         for v in t["validations"]) for t in summaries if t["validations"]]
@@ -268,8 +278,10 @@ def training_table(summaries: list[dict]) -> str:
                                 if s in t.get("restarted_at", ()) else "") for s in t["resumed_at"])
         for t in summaries if t.get("resumed_at")]
     return ("Training runs (validation final-answer accuracy picks the checkpoint that is tested; "
-            "`minutes` is wall-clock training time, validation included; ≥ where a validation's time was "
-            "not logged):\n\n" + "\n".join(md) + "\n"
+            "`CPU hours` is the training process's CPU time over all its sessions, validation included "
+            "(– where the log predates it); `minutes` is wall-clock training time, validation included, ≥ "
+            f"where a validation's time was not logged; `first at ≥ {100 * FIT_THRESHOLD:.0f}%` is the step of "
+            "the first validation at the fitting threshold):\n\n" + "\n".join(md) + "\n"
             + ("\nResumed from their `last` checkpoint in a new process (after an interruption, or reopened "
                "with a larger budget or patience):\n\n" + "\n".join(resumed) + "\n" if resumed else "")
             + ("\nValidation final-answer / teacher-forced token accuracy (%) at each validation (step; minutes):\n\n"

@@ -9,6 +9,7 @@ from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.tables import (
     curve_clock,
+    fitted,
     learner_label,
     metrics_records,
     model_shape,
@@ -43,7 +44,7 @@ def recipe_row(name: str, run_dir: Path) -> dict:
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r and "elapsed_s" in r]
     steps = [r for r in recs if r.get("kind") == "train" and r.get("step")]
     summary = training_summary(run_dir)
-    reached = next((r for r in val if r["answer_acc"] >= 0.99), None)
+    reached = next((r for r in val if fitted(r["answer_acc"])), None)
     who = data.get("learner", data.get("view"))  # "view": its name in configs saved before the rename
     if isinstance(who, str) and model.get("positions", "learned") != "learned":
         who = f"{who}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
