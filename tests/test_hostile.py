@@ -7,6 +7,7 @@ written, or in the documented correct behaviour."""
 import json
 import math
 import os
+import random
 import shutil
 
 import numpy as np
@@ -410,10 +411,16 @@ def test_binary_input_to_trace_is_one_error():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "rlmlab", "trace", "-"], input=os.urandom(4000) + b"\n" * 100,
-                          capture_output=True)
+    # Seeded bytes behind 0xff (never UTF-8): random bytes alone sometimes open with a short line
+    # that decodes as text, which `trace -` reports as a bad expression before the binary line.
+    binary = b"\xff" + random.Random(0).randbytes(4000) + b"\n" * 100
+    proc = subprocess.run([sys.executable, "-m", "rlmlab", "trace", "-"], input=binary, capture_output=True)
     assert proc.returncode == 2
-    assert proc.stderr.count(b"\n") == 1 and b"not text" in proc.stderr and b"Traceback" not in proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"line 1: not text" in proc.stderr and b"Traceback" not in proc.stderr
+    # Lines are read as they come: a text line before binary ones is traced (or reported) first.
+    proc = subprocess.run([sys.executable, "-m", "rlmlab", "trace", "-"], input=b"75\n" + binary, capture_output=True)
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(b"line 2: not text (binary input?)")
 
 
 # --- oracle decoding near-linear in the trace length ---------------------------------------------
