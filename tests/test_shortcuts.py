@@ -278,3 +278,78 @@ def test_shortcut_rate_on_hand_made_results():
 def test_paper_sized_evaluation_sets_pass_the_checks(name):
     ds = build_shortcut_dataset(name, n_train=3000, n_iid=300, n_ood=300, seed=0)
     assert ds.report["passed"] and ds.ood.num_rows == 300
+
+
+# --- what a learner reads at the answer (rlmlab/shortcuts/readout.py) ------------------------
+
+class CopiesHiddenLiteral:
+    """A predictor that answers the hidden literal k wherever the prefix shows the helper's
+    trace, and nothing elsewhere: the shortcut the readout's swap must expose."""
+
+    block_size = None
+
+    def __init__(self, c, vocab):
+        self.c, self.vocab = c, vocab
+
+    def reset(self, n_slots):
+        pass
+
+    def __call__(self, feeds):
+        out = []
+        for f in feeds:
+            seq = self.vocab.decode(f.seq)
+            depth, prompt_len = 0, None
+            for i, t in enumerate(seq):  # the written expression ends where its parentheses close
+                depth += (t == "(") - (t == ")")
+                if t == ")" and depth == 0:
+                    prompt_len = i + 1
+                    break
+            try:  # a complete trace once the answer and its closing token are appended
+                k = self.c.signal(list(seq) + ["0", "</return>"], prompt_len)
+            except Exception:
+                k = None
+            out.append(self.vocab.ids[k] if k is not None and len(seq) > prompt_len + 40 else -1)
+        return out
+
+
+@pytest.mark.parametrize("name", ["hidden_literal", "hidden_literal_late"])
+def test_readout_tells_the_root_rule_from_the_hidden_literal(datasets, name):
+    from rlmlab.decoding.oracle import oracle_predictor
+    from rlmlab.shortcuts.readout import readout, readout_summary, split_parts
+    from rlmlab.task.vocab import default_vocab
+
+    vocab, c = default_vocab(), get_construction(name)
+    ds = datasets[name]
+    for part, table in (("iid", ds.iid), ("ood", ds.ood)):
+        rs = rows(table)
+        for learner in ("cot", "rm"):  # the true rule through either observation keeps the answer
+            out = readout(oracle_predictor(learner, vocab), learner, c, rs, vocab)
+            s = readout_summary(out)
+            swapped = [r for r in out if r["swap_expr"] is not None]
+            assert len(swapped) >= len(rs) - 2
+            for key in ("in_context_answer", "frame_alone_answer", "frame_agrees", "swapped_answer"):
+                assert s[key]["k"] == s[key]["n"], (part, learner, key)
+            assert s["swapped_new_signal"]["k"] == 0
+            assert s["in_context_signal"]["k"] == (len(rs) if part == "iid" else 0)
+            for r in swapped:  # only the helper moved: same V and Y, another k, the same value
+                a, b = split_parts(c, parse(r["expr"])), split_parts(c, parse(r["swap_expr"]))
+                assert a[1:] == b[1:] and a[0] != b[0]
+                assert r["swap_signal"] not in (r["signal"], r["value"])
+                assert str(evaluate(parse(r["swap_expr"]))) == r["value"]
+        out = readout(CopiesHiddenLiteral(c, vocab), "cot", c, rs, vocab)
+        s = readout_summary(out)
+        assert s["in_context_signal"]["k"] == len(rs)
+        assert s["swapped_new_signal"]["k"] == s["swapped_new_signal"]["n"] > 0
+        assert s["swapped_answer"]["k"] == 0
+        assert s["frame_alone_answer"]["k"] == 0  # the root frame never shows k
+
+
+def test_readout_refuses_an_expression_of_another_construction(datasets):
+    from rlmlab.decoding.oracle import oracle_predictor
+    from rlmlab.shortcuts.readout import readout
+    from rlmlab.task.vocab import default_vocab
+
+    vocab = default_vocab()
+    rs = rows(datasets["long_range_aggregate"].ood)[:3]
+    with pytest.raises(DataError, match="not a hidden_literal expression"):
+        readout(oracle_predictor("cot", vocab), "cot", get_construction("hidden_literal"), rs, vocab)
