@@ -78,7 +78,9 @@ def readout(predictor, learner: str, c: HiddenLiteral, rows: Sequence[dict], voc
         if value != r["value"]:
             raise DataError(f"{r['expr']}: evaluates to {value}, the record says {r['value']}")
         model_rows.append(_answer_row(obs, ex.tokens, ex.prompt_len, value, vocab))
-        root = ex.frames[-1]
+        root = ex.frames[-1]  # the root's last segment: it writes the answer
+        if root.depth != 1:
+            raise DataError(f"{r['expr']}: the last active frame is at depth {root.depth}, not the root's")
         model_rows.append(_answer_row(obs, root.tokens, root.m, value, vocab))
         order = list(range(len(rows)))
         rng.shuffle(order)
