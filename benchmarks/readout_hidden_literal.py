@@ -79,8 +79,8 @@ def main() -> int:
         if not isinstance(c, HiddenLiteral):
             raise RlmlabError(f"{name} is not a hidden-literal construction")
         folder = args.folder or args.run_dir.resolve().parent.parent
-        if args.out is not None and args.out.exists() and not args.out.is_file():
-            raise RlmlabError(f"--out {args.out}: not a file")
+        if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+            raise RlmlabError(f"--out {args.out}: not a file in an existing folder")
         run = load_run(args.run_dir, which=args.which)
         sets = {part: eval_rows(folder, name, part)[:args.limit] for part in ("iid", "ood")}
         torch.set_num_threads(args.threads)
