@@ -60,6 +60,7 @@ class Recorder:
 
     def __init__(self, inner):
         self.inner, self.block_size, self.log = inner, inner.block_size, []
+        self.position_index = getattr(inner, "position_index", None)
 
     def reset(self, n_slots):
         self.inner.reset(n_slots)

@@ -357,7 +357,17 @@ def test_iid_runs_take_the_sweeps_own_budget_and_patience():
 def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     preset = get_preset("paper-cpu")
     seeds = {n: preset.iid_seeds_at(n) for n in preset.iid_sizes}
-    assert seeds == {300: 3, 1_000: 3, 3_000: 3, 10_000: 3, 30_000: 1}
+    # the paper's sixteen sizes, three seeds up to N = 10,000 and one above
+    assert list(seeds) == [100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000, 50_000,
+                           100_000, 200_000, 300_000, 450_000]
+    assert {n for n, k in seeds.items() if k == 3} == {n for n in seeds if n <= 10_000}
+    assert {k for n, k in seeds.items() if n > 10_000} == {1}
+    # the step budgets by size band (docs/presets.md, "IID step budgets")
+    from rlmlab.experiments.kinds.iid import _iid_settings
+    steps = {v: [_iid_settings(preset, n, v, seed=0)["train.max_steps"] for n in seeds] for v in ("rm", "cot")}
+    assert steps["rm"] == [3_500] * 8 + [7_000] * 8
+    assert steps["cot"] == [9_000] * 8 + [24_000] * 2 + [30_000] * 6
+    assert preset.iid_pool_n == 1_200_000 and preset.iid_max_trace == 595
     assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
     shortcut = {v: preset.job_settings(v, per_learner=preset.shortcut_per_learner) for v in ("rm", "cot")}
     # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets

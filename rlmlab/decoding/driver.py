@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.errors import ConfigError
 from rlmlab.learning.observe import Tracker, observer
+from rlmlab.learning.position_index import indexed_tracker, other_index
 from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
 from rlmlab.task.expr import Call, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
@@ -94,14 +95,16 @@ class Generation:
 class _Row:
     __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, limits: Limits, library=None):
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, limits: Limits, library=None,
+                 index: str | None = None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
         self.cap = limits.row_cap(expr, len(prompt), library)
         self.replay = TraceReader(prompt)
         self.prompt = prompt
         self.out: list[int] = []  # generated ids
-        self.obs: Tracker = obs.tracker(vocab.encode(prompt), vocab)  # seq, keep, event of the observation
+        # seq, keep, event of the observation; and pos, where `index` is another than its own
+        self.obs: Tracker = indexed_tracker(obs.tracker(vocab.encode(prompt), vocab), obs.name, index, len(prompt))
         self.fed = 0
 
 
@@ -119,6 +122,8 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
     long trace started last would decode alone at the end).
     """
     obs = observer(learner)
+    index = getattr(predictor, "position_index", None)
+    other_index(obs.name, index)  # a learner without that index: one line, before any row starts
     calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     order = list(range(len(calls)))
     if longest_first:
@@ -169,7 +174,7 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
                 i = next(todo, None)
                 if i is None:
                     break
-                slots[s] = _Row(i, s, calls[i], vocab, obs, limits, library)
+                slots[s] = _Row(i, s, calls[i], vocab, obs, limits, library, index)
         live = [row for row in slots if row is not None]
         if not live:
             break
@@ -177,11 +182,17 @@ def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, le
         feeds = []
         for row in live:
             o = row.obs
-            if block is not None and len(o.seq) > block:
+            pos = getattr(o, "pos", None)
+            if block is not None and pos is None and len(o.seq) > block:
                 finish(row, f"{obs.context_word} of {len(o.seq)} tokens exceeds the model's block size {block}")
                 done += 1
                 continue
-            feeds.append(Feed(row.slot, o.seq, o.keep, o.event))
+            if block is not None and pos is not None and max(pos[o.keep:], default=0) >= block:
+                finish(row, f"{obs.context_word} reaches position {max(pos[o.keep:])}, beyond the model's "
+                       f"block size {block}")
+                done += 1
+                continue
+            feeds.append(Feed(row.slot, o.seq, o.keep, o.event, pos))
             row.fed += len(o.seq) - o.keep
         if feeds:
             for f, t in zip(feeds, predictor(feeds)):

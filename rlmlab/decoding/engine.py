@@ -46,6 +46,7 @@ class ModelPredictor:
         self.model = model
         self.cfg = model.cfg
         self.block_size = context_limit(model.cfg)
+        self.position_index = getattr(model.cfg, "position_index", None)  # the driver places tokens by it
         self.use_cache = use_cache
         self.pack = pack
         self.device = next(model.parameters()).device
@@ -81,7 +82,11 @@ class ModelPredictor:
         T = max(len(f.seq) for f in feeds)
         idx = self._tensor([f.seq + [0] * (T - len(f.seq)) for f in feeds])  # (n, T), right-padded
         last = self._tensor([len(f.seq) - 1 for f in feeds])
-        out = self.model(idx)  # causal: a row's real tokens never see its padding
+        pos = None
+        if any(f.pos is not None for f in feeds):
+            pos = self._tensor([(f.pos if f.pos is not None else list(range(len(f.seq)))) + [0] * (T - len(f.seq))
+                                for f in feeds])
+        out = self.model(idx, pos)  # causal: a row's real tokens never see its padding
         return out[torch.arange(len(feeds), device=self.device), last]  # (n, V)
 
     def _cached(self, feeds: Sequence[Feed]) -> torch.Tensor:
@@ -132,7 +137,7 @@ class ModelPredictor:
             for s in range(span):
                 if s in by_slot:
                     i, f = by_slot[s]
-                    flat.add(f.seq[-1], f.keep, s, f.keep, i)
+                    flat.add(f.seq[-1], f.keep if f.pos is None else f.pos[-1], s, f.keep, i)
                     keep.append(f.keep)
                 else:
                     flat.add(0, 0, s, flat.scratch)
@@ -141,7 +146,7 @@ class ModelPredictor:
         else:
             # Few rows (the end of a run): gather them rather than run every slot.
             for i, f in feeds:
-                flat.add(f.seq[-1], f.keep, f.slot, f.keep, i)
+                flat.add(f.seq[-1], f.keep if f.pos is None else f.pos[-1], f.slot, f.keep, i)
             keep = [f.keep for _, f in feeds]
             read_slots = up.add(slots)
         keep_at = up.add(keep)
@@ -159,7 +164,7 @@ class ModelPredictor:
         for i, f in feeds:
             n = len(f.seq)
             for j in range(f.keep, n):
-                flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+                flat.add(f.seq[j], j if f.pos is None else f.pos[j], f.slot, j, i if j == n - 1 else None)
             for _ in range(T - (n - f.keep)):
                 flat.add(0, 0, f.slot, flat.scratch)
         keep_at, slots_at = up.add([f.keep for _, f in feeds]), up.add([f.slot for _, f in feeds])
@@ -192,7 +197,7 @@ class ModelPredictor:
             for k, (i, f) in enumerate(members):
                 n = len(f.seq)
                 for j in range(n):
-                    flat.add(f.seq[j], j, f.slot, j, i if j == n - 1 else None)
+                    flat.add(f.seq[j], j if f.pos is None else f.pos[j], f.slot, j, i if j == n - 1 else None)
                 seg += [k] * n
             for _ in range(T - n_used):
                 flat.add(0, 0, members[0][1].slot, flat.scratch)

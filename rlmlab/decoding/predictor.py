@@ -22,10 +22,14 @@ class Feed(NamedTuple):
     seq: list[int]  # the observation: CoT the trace so far, RM the active frame, ... (read-only)
     keep: int  # leading tokens of seq already fed to this slot's current frame and still valid
     event: str | None  # NEW row in the slot, PUSH of a new frame, POP back to the parent, or None
+    pos: list[int] | None = None  # the position of each token of seq (`model.position_index`); None: 0..n-1
 
 
 class Predictor(Protocol):
     block_size: int | None  # longest seq it can read (None: unbounded)
+    # Optional: where a model counts positions from (`model.position_index`); absent or None: its
+    # learner's own. A predictor that wraps a model passes the model's on.
+    position_index: str | None
 
     def reset(self, n_slots: int) -> None: ...
 
@@ -41,6 +45,7 @@ class TeacherForced:
     def __init__(self, predictor: Predictor, guide: Predictor):
         self.predictor, self.guide = predictor, guide
         self.block_size = predictor.block_size
+        self.position_index = getattr(predictor, "position_index", None)  # the driver places tokens for it
 
     def reset(self, n_slots: int) -> None:
         self.predictor.reset(n_slots)

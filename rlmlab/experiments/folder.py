@@ -79,14 +79,15 @@ def folder_lock(folder: Path, wait: bool = True, busy: str = "another process is
             raise
 
 
-def load_pool(p: ExperimentPreset, out: Path, task, progress: bool = True):
-    """The preset's pool of expressions of `task` (the preset's, resolved), built once under
-    `out/data/` and shared by every split drawn there."""
+def load_pool(p: ExperimentPreset, out: Path, task, progress: bool = True, n: int | None = None):
+    """The preset's pool of expressions of `task` (the preset's, resolved), `n` of them (default:
+    `pool_n`), built once under `out/data/` and shared by every split drawn there."""
     from rlmlab.task.pool import build_pool, read_pool, write_pool
 
-    path = out / "data" / f"pool-{p.pool_n}-s{p.pool_seed}.parquet"
+    n = p.pool_n if n is None else n
+    path = out / "data" / f"pool-{n}-s{p.pool_seed}.parquet"
     if not path.exists():
-        write_pool(build_pool(p.pool_n, p.pool_seed, progress=progress, task=task), path)
+        write_pool(build_pool(n, p.pool_seed, progress=progress, task=task), path)
     return read_pool(path, task=task)
 
 
@@ -191,8 +192,9 @@ def check_saved(data: Path, saved: dict, asked: dict) -> None:
         raise ConfigError(f"{data} was built with {', '.join(differ)}; use another --out, or delete it to rebuild")
 
 
-def check_split(data: Path, params: dict, p: ExperimentPreset, asked: dict) -> None:
-    """`check_saved` for a split: its own parameters and the pool it was drawn from."""
+def check_split(data: Path, params: dict, p: ExperimentPreset, asked: dict, pool_n: int | None = None) -> None:
+    """`check_saved` for a split: its own parameters and the pool it was drawn from (`pool_n`
+    expressions, default the preset's `pool_n`)."""
     pool = params.get("pool") or {}
     check_saved(data, {**params, "pool n": pool.get("n"), "pool seed": pool.get("seed")},
-                 {**asked, "pool n": p.pool_n, "pool seed": p.pool_seed})
+                 {**asked, "pool n": p.pool_n if pool_n is None else pool_n, "pool seed": p.pool_seed})

@@ -91,7 +91,7 @@ def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = T
     from rlmlab.task.taskfile import load_task
 
     task = task if task is not None else load_task(cfg.data.task)
-    split = prepare_data(cfg.data, task)
+    split = prepare_data(cfg.data, task, cfg.model.position_index)
     validate_fn = (answer_accuracy_fn(split.val_exprs[:cfg.train.answer_eval], task=task)
                    if cfg.train.answer_eval else None)
     return train(cfg, split.train, split.val, run_dir, task=task, resume=resume, validate_fn=validate_fn,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError
 from rlmlab.learning.encodings import check_encoding
+from rlmlab.learning.position_index import check_index
 from rlmlab.safeio import check_fits, parse_json, read_bytes
 
 # --- model ----------------------------------------------------------------------------------
@@ -49,11 +50,19 @@ class ModelConfig:
     positions: str = "learned"
     """Position encoding (rlmlab.learning.positions): "learned" (the paper's absolute table),
     "none" (NoPE), "rope" or "alibi"."""
+    position_index: str | None = None
+    """Where each token's position counts from (rlmlab.learning.position_index): None, the
+    learner's own (CoT the trace's start, RM its frame's); "trace" or "frame" for the other."""
 
     def __post_init__(self):
         check_encoding(self.positions)
+        check_index(self.position_index)
+        if self.position_index is not None and self.positions == "alibi":
+            # The cached decoding step biases a cached key by its cache column, which is its position
+            # only at the learner's own index.
+            raise ConfigError("model.position_index cannot be combined with model.positions=alibi")
         for f in fields(self):
-            if f.name == "positions":
+            if f.name in ("positions", "position_index"):
                 continue
             v = getattr(self, f.name)
             want = float if f.name == "dropout" else int
@@ -120,6 +129,9 @@ def preset(name: str, learner: str, vocab_size: int, **overrides) -> ModelConfig
     if obs.context_bound is not None:
         # A window of K tokens must fit the positional table whatever the preset.
         base["block_size"] = max(base["block_size"], obs.context_bound)
+    if overrides.get("position_index") == "trace":
+        # Tokens placed where they stand in the trace need the whole-trace table.
+        base["block_size"] = max(base["block_size"], MODEL_PRESETS[name]["cot"]["block_size"])
     return ModelConfig(vocab_size=vocab_size, **{**base, **overrides})
 
 
@@ -141,10 +153,15 @@ class ModelSettings:
     positions: str = "learned"
     """Position encoding: "learned" (the paper's table, whose size block_size is also the context
     limit), "none" (NoPE), "rope" or "alibi" (no table, no context limit); docs/positions.md."""
+    position_index: str | None = None
+    """Where positions count from: null (the learner's own: CoT from the trace's start, RM from
+    its active frame's), "frame" (a CoT token at its place in RM's active frame) or "trace" (an RM
+    token at its place in the flattened trace); docs/positions.md, "Isolation or indexing"."""
 
     def __post_init__(self):
         _typecheck(self, "model")
         check_encoding(self.positions)
+        check_index(self.position_index)
         if self.preset not in MODEL_PRESETS:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r} (have: {', '.join(MODEL_PRESETS)})")
 

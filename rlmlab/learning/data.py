@@ -33,10 +33,11 @@ def read_expr_column(path: str | Path, task=None) -> list[str]:
     return read_pool(path, task=task).column("expr").to_pylist()
 
 
-def prepare_data(data: DataSettings, task: Task | None = None) -> DataSplit:
+def prepare_data(data: DataSettings, task: Task | None = None, position_index: str | None = None) -> DataSplit:
     """Read the expressions, split off validation unless a file gives it, and build the
     configured learner's training and validation examples (cached, see `build_examples`).
-    `task` is `data.task` as the command resolved it (None: resolved here)."""
+    `task` is `data.task` as the command resolved it (None: resolved here); `position_index`
+    is the model's (`model.position_index`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
     task = task if task is not None else load_task(data.task)
@@ -62,8 +63,10 @@ def prepare_data(data: DataSettings, task: Task | None = None) -> DataSplit:
         train_exprs = train_exprs[:data.train_size]
     workers = data.workers or os.cpu_count() or 1
     cache = data.resolved_cache_dir()
-    return DataSplit(build_examples(train_exprs, data.learner, vocab, workers, cache, where=train_rows, task=task),
-                     build_examples(val_exprs, data.learner, vocab, workers, cache, where=val_rows, task=task),
+    return DataSplit(build_examples(train_exprs, data.learner, vocab, workers, cache, where=train_rows, task=task,
+                                    position_index=position_index),
+                     build_examples(val_exprs, data.learner, vocab, workers, cache, where=val_rows, task=task,
+                                    position_index=position_index),
                      val_exprs)
 
 

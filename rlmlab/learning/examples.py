@@ -44,6 +44,7 @@ from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.safeio import parse_json
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
+from rlmlab.learning.position_index import frame_positions, other_index
 from rlmlab.task.library import Library
 from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.trace import Execution, execute
@@ -59,9 +60,11 @@ class Example:
     tokens: tuple[str, ...]
     loss: tuple[bool, ...]
     layout: tuple[tuple[int, int, int], ...] | None = None
-    """Per token (position, frame, branch) for sequences that are not one causal example (the
-    lane-packed RM packing): token i attends to j <= i of the same frame that is on the trunk
-    (branch -1) or on i's branch, at position `position`. None: plain causal, positions 0..n-1."""
+    """Per token (position, frame, branch) for sequences that are not one causal example at
+    positions 0..n-1. The lane-packed RM packing: token i attends to j <= i of the same frame
+    that is on the trunk (branch -1) or on i's branch, at position `position`. Frame -1 (no
+    lanes): plain causal, at `position` (another `model.position_index`). None: plain causal,
+    positions 0..n-1."""
 
     def __post_init__(self):
         if len(self.tokens) != len(self.loss):
@@ -94,7 +97,7 @@ def rm_frames_packing(ex: Execution) -> list[Example]:
     return [_suffix_example(f.tokens, f.m) for f in ex.frames]
 
 
-def rm_lanes_packing(ex: Execution) -> list[Example]:
+def rm_lanes_packing(ex: Execution, index: str = "frame") -> list[Example]:
     """The active-frame examples of a trace lane-packed (`rlmlab.learning.lanes`): one example per frame
     instance, holding its trunk once and each pending call block once. Same targets and,
     exactly, the same logits as `rm_frames_packing`, in ~1.5x instead of ~2.6x the CoT packing's
@@ -103,8 +106,12 @@ def rm_lanes_packing(ex: Execution) -> list[Example]:
     A frame's tokens never attend to another frame's, so each frame's lane is its own example:
     the packer puts lanes of many frames (and traces) into short rows, where a dense mask costs
     little, instead of one long row per trace whose mask is mostly zeros.
+
+    `index` "trace" places every lane token where it was written in the flattened trace instead
+    of where it sits in its frame (`rlmlab.learning.position_index`).
     """
     lanes = lane_pack(ex.tokens, ex.prompt_len)
+    pos = lanes.flat if index == "trace" else lanes.pos
     targets = {i + 1 for i, label in enumerate(lanes.labels) if label is not None}
     out, start = [], 0
     for end in range(1, len(lanes) + 1):
@@ -113,13 +120,42 @@ def rm_lanes_packing(ex: Execution) -> list[Example]:
         # Frames are laid out one after another; a frame's first token is an input (its call
         # payload), so no target ever crosses from one frame's lane into the next.
         out.append(Example(tuple(lanes.tokens[start:end]), tuple(i in targets for i in range(start, end)),
-                           tuple(zip(lanes.pos[start:end], lanes.frame[start:end], lanes.branch[start:end]))))
+                           tuple(zip(pos[start:end], lanes.frame[start:end], lanes.branch[start:end]))))
         start = end
     return out
 
 
 Packing = Callable[[Execution], list[Example]]
 PACKINGS: dict[str, Packing] = {"cot": cot_packing, "rm": rm_lanes_packing, "rm-frames": rm_frames_packing}
+
+
+def cot_frame_indexed_packing(ex: Execution) -> list[Example]:
+    """CoT's one example per trace, each token at its "frame" index (no lanes: plain causal)."""
+    (example,) = cot_packing(ex)
+    return [Example(example.tokens, example.loss,
+                    tuple((p, -1, -1) for p in frame_positions(ex.tokens, ex.prompt_len)))]
+
+
+def rm_trace_indexed_packing(ex: Execution) -> list[Example]:
+    """RM's lane-packed examples, each token at its "trace" index."""
+    return rm_lanes_packing(ex, "trace")
+
+
+INDEXED_PACKINGS: dict[tuple[str, str], Packing] = {("cot", "frame"): cot_frame_indexed_packing,
+                                                    ("rm", "trace"): rm_trace_indexed_packing}
+
+
+def indexed_packing(name: str, index: str | None) -> Packing:
+    """The packing of learner `name` with tokens at position index `index` (None or the
+    learner's own: its packing as it is). A learner without that index: a one-line ConfigError."""
+    packing = get_packing(name)
+    index = other_index(observer(name).name, index)
+    if index is None:
+        return packing
+    if (name, index) not in INDEXED_PACKINGS:
+        raise ConfigError(f"model.position_index={index} is not implemented for the {name!r} packing "
+                          f"(have: {', '.join(f'{n} with {i}' for n, i in INDEXED_PACKINGS)})")
+    return INDEXED_PACKINGS[name, index]
 
 
 def observation_packing(obs: Observation) -> Packing:
@@ -289,11 +325,11 @@ class ExampleSet:
 MAX_ECHO = 160  # characters of a user's expression quoted in an error
 
 
-def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library | None]
-                  ) -> tuple[np.ndarray, ...]:
+def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library | None,
+                             str | None]) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
-    name, vocab_tokens, first, texts, where, library = args
-    packing, vocab = get_packing(name), Vocab(vocab_tokens)
+    name, vocab_tokens, first, texts, where, library, index = args
+    packing, vocab = indexed_packing(name, index), Vocab(vocab_tokens)
     ids: list[int] = []
     loss: list[bool] = []
     lengths: list[int] = []
@@ -319,10 +355,13 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
             np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
-def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task | None = None) -> str:
+def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task | None = None,
+              position_index: str | None = None) -> str:
     key = {"format": EXAMPLES_FORMAT, "learner": learner, "vocab": list(vocab.tokens)}
     if task is not None and not task.is_paper:  # the paper's keys stay those written before tasks existed
         key["task"] = task.digest
+    if position_index is not None:  # likewise the keys of every learner at its own index
+        key["position_index"] = position_index
     h = hashlib.sha256(json.dumps(key).encode())
     for text in exprs:
         h.update(text.encode())
@@ -344,20 +383,24 @@ def _check_cache_path(path: Path) -> None:
 
 def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
-                    where: Sequence[str] | None = None, task: Task | str | None = None) -> ExampleSet:
+                    where: Sequence[str] | None = None, task: Task | str | None = None,
+                    position_index: str | None = None) -> ExampleSet:
     """Execute every expression of `task` (default: the paper's) and return the training
     examples of `learner` (a name without encoding: "rm", "cot", "window:64") as one `ExampleSet`. `where` names each expression's place in the user's file for errors
-    (default: its index in `exprs`).
+    (default: its index in `exprs`). `position_index` places the tokens at another index than the
+    learner's own (`model.position_index`, `indexed_packing`).
 
     With `cache_dir`, the result is stored as `<learner>-<hash>.npz` keyed by the expressions,
     learner and vocabulary, and read back on the next call instead of being rebuilt.
     """
-    get_packing(learner)
+    indexed_packing(learner, position_index)  # an unknown learner or index: one line, before any work
+    position_index = other_index(observer(learner).name, position_index)  # its own index keys as None
     task = load_task(task)
     if len(vocab) > np.iinfo(np.uint16).max:
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)
-    cache_path = Path(cache_dir) / f"{learner}-{cache_key(exprs, learner, vocab, task)}.npz" if cache_dir else None
+    key = cache_key(exprs, learner, vocab, task, position_index)
+    cache_path = Path(cache_dir) / f"{learner}-{key}.npz" if cache_dir else None
     if cache_path is not None:
         _check_cache_path(cache_path)  # before the examples are built: the save would fail after
     if cache_path is not None and cache_path.exists():
@@ -366,7 +409,7 @@ def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: in
         except DataError:
             pass  # a stale or damaged cache entry is rebuilt below and overwritten
     jobs = [(learner, vocab.tokens, i, exprs[i:i + chunk], None if where is None else list(where[i:i + chunk]),
-             task.library)
+             task.library, position_index)
             for i in range(0, len(exprs), chunk)]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(min(workers, len(jobs))) as ex:

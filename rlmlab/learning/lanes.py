@@ -46,28 +46,32 @@ class Lanes:
     labels: list[str | None]  # next-token target predicted at this position, or None
     example_targets: list[list[int]]  # per active-frame example (in cut order): lane index of each target
     owner: list[int]  # per token of the flattened input: lane index whose state is the active frame after it
+    flat: list[int]  # per lane token, its place in the flattened input (a payload where its caller
+    # wrote it, a returned value where the child wrote it): the "trace" position index
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
 class _FrameLane:
-    __slots__ = ("trunk_len", "branch", "branch_len", "segment")
+    __slots__ = ("trunk_len", "branch", "branch_len", "segment", "trunk_at", "branch_at")
 
     def __init__(self):
         self.trunk_len = 0  # committed tokens: the next trunk token's position
         self.branch = -1  # id of the open call block, if any
         self.branch_len = 0
         self.segment: list[int] = []  # lane indices of the targets of the current segment
+        self.trunk_at: list[int] = []  # place in the input of each trunk token
+        self.branch_at: list[int] = []  # ... and of each token of the open call block
 
 
 def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> Lanes:
     """Lane form of a flattened trace (or of any legal prefix of one). The pushes, pops, call
     payloads and returned values are the replay's (`TraceReader`); an illegal sequence raises
     TraceError."""
-    out = Lanes([], [], [], [], [], [], [])
+    out = Lanes([], [], [], [], [], [], [], [])
     lane_of_frame: list[_FrameLane] = []
-    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch)]
+    per_frame_tokens: list[list[tuple]] = []  # frame -> [(tok, pos, branch, place in the input)]
     n_branches = 0
 
     def new_frame() -> int:
@@ -77,10 +81,12 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
 
     # Lane indices are assigned after all frames are known (frames are laid out one after
     # another), so record (frame, slot) first and resolve at the end.
-    def add(f: int, tok: str, pos: int, branch: int, target: bool) -> tuple[int, int]:
+    def add(f: int, tok: str, pos: int, branch: int, target: bool, at: int) -> tuple[int, int]:
         toks = per_frame_tokens[f]
         slot = (f, len(toks))
-        toks.append((tok, pos, branch))
+        toks.append((tok, pos, branch, at))
+        fl = lane_of_frame[f]
+        (fl.trunk_at if branch == -1 else fl.branch_at).append(at)
         if target:
             lane_of_frame[f].segment.append(slot)
         return slot
@@ -89,17 +95,18 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
     owner_slots: list[tuple[int, int]] = []
     examples: list[list[tuple[int, int]]] = []
     root = lane_of_frame[stack[0]]
-    for t in tokens[:prompt_len]:
-        owner_slots.append(add(stack[0], t, root.trunk_len, -1, False))
+    for i, t in enumerate(tokens[:prompt_len]):
+        owner_slots.append(add(stack[0], t, root.trunk_len, -1, False, i))
         root.trunk_len += 1
     reader = TraceReader(tokens[:prompt_len])
 
-    def commit(f: int, toks: list[str]) -> tuple[int, int]:
+    def commit(f: int, toks: list[str], places: list[int]) -> tuple[int, int]:
         """Append input tokens (a child's call payload, or a returned value) to frame f's trunk;
-        returns the last one's slot, whose state is the new active frame."""
+        returns the last one's slot, whose state is the new active frame. `places`: where each
+        was written in the input (a value a grandchild returned keeps the grandchild's place)."""
         fl = lane_of_frame[f]
-        for tok in toks:
-            slot = add(f, tok, fl.trunk_len, -1, False)
+        for tok, at in zip(toks, places):
+            slot = add(f, tok, fl.trunk_len, -1, False, at)
             fl.trunk_len += 1
         return slot
 
@@ -116,32 +123,34 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
         if ev is not None and ev == ERROR:
             raise TraceError(reader.error, i)
         if fl.branch != -1:  # inside a pending call block
-            slot = add(f, t, fl.trunk_len + fl.branch_len, fl.branch, True)
+            slot = add(f, t, fl.trunk_len + fl.branch_len, fl.branch, True, i)
             fl.branch_len += 1
             if ev is None:  # the block goes on (an illegal token raised above)
                 owner_slots.append(slot)
                 continue
             cut(fl)
-            fl.branch = -1
+            payload_at = fl.branch_at[1:-1]  # the block is `<call> q </call>`
+            fl.branch, fl.branch_at = -1, []
             f = new_frame()
             stack.append(f)
             fl = lane_of_frame[f]
-            owner_slots.append(commit(f, reader.top))
+            owner_slots.append(commit(f, reader.top, payload_at))
             continue
         if t == CALL:
             fl.branch = n_branches
             n_branches += 1
             fl.branch_len = 1
-            owner_slots.append(add(f, t, fl.trunk_len, fl.branch, True))
+            owner_slots.append(add(f, t, fl.trunk_len, fl.branch, True, i))
             continue
-        slot = add(f, t, fl.trunk_len, -1, True)
+        slot = add(f, t, fl.trunk_len, -1, True, i)
         fl.trunk_len += 1
         if ev is not None and ev == POP:
             cut(fl)
+            value_at = fl.trunk_at[len(fl.trunk_at) - len(reader.value) - 1:-1]  # `<return> v </return>`
             stack.pop()
             f = stack[-1]
             fl = lane_of_frame[f]
-            owner_slots.append(commit(f, reader.value))
+            owner_slots.append(commit(f, reader.value, value_at))
             continue
         owner_slots.append(slot)
     for f in reversed(stack):  # segments still open (the root's last one, or a prefix's)
@@ -154,10 +163,11 @@ def lane_pack(tokens: Sequence[str], prompt_len: int, frame_offset: int = 0) -> 
         base.append(start)
         start += len(toks)
         if toks:
-            tok, pos, b = zip(*toks)
+            tok, pos, b, at = zip(*toks)
             out.tokens.extend(tok)
             out.pos.extend(pos)
             out.branch.extend(b)
+            out.flat.extend(at)
         out.frame.extend([frame_offset + f] * len(toks))
     out.labels = [None] * start
     for targets in examples:

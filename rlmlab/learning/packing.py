@@ -209,7 +209,7 @@ def collate(ids: np.ndarray, loss: np.ndarray, offsets: np.ndarray, rows: list[R
     doc[dst] = np.repeat(ex, lens)
     as_t = lambda a: torch.from_numpy(a.reshape(B, T))  # noqa: E731
     frame = branch = None
-    if layout is not None:
+    if layout is not None and len(src) and int(layout[src, 1].max()) >= 0:  # lanes (frame -1: positions only)
         frame = np.full(B * T, -1, dtype=np.int64)
         branch = np.full(B * T, -1, dtype=np.int64)
         frame[dst] = layout[src, 1]

@@ -28,6 +28,7 @@ from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.learning.learner import as_learner
 from rlmlab.learning.observe import observer
+from rlmlab.learning.position_index import example_positions
 from rlmlab.measuring.results import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
@@ -55,12 +56,17 @@ def per_token_hits(model, vocab: Vocab, learner: str, executions: Sequence[Execu
     read (beyond its block size) counts as wrong, as it would be in generation.
     """
     obs = observer(learner)
-    rows, owner = [], []
+    index = getattr(model.cfg, "position_index", None)
+    rows, owner, places = [], [], []
     for i, ex in enumerate(executions):
-        for toks, m in obs.examples(ex.tokens, ex.prompt_len):
+        examples = obs.examples(ex.tokens, ex.prompt_len)
+        at = example_positions(obs.name, index, ex.tokens, ex.prompt_len)
+        for k, (toks, m) in enumerate(examples):
             rows.append((vocab.encode(toks), m))
             owner.append(i)
-    predicted = teacher_forced_argmax(model, rows, max_tokens, progress)
+            if at is not None:
+                places.append(at[k])
+    predicted = teacher_forced_argmax(model, rows, max_tokens, progress, places if places else None)
     parts: list[list[np.ndarray]] = [[] for _ in executions]
     for i, (ids, m), pred in zip(owner, rows, predicted):
         parts[i].append(np.asarray(pred, dtype=np.int64) == np.asarray(ids[m:], dtype=np.int64))

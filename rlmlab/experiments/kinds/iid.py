@@ -187,12 +187,13 @@ class IIDSweep(ExperimentKind):
                               f"N = {', '.join(map(str, wanted))}), got {seeds!r}")
 
         data = out / "data" / "iid"
+        pool_n = p.iid_pool_n or p.pool_n
         ensure_data(data, "split.json", lambda: iid_split(
-            load_pool(p, out, task, progress), n_test=p.iid_n_test, n_val=p.n_val,
+            load_pool(p, out, task, progress, pool_n), n_test=p.iid_n_test, n_val=p.n_val,
             dedupe_train=p.iid_distinct_train, max_trace_len=p.iid_max_trace))
         split = Split.load(data, task)
         check_split(data, split.params, p, {"max_trace_len": p.iid_max_trace, "n_test": p.iid_n_test,
-                                             "n_val": p.n_val, "dedupe_train": p.iid_distinct_train})
+                                             "n_val": p.n_val, "dedupe_train": p.iid_distinct_train}, pool_n)
         available = split.train.num_rows
         sizes = [n for n in wanted if n <= available]
         skipped = [n for n in wanted if n > available]
