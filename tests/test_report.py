@@ -336,3 +336,52 @@ def test_scale_refuses_seeds_scored_on_other_expressions(tmp_path, capsys):
     first_ood = next(i for i, line in enumerate(lines) if json.loads(line).get("bin") == "1.0-1.25")
     results.write_text("\n".join(lines[:first_ood] + lines[first_ood + 1:]) + "\n")
     assert "were not scored on the same expressions" in one_line_error(capsys, ["report", str(tree / "scale")])
+
+
+def _isolation_tree(tmp_path):
+    """The smoke fixture twice at L = 96, its runs marked fitted: `plain` (the learners' own
+    positions) and `indexed`, the same results under configs that say CoT counted from the frame
+    and RM from the trace; and an isolation comparison naming both."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "smoke-length"
+    tree = tmp_path / "results"
+    for name in ("plain", "indexed"):
+        shutil.copytree(fixture, tree / name, ignore=shutil.ignore_patterns("report"))
+        for run in (tree / name).glob("length-96*/*"):
+            with open(run / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"kind": "val", "step": 3, "loss": 0.1, "token_acc": 1.0, "answer_acc": 1.0,
+                                    "elapsed_s": 1.0}) + "\n")
+    for run in (tree / "indexed" / "length-96").iterdir():
+        cfg = json.loads((run / "config.json").read_text())
+        cfg["model"]["position_index"] = "frame" if run.name == "cot" else "trace"
+        (run / "config.json").write_text(json.dumps(cfg))
+    (tree / "iso").mkdir()
+    (tree / "iso" / "experiment.json").write_text(json.dumps(
+        {"kind": "isolation", "split_kind": "length", "threshold": 96, "members": ["../plain", "../indexed"]}))
+    return tree
+
+
+def test_isolation_report_places_each_run_by_its_config_and_pairs_the_cells(tmp_path, capsys):
+    from rlmlab.experiments.report import report
+
+    tree = _isolation_tree(tmp_path)
+    out = json.loads((report(tree / "iso") / "report.json").read_text())
+    cells = {(r["variant"]["sees"], r["variant"]["counts"]): r for r in out["rows"]}
+    assert sorted(cells) == [("cot", "frame"), ("cot", "trace"), ("rm", "frame"), ("rm", "trace")]
+    assert cells["cot", "frame"]["member"] == cells["rm", "trace"]["member"] == "indexed"
+    effects = {e["effect"]: e["bins"] for e in out["effects"]}
+    assert len(effects) == 4
+    # `indexed` holds `plain`'s results: indexing changes nothing, and isolation is RM minus CoT at both levels
+    for name in ("indexing, seeing the whole trace", "indexing, seeing the active frame"):
+        assert all(e["diff"] == 0 and e["ci95"] == [0, 0] for e in effects[name].values())
+    for label, e in effects["isolation, positions from the frame"].items():
+        assert e == effects["isolation, positions from the trace"][label]
+        rm, cot = cells["rm", "frame"]["bins"][label], cells["cot", "trace"]["bins"][label]
+        assert e["diff"] == pytest.approx(rm["mean"] - cot["mean"])
+    table = (tree / "iso" / "report" / "table-isolation.md").read_text()
+    assert "| CoT, sees the whole trace, positions from the frame start | indexed | 1 of 1 |" in table
+    assert (tree / "iso" / "report" / "isolation.png").exists()
+    # one folder per cell: a second member holding the same cell is refused in one line
+    (tree / "iso" / "experiment.json").write_text(json.dumps(
+        {"kind": "isolation", "split_kind": "length", "threshold": 96, "members": ["../plain", "../indexed", "../plain2"]}))
+    shutil.copytree(tree / "plain", tree / "plain2")
+    assert "both hold the cell" in one_line_error(capsys, ["report", str(tree / "iso")])

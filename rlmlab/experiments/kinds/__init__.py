@@ -8,6 +8,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments import folder
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.iid import IIDSweep
+from rlmlab.experiments.kinds.isolation import IsolationComparison
 from rlmlab.experiments.kinds.recipe import RecipeComparison
 from rlmlab.experiments.kinds.scale import ModelSizeComparison
 from rlmlab.experiments.kinds.shortcuts import ShortcutSuite
@@ -16,7 +17,7 @@ from rlmlab.experiments.kinds.threshold import ThresholdSplit
 
 KINDS: dict[str, ExperimentKind] = {k.name: k for k in (
     ThresholdSplit("length"), ThresholdSplit("depth"), ThresholdSweep(), IIDSweep(), ShortcutSuite(),
-    RecipeComparison(), ModelSizeComparison())}
+    RecipeComparison(), ModelSizeComparison(), IsolationComparison())}
 RUNNABLE = tuple(name for name, k in KINDS.items() if k.runnable)
 """The kinds `rlmlab run` plans."""
 

@@ -73,7 +73,7 @@ def member_folders(out: Path, meta: dict) -> list[Path]:
     return folders
 
 
-def _run_config(run_dir: Path) -> dict:
+def run_config(run_dir: Path) -> dict:
     try:
         cfg = read_json(run_dir / "config.json", DataError, "config.json")
         model, train = cfg["model"], cfg["train"]
@@ -110,7 +110,7 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
             run = training_runs(member, seeded_job(job, s)).get(v)
             if res is None or run is None:
                 continue
-            cfg = _run_config(run)
+            cfg = run_config(run)
             shape = model_shape(cfg["model"], v)
             if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape.values()):
                 raise DataError(f"{run / 'config.json'}: its model's layers, heads and width are not positive integers")
@@ -246,8 +246,9 @@ def report_scale(out: Path, meta: dict, dest: Path) -> dict:
     return {"rows": rows}
 
 
-class ModelSizeComparison(ExperimentKind):
-    name = "scale"
+class SplitComparison(ExperimentKind):
+    """A folder that trains nothing and reads sibling length or depth experiments (`members`)."""
+
     runnable = False
     meta_fields = {"members": list, "split_kind": str, "threshold": int}
 
@@ -256,6 +257,10 @@ class ModelSizeComparison(ExperimentKind):
         if meta["split_kind"] not in ("length", "depth"):
             raise DataError(f"{path}: 'split_kind' must be \"length\" or \"depth\", got {meta['split_kind']!r}")
         member_folders(path.parent, meta)  # before the report writes anything
+
+
+class ModelSizeComparison(SplitComparison):
+    name = "scale"
 
     def report(self, out: Path, meta: dict, dest: Path) -> dict:
         return report_scale(out, meta, dest)
