@@ -228,3 +228,11 @@ def test_refusals(capsys):
     err = one_line_error(capsys, ["train", "--learner", "cot", "--model.position_index=middle", "--out", "/nonexistent/x"],
                          from_command=False)
     assert "position_index" in err
+
+
+def test_the_invariance_probe_refuses_another_index():
+    from rlmlab.measuring.probe import forced_predictions
+
+    model = _model("cot", "learned", "frame", 6)
+    with pytest.raises(ConfigError, match="invariance probe reads models at their learner's own positions"):
+        forced_predictions(ModelPredictor(model), [(VOCAB.encode(execute(SMALL).tokens), 9)])

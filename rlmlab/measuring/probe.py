@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 from rlmlab.decoding.driver import Limits, generate
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
-from rlmlab.errors import RlmlabError
+from rlmlab.errors import ConfigError, RlmlabError
 from rlmlab.learning.observe import NEW, observer
 from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
@@ -66,6 +66,11 @@ def forced_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: in
     """
     model = getattr(predictor, "model", None)
     if model is not None:
+        if getattr(model.cfg, "position_index", None) is not None:
+            # Its rows are read at 0..n-1; which places a frame read alone should take under
+            # another index is a question of its own (docs/positions.md).
+            raise ConfigError(f"the invariance probe reads models at their learner's own positions, not "
+                              f"model.position_index={model.cfg.position_index}")
         return teacher_forced_argmax(model, rows, max_tokens, progress)
     out = _walked_predictions(predictor, rows, batch_size)
     if progress is not None:
