@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
@@ -22,6 +24,7 @@ from rlmlab.experiments.tables import (
     save_figure,
     training_runs,
 )
+from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 
@@ -35,9 +38,11 @@ def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
 def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     """Per (N, learner): final-answer and per-token test accuracy, averaged over seeds.
 
-    Every seed is tested on the same expressions, so seeds are not independent samples: with
-    one seed the final-answer interval is Wilson's, with several both intervals come from a
-    bootstrap over test expressions that keeps each expression's seeds together."""
+    With one seed the final-answer interval is Wilson's and the per-token one a bootstrap over
+    test expressions. With several, both come from the two-level bootstrap of the length and
+    depth reports (`rlmlab.experiments.spread`): it resamples the seeds and the expressions, so
+    an interval is wide when the seeds disagree, as a seed's own value may lie outside an
+    interval over expressions alone."""
     points = []
     jobs = iid_runs(out)
     names = learners(out, list(jobs))
@@ -51,19 +56,18 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
             if any([r["expr"] for r in res] != exprs for res in per_seed[1:]):
                 raise DataError(f"{out}: the seeds of N={n} ({learner_label(name)}) were tested on "
                                 "different expressions")
-            by_expr = list(zip(*per_seed))  # per test expression, its result under every seed
             k = len(per_seed)
             p = {"N": n, "learner": name, "seeds": k, **accuracy([r for res in per_seed for r in res]),
                  "seed_accuracy": [accuracy(res)["accuracy"] for res in per_seed]}
             if k > 1:
-                p["ci95"] = list(bootstrap_ratio([sum(r["correct"] for r in rs) for rs in by_expr], [k] * len(by_expr)))
+                p["ci95"] = cell(correctness(per_seed, f"{out} N={n} {learner_label(name)}"))["ci95"]
             if all("tf_total" in res[0] for res in per_seed):
-                c = [sum(r["tf_correct"] for r in rs) for rs in by_expr]
-                t = [sum(r["tf_total"] for r in rs) for rs in by_expr]
-                p["per_token"] = sum(c) / sum(t)
-                p["per_token_ci95"] = list(bootstrap_ratio(c, t))
-                p["seed_per_token"] = [sum(r["tf_correct"] for r in res) / sum(r["tf_total"] for r in res)
-                                       for res in per_seed]
+                c = np.asarray([[r["tf_correct"] for r in res] for res in per_seed], dtype=np.float64)
+                t = np.asarray([[r["tf_total"] for r in res] for res in per_seed], dtype=np.float64)
+                p["per_token"] = float(c.sum() / t.sum())
+                p["per_token_ci95"] = (ratio_cell(c, t)["ci95"] if k > 1 else list(bootstrap_ratio(
+                    [r["tf_correct"] for r in per_seed[0]], [r["tf_total"] for r in per_seed[0]])))
+                p["seed_per_token"] = [float(x) for x in c.sum(axis=1) / t.sum(axis=1)]
             points.append(p)
     return points
 
