@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlmlab.cli import main
+from rlmlab.errors import ConfigError
 from rlmlab.experiments.kinds.sweep import sweep_points, sweep_table
 from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.sizing import lane_stats, pool_lane_columns, size_threshold
@@ -217,6 +218,13 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
         built = (len(data), data.n_tokens, int((data.lengths - 1).sum()))
         assert (lv["examples"], lv["tokens"], lv["positions"]) == built
     assert sized["n_train"] == len(train) and sized["t_max"] == split.params["t_max"]
+    # a learner is sized by what it reads, not by its name: CoT with RoPE reads the whole trace
+    encoded = size_threshold(cols, rows, p, ("cot@rope", "rm@none"), "length", 96)["learners"]
+    for name, base in (("cot@rope", "cot"), ("rm@none", "rm")):
+        assert {k: v for k, v in encoded[name].items() if k != "steps"} == \
+            {k: v for k, v in sized["learners"][base].items() if k != "steps"}
+    with pytest.raises(ConfigError, match="not 'reduce'"):
+        size_threshold(cols, rows, p, ("reduce",), "length", 96)
     generated = sum(len(execute(e).tokens) - execute(e).prompt_len for e in split.eval.column("expr").to_pylist())
     assert sized["eval_generated"] == generated
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.learning.learner import get_learner
 from rlmlab.task.expr import Call, default_library, parse, size
 from rlmlab.task.library import Library
 from rlmlab.task.trace import trace_stats
@@ -89,6 +90,16 @@ REFERENCE = {"rm": {"cpu_s_per_step": 0.46, "threshold": ("length", 595)},
 REFERENCE_DECODE_S = {"rm": 328.0, "cot": 435.0}
 
 
+def sized_as(learner: str) -> str:
+    """Which of the two sized observations a learner reads: "cot" (the whole trace) or "rm" (the
+    active frame), from its observation, whatever its name carries ("cot@rope" reads the whole
+    trace). Another observation is not sized: a one-line ConfigError."""
+    name = get_learner(learner).observation.name
+    if name not in ("cot", "rm"):
+        raise ConfigError(f"--plan sizes learners that read the whole trace or the active frame, not {learner!r}")
+    return name
+
+
 def step_work(spans: np.ndarray, batch: int, learner: str) -> float:
     """Relative work of one step of `batch` examples drawn from examples that occupy `spans`
     positions each."""
@@ -144,7 +155,7 @@ def size_threshold(cols: dict, rows: dict, preset, learners, kind: str, t: int) 
     generated = (trace[ev] - cols["prompt"][ev]).astype(np.int64)
     out["eval_generated"] = int(generated.sum())
     for learner in learners:
-        family = "cot" if learner == "cot" else "rm"
+        family = sized_as(learner)
         settings = preset.job_settings(learner)
         batch = int(settings.get("train.batch_size", 64))
         steps = settings.get("train.max_steps")
@@ -181,7 +192,7 @@ def calibrate(rows: list[dict], reference: dict) -> None:
     sized row of the reference threshold."""
     for r in rows:
         for learner, lv in r["learners"].items():
-            family = "cot" if learner == "cot" else "rm"
+            family = sized_as(learner)
             ref = reference["learners"].get(learner) or reference["learners"].get(family)
             if ref is None:
                 continue
