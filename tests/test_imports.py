@@ -2,6 +2,7 @@
 only type checkers run, under `if TYPE_CHECKING:`, do not count)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,34 @@ def _runtime_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _dynamic_targets(node: ast.AST, modules: dict[str, Path]) -> list[str]:
+    """The modules an `importlib.import_module(...)` call may import: the one a string names, or
+    every module an f-string's pattern matches (`f"rlmlab.cli.{name}_cmd"`)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+            and node.args):
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr):
+        pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else r"[A-Za-z0-9_.]+" for v in arg.values)
+        return [m for m in modules if re.fullmatch(pattern, m)]
+    return []
+
+
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """{module: package modules it imports}, at module level or inside functions. `from a import b`
-    counts as importing the submodule `a.b` when there is one, else the module `a`."""
+    """{module: package modules it imports}, at module level, inside functions or through
+    `importlib.import_module`. `from a import b` counts as importing the submodule `a.b` when
+    there is one, else the module `a`."""
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
         for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
+            dynamic = _dynamic_targets(node, modules)
+            if dynamic:
+                candidates = dynamic
+            elif isinstance(node, ast.Import):
                 candidates = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -87,6 +107,39 @@ def test_the_package_has_no_import_cycle():
     assert "rlmlab.experiments.kinds.iid" in graph and graph["rlmlab.cli"]  # the walk found the package
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to the package's parts (`rlmlab.experiments`, `rlmlab.shortcuts`,
+    a top-level module such as `rlmlab.errors`): two parts that import each other are one
+    design, whichever modules do it."""
+    def part(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        if m == "rlmlab":
+            continue
+        out.setdefault(part(m), set()).update(part(t) for t in targets if part(t) != part(m) and t != "rlmlab")
+    return out
+
+
+def test_the_package_parts_import_each_other_one_way():
+    cycle = find_cycle(package_graph(import_graph(module_names())))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_dynamic_imports_are_counted(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "cmds").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cmds" / "__init__.py").write_text(
+        "import importlib\ndef load(n):\n    return importlib.import_module(f'pkg.cmds.{n}_cmd')\n")
+    (pkg / "cmds" / "run_cmd.py").write_text("def f():\n    from pkg.cmds import load\n")
+    (pkg / "cmds" / "other.py").write_text("")
+    graph = import_graph(module_names(pkg))
+    assert graph["pkg.cmds"] == {"pkg.cmds.run_cmd"}
+    assert find_cycle(graph) == ["pkg.cmds", "pkg.cmds.run_cmd", "pkg.cmds"]
 
 
 def test_function_level_imports_are_counted(tmp_path):

@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr is not None:
             print(f"rlmlab {args.command}: error: standard output is closed", file=sys.stderr)
         return 2
+    # A command that runs other commands (`rlmlab reproduce`) takes this entry point from here, so
+    # that no module below the package imports the package back.
+    args.run_command = main
     try:
         return int(args.handler(args) or 0)
     except BrokenPipeError:  # `rlmlab ... | head`; an OSError, so caught before it

@@ -2,7 +2,7 @@
 
 Two ways to get the fresh numbers, both into a new experiment folder:
 
-    rerun(results, out)                        # re-run the commands stored in commands.jsonl
+    rerun(results, out, main)                  # re-run the commands stored in commands.jsonl
     reevaluate(results, checkpoints, out)      # evaluate released checkpoints on its expressions
 
 then `compare(results, out)` pairs every accuracy cell of the two `report.json` files and marks
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,12 +287,11 @@ def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None,
     return new + ["--quiet"]
 
 
-def rerun(results: Path, out: Path, learners: list[str] | None = None, sample: int | None = None,
-          dry_run: bool = False, echo=print) -> list[list[str]]:
-    """Re-run the stored commands of `results` into `out` (see `rerun_command`), then report
-    `out`. Returns the command lines run."""
-    from rlmlab.cli import main
-
+def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], learners: list[str] | None = None,
+          sample: int | None = None, dry_run: bool = False, echo=print) -> list[list[str]]:
+    """Re-run the stored commands of `results` into `out` (see `rerun_command`), each through
+    `run_command(argv)` (the command line's `main`, handed down by the command so that this
+    library never imports its caller), then report `out`. Returns the command lines run."""
     results, out = Path(results), Path(out)
     _check_out(results, out)
     # A folder recorded before presets named a factor decoded with the driver's default.
@@ -302,7 +302,7 @@ def rerun(results: Path, out: Path, learners: list[str] | None = None, sample: i
         raise DataError(f"--learners {','.join(learners or [])}: no stored command of {results} trains those learners")
     for argv in commands:
         echo("$ " + " ".join(argv))
-        if not dry_run and main(argv[1:]) != 0:
+        if not dry_run and run_command(argv[1:]) != 0:
             raise DataError(f"the stored command failed: {' '.join(argv)}")
     if not dry_run:
         report(out)

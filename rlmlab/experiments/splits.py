@@ -35,8 +35,6 @@ each a half-open interval lo < r <= hi compared exactly (integers, no floats):
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +47,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.safeio import parse_json, read_json
+from rlmlab.safeio import parse_json
+from rlmlab.task.pool import read_table_folder, write_table_folder
 
 IID_SIZES: tuple[int, ...] = (100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000,
                               50_000, 100_000, 200_000, 300_000, 450_000)
@@ -249,59 +248,6 @@ class Split:
         if kind != "iid" and "eval" not in tables:
             raise DataError(f"{folder}: a {kind} split needs an 'eval' table")
         return cls(name, kind, params, tables["train"], tables["val"], tables["test"], tables.get("eval"))
-
-
-def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
-                       tables: Mapping[str, pa.Table]) -> Path:
-    """Save named tables as parquet files plus a JSON file that lists them with row counts.
-
-    Each file is written to a temporary name and renamed; the JSON goes last, so a folder
-    whose JSON exists is complete.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    listing = {}
-    for name, table in tables.items():
-        path = folder / f"{name}.parquet"
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-        listing[name] = {"file": path.name, "rows": table.num_rows}
-    doc = {"format": fmt, **meta, "tables": listing}
-    text = json.dumps(doc, indent=2, sort_keys=True)  # fails loudly on non-JSON params
-    tmp = folder / (meta_file + ".tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, folder / meta_file)
-    return folder
-
-
-def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -> tuple[dict, dict[str, pa.Table]]:
-    """Read what `write_table_folder` wrote, checking format, files, row counts and expressions
-    (of `task`, default the paper's)."""
-    from rlmlab.task.pool import (
-        read_pool,  # validates parquet, vocabulary and the first rows
-    )
-
-    folder = Path(folder)
-    path = folder / meta_file
-    if not path.exists():
-        raise DataError(f"{folder}: no {meta_file} (not a saved data set, or an unfinished save)")
-    doc = read_json(path, DataError, meta_file)
-    if not isinstance(doc, dict) or doc.get("format") != fmt:
-        raise DataError(f"{path}: format is {doc.get('format') if isinstance(doc, dict) else None!r}, "
-                        f"expected {fmt!r}")
-    tables = {}
-    entries = doc.get("tables") or {}
-    if not isinstance(entries, dict) or not all(
-            isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"]
-            and isinstance(e.get("rows"), int) for e in entries.values()):
-        raise DataError(f"{path}: 'tables' should map names to {{\"file\": a file of the folder, \"rows\": a count}}")
-    for name, entry in entries.items():
-        table = read_pool(folder / entry["file"], task=task)
-        if table.num_rows != entry["rows"]:
-            raise DataError(f"{folder / entry['file']}: {table.num_rows} rows, {meta_file} says {entry['rows']}")
-        tables[name] = table
-    return doc, tables
 
 
 # --- building -----------------------------------------------------------------
@@ -543,4 +489,4 @@ def paper_splits(pool: pa.Table, seed: int = 0, **kwargs) -> dict[str, Split]:
 __all__ = ["IID_SIZES", "LENGTH_THRESHOLDS", "DEPTH_THRESHOLDS", "REPRESENTATIVE", "PER_BIN_CAP",
            "Bin", "LENGTH_BINS", "DEPTH_BINS", "Threshold", "bin_of", "bin_labels", "Split",
            "iid_split", "threshold_split", "length_split", "depth_split", "paper_splits", "without_ood",
-           "pool_fingerprint", "write_table_folder", "read_table_folder"]
+           "pool_fingerprint"]

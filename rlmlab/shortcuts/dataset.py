@@ -15,6 +15,7 @@ from rlmlab.shortcuts.registry import get_construction
 from rlmlab.shortcuts.trace import RootFrame, root_frame
 from rlmlab.shortcuts.validity import ValidityLimits, check_validity
 from rlmlab.task.expr import infer_type, to_text
+from rlmlab.task.pool import read_table_folder, write_table_folder
 from rlmlab.task.taskfile import paper_task
 from rlmlab.task.trace import Execution, execute
 
@@ -68,14 +69,12 @@ class ShortcutDataset:
         return {**params, "validity": {**validity, "checks": checks}}
 
     def save(self, folder: str | Path) -> Path:
-        from rlmlab.experiments.splits import write_table_folder
 
         return write_table_folder(folder, "shortcut.json", FORMAT, {"name": self.name, "params": self.params},
                                   {"train": self.train, "val": self.val, "iid": self.iid, "ood": self.ood})
 
     @classmethod
     def load(cls, folder: str | Path) -> "ShortcutDataset":
-        from rlmlab.experiments.splits import read_table_folder
 
         meta, tables = read_table_folder(folder, "shortcut.json", FORMAT)
         for t in ("train", "val", "iid", "ood"):

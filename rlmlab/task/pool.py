@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError, VocabError
-from rlmlab.safeio import regular_file
+from rlmlab.safeio import read_json, regular_file
 from rlmlab.task.expr import infer_type, parse, to_text, value_token
 from rlmlab.task.sampler import GeneratorConfig
 from rlmlab.task.taskfile import Task, check_same_task, load_task
@@ -163,3 +164,54 @@ def pool_task(table: pa.Table) -> dict | None:
     """The task identity a pool (or a table drawn from one) records, or None."""
     raw = (table.schema.metadata or {}).get(TASK_KEY)
     return None if raw is None else _json(raw, Path("<table>"))
+
+
+# --- saved data sets: expression tables and the JSON file that lists them ---
+
+def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
+                       tables: Mapping[str, pa.Table]) -> Path:
+    """Save named tables as parquet files plus a JSON file that lists them with row counts.
+
+    Each file is written to a temporary name and renamed; the JSON goes last, so a folder
+    whose JSON exists is complete.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    listing = {}
+    for name, table in tables.items():
+        path = folder / f"{name}.parquet"
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        listing[name] = {"file": path.name, "rows": table.num_rows}
+    doc = {"format": fmt, **meta, "tables": listing}
+    text = json.dumps(doc, indent=2, sort_keys=True)  # fails loudly on non-JSON params
+    tmp = folder / (meta_file + ".tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, folder / meta_file)
+    return folder
+
+
+def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -> tuple[dict, dict[str, pa.Table]]:
+    """Read what `write_table_folder` wrote, checking format, files, row counts and expressions
+    (of `task`, default the paper's)."""
+    folder = Path(folder)
+    path = folder / meta_file
+    if not path.exists():
+        raise DataError(f"{folder}: no {meta_file} (not a saved data set, or an unfinished save)")
+    doc = read_json(path, DataError, meta_file)
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise DataError(f"{path}: format is {doc.get('format') if isinstance(doc, dict) else None!r}, "
+                        f"expected {fmt!r}")
+    tables = {}
+    entries = doc.get("tables") or {}
+    if not isinstance(entries, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"]
+            and isinstance(e.get("rows"), int) for e in entries.values()):
+        raise DataError(f"{path}: 'tables' should map names to {{\"file\": a file of the folder, \"rows\": a count}}")
+    for name, entry in entries.items():
+        table = read_pool(folder / entry["file"], task=task)
+        if table.num_rows != entry["rows"]:
+            raise DataError(f"{folder / entry['file']}: {table.num_rows} rows, {meta_file} says {entry['rows']}")
+        tables[name] = table
+    return doc, tables
