@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rlmlab.errors import DataError, TraceError
 from rlmlab.learning.observe import _collapses
 from rlmlab.measuring.probe import completed_calls
-from rlmlab.shortcuts.trace import descendants, frame_tree, internal_returns, root_payload
+from rlmlab.shortcuts.root_frame import descendants, frame_tree, internal_returns, root_payload
 from rlmlab.task.events import (
     DONE,
     ERROR,

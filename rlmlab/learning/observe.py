@@ -44,17 +44,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import ConfigError
-from rlmlab.task.events import POP as POP_EVENT
-from rlmlab.task.events import PUSH as PUSH_EVENT
-from rlmlab.task.events import CALL_BLOCK_EXTRA, TraceReader
+from rlmlab.task.events import CALL_BLOCK_EXTRA, POP, PUSH, TraceReader
 from rlmlab.task.frames import active_frame, cut_examples
 
 # A training example as (tokens, m): the model reads tokens[:i] to predict tokens[i] for every
 # i >= m; tokens[:m] is visible context only.
 Segment = tuple[tuple[str, ...], int]
 
-# Frame events a driver feed carries, so that a cache can follow the row (see rlmlab.decoding.predictor).
-NEW, PUSH, POP = "new", "push", "pop"
+# Frame events a driver feed carries, so that a cache can follow the row (see rlmlab.decoding.predictor):
+# the replay's PUSH and POP, and NEW for a row that starts in its slot.
+NEW = "new"
 
 
 class Tracker(ABC):
@@ -287,9 +286,9 @@ def _collapses(tokens: Sequence[str], out: list[str]):
         ev = feed(tok)
         if ev is None:
             continue
-        if ev == PUSH_EVENT:
+        if ev == PUSH:
             calls.append(len(out) - len(r.top) - CALL_BLOCK_EXTRA)  # the call block ends `out`
-        elif ev == POP_EVENT:
+        elif ev == POP:
             before = tuple(out)
             del out[calls.pop():]
             out.extend(r.value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from rlmlab.shortcuts.construction import Candidate, Construction, digit_literal, digits_except
-from rlmlab.shortcuts.trace import child, frame_tree, internal_returns
+from rlmlab.shortcuts.root_frame import child, frame_tree, internal_returns
 from rlmlab.task.expr import Call, Expr
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.shortcuts.trace import TraceFrame, child, descendants, frame_tree, internal_returns
+from rlmlab.shortcuts.root_frame import TraceFrame, child, descendants, frame_tree, internal_returns
 from rlmlab.task.expr import INT, Call
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.taskfile import paper_task

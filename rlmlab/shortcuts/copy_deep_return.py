@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from rlmlab.shortcuts.construction import Candidate, Construction, digit_literal, digits_except
-from rlmlab.shortcuts.trace import child, frame_tree
+from rlmlab.shortcuts.root_frame import child, frame_tree
 from rlmlab.task.expr import Call, Expr
 
 

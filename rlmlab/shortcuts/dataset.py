@@ -12,7 +12,7 @@ import pyarrow as pa
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.shortcuts.construction import Construction, ShortcutConfig, ShortcutSampler, Side
 from rlmlab.shortcuts.registry import get_construction
-from rlmlab.shortcuts.trace import RootFrame, root_frame
+from rlmlab.shortcuts.root_frame import RootFrame, root_frame
 from rlmlab.shortcuts.validity import ValidityLimits, check_validity
 from rlmlab.task.expr import infer_type, to_text
 from rlmlab.task.pool import read_table_folder, write_table_folder

@@ -20,7 +20,7 @@ variant, not one of the paper's six: `rlmlab run shortcuts --constructions hidde
 from __future__ import annotations
 
 from rlmlab.shortcuts.construction import Candidate, Construction, digit_literal, digits_except
-from rlmlab.shortcuts.trace import child, frame_tree, literal_paths
+from rlmlab.shortcuts.root_frame import child, frame_tree, literal_paths
 from rlmlab.task.expr import Call, parse
 
 

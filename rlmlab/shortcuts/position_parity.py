@@ -11,7 +11,7 @@ among the five that make it differ. Z is stratified uniformly over the four cell
 from __future__ import annotations
 
 from rlmlab.shortcuts.construction import Candidate, Construction, digit_literal
-from rlmlab.shortcuts.trace import answer_position, child, frame_tree
+from rlmlab.shortcuts.root_frame import answer_position, child, frame_tree
 from rlmlab.task.expr import Call, Expr
 
 

@@ -29,7 +29,7 @@ from rlmlab.learning.observe import observer
 from rlmlab.measuring.probe import forced_predictions
 from rlmlab.measuring.stats import wilson
 from rlmlab.shortcuts.hidden_literal import HiddenLiteral
-from rlmlab.shortcuts.trace import answer_position
+from rlmlab.shortcuts.root_frame import answer_position
 from rlmlab.task.expr import Call, parse, to_text, value_token
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import END_RETURN, Vocab

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.shortcuts.construction import Construction
-from rlmlab.shortcuts.trace import RootFrame
+from rlmlab.shortcuts.root_frame import RootFrame
 
 
 @dataclass(frozen=True)
