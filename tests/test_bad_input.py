@@ -147,10 +147,10 @@ def test_config_and_checkpoint_files_nested_too_deeply(tmp_path, capsys):
     ckpt = tmp_path / "run" / "best"
     ckpt.mkdir(parents=True)
     (ckpt / "checkpoint.json").write_text(deep)
-    from rlmlab.learning.checkpoint import read_meta
+    from rlmlab.learning.checkpoint import read_checkpoint_meta
 
     with pytest.raises(CheckpointError, match="not valid JSON"):
-        read_meta(ckpt)
+        read_checkpoint_meta(ckpt)
 
 
 def test_a_closed_standard_output_is_a_one_line_error(monkeypatch, capsys):

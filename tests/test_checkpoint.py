@@ -47,7 +47,7 @@ def test_round_trip(tmp_path):
     assert sorted(os.listdir(tmp_path / "best")) == ["checkpoint.json", "model.safetensors"]
 
     # optimizer state comes back exactly
-    meta = ck.read_meta(tmp_path / "last")
+    meta = ck.read_checkpoint_meta(tmp_path / "last")
     opt2 = torch.optim.AdamW(r.model.parameters(), lr=1e-2)
     ck.load_optimizer_state(tmp_path / "last", meta, opt2)
     a, b = opt.state_dict(), opt2.state_dict()
@@ -187,7 +187,7 @@ def test_non_finite_or_misshapen_tensors_are_refused_on_load(tmp_path):
         load_run(tmp_path / "nan", "last")
 
     _save(tmp_path / "ok", "last")
-    meta = ck.read_meta(tmp_path / "ok" / "last")
+    meta = ck.read_checkpoint_meta(tmp_path / "ok" / "last")
     moments = load_file(str(tmp_path / "ok" / "last" / "optimizer.safetensors"))
     fresh = torch.optim.AdamW(_trained_model()[0].parameters(), lr=1e-2)
     key = next(k for k in moments if k.endswith("exp_avg"))

@@ -169,7 +169,7 @@ def test_a_weights_only_resume_point_is_sealed_and_its_optimizer_claims_are_chec
         ck.drop_optimizer(run / "best")
     ck.drop_optimizer(run / "last")
     assert sorted(p.name for p in (run / "last").iterdir()) == [ck.META_FILE, ck.MODEL_FILE]
-    meta = ck.read_meta(run / "last")  # resealed: its digest holds
+    meta = ck.read_checkpoint_meta(run / "last")  # resealed: its digest holds
     assert meta["optimizer_dropped"] is True and "optimizer" not in meta and ck.OPTIM_FILE not in meta["files"]
     model = ck.load_run(run, "last").model
     assert ck.load_optimizer_state(run / "last", meta, torch.optim.AdamW(model.parameters())) is False

@@ -102,7 +102,7 @@ def test_a_run_saved_under_the_old_names_resumes_and_is_saved_under_the_new(tmp_
     for which in ("last", "best"):
         to_old_checkpoint(out / which)
     to_old_config(out / "config.json")
-    old = ck.read_meta(out / "last")
+    old = ck.read_checkpoint_meta(out / "last")
     assert old["format"] == "rlmlab-checkpoint/2" and old["learner"] == "cot" and "view" not in old
     assert main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--quiet"]) == 0
     resumed = ck.load_run(out, "last")
@@ -197,7 +197,7 @@ def test_an_old_experiment_json_reads_with_the_new_table_names(tmp_path):
     assert {"per_view", "iid_per_view", "shortcut_per_view"} <= saved["preset"].keys()
     assert "per_learner" not in saved["preset"]
     shutil.copy(committed, tmp_path / "experiment.json")
-    for read in (folder.read_meta, kinds.read_meta):
+    for read in (folder.read_experiment_json, kinds.read_experiment):
         preset = read(tmp_path)["preset"]
         assert not {"per_view", "shortcut_per_view", "iid_per_view"} & preset.keys()
         assert preset["per_learner"] == saved["preset"]["per_view"]
@@ -207,7 +207,7 @@ def test_an_old_experiment_json_reads_with_the_new_table_names(tmp_path):
     assert set(preset_record(saved["preset"])) <= set(EXPERIMENT_PRESETS["paper-cpu"].__dataclass_fields__)
     (tmp_path / "experiment.json").write_text(json.dumps({**saved, "preset": {**saved["preset"], "per_learner": {}}}))
     with pytest.raises(DataError, match="'per_view' is the old name of 'per_learner'"):
-        folder.read_meta(tmp_path)
+        folder.read_experiment_json(tmp_path)
 
 
 def test_an_experiment_in_progress_under_the_old_names_resumes(tmp_path, capsys):

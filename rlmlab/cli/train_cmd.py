@@ -76,10 +76,10 @@ def resolve_config(args, task=None) -> RunConfig:
     is the `Task` that `--task` names, when the caller has resolved it already."""
     cfg = RunConfig()
     if args.resume:
-        from rlmlab.learning.checkpoint import checkpoint_dir, read_meta  # torch: not for `--help`
+        from rlmlab.learning.checkpoint import checkpoint_dir, read_checkpoint_meta  # torch: not for `--help`
 
         ckpt = checkpoint_dir(args.out, "last")
-        cfg = apply_dict(cfg, read_meta(ckpt)["config"], where=str(ckpt))
+        cfg = apply_dict(cfg, read_checkpoint_meta(ckpt)["config"], where=str(ckpt))
     if args.config:
         cfg = load_config_file(args.config, cfg)
     cfg = apply_overrides(cfg, {k[len(OVERRIDE):]: v for k, v in vars(args).items() if k.startswith(OVERRIDE)})

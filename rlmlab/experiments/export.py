@@ -12,7 +12,7 @@ from rlmlab.errors import CheckpointError, DataError, NoResultsError
 from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.run_job import RUN_OUTPUTS
-from rlmlab.experiments.kinds import get_kind, read_meta
+from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import refer_to_siblings
 from rlmlab.experiments.report import report
@@ -63,7 +63,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     followed nor copied (`skipped_links` names them). Returns counts of what was copied and
     left out."""
     src, dest = Path(src).resolve(), Path(dest).resolve()
-    meta = read_meta(src)
+    meta = read_experiment(src)
     if dest == src or src in dest.parents:
         raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
     refuse_other_folder(dest, "experiment", "export destination")
@@ -71,7 +71,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     old_commands, new_commands = _lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl")
     taken_in = False  # `dest` is another kind's folder that takes `src`'s runs in (a sweep)
     if (dest / "experiment.json").exists():
-        old = read_meta(dest)
+        old = read_experiment(dest)
         # A folder of one kind may hold another kind's runs as they are (a threshold sweep, a
         # single-threshold experiment): the two merge under the kind that holds the other.
         if old["kind"] != meta["kind"]:

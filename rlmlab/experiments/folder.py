@@ -137,7 +137,7 @@ def write_meta(out: Path, kind, p: ExperimentPreset, task, extra: dict, learners
     meta = {"kind": kind.name, "preset": asdict(p), "task": task.identity, **extra}
     refuse_another_experiment(out, kind.identity(meta), kind.identity)
     if (out / "experiment.json").exists():
-        old = read_meta(out).get("preset")
+        old = read_experiment_json(out).get("preset")
         if isinstance(old, dict):
             meta["preset"] = merge_learner_tables(old, meta["preset"], learners)
     (out / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -149,7 +149,7 @@ def refuse_another_experiment(out: Path, identity: dict, identity_of: Callable[[
     (the kinds are not known here: `rlmlab.experiments.kinds` imports this module)."""
     if not (out / "experiment.json").exists():
         return
-    old_meta = read_meta(out)
+    old_meta = read_experiment_json(out)
     old = identity_of(old_meta)
     for key, value in identity.items():
         have = old.get(key)
@@ -163,10 +163,10 @@ def refuse_another_experiment(out: Path, identity: dict, identity_of: Callable[[
                               "give this one its own --out")
 
 
-def read_meta(out: Path) -> dict:
+def read_experiment_json(out: Path) -> dict:
     """An experiment folder's `experiment.json`: a JSON object naming its kind, its preset's
     tables under their current names (`preset_record`). Its fields are checked against that kind
-    by `rlmlab.experiments.kinds.read_meta`."""
+    by `rlmlab.experiments.kinds.read_experiment`."""
     path = out / "experiment.json"
     try:
         meta = json.loads(path.read_text())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlmlab.experiments.kinds import get_kind, read_meta
+from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.tables import training_runs, training_summary, training_table
 
 
@@ -22,7 +22,7 @@ def report(out: str | Path, dest: str | Path | None = None) -> Path:
     writing into it.
     """
     out = Path(out)
-    meta = read_meta(out)
+    meta = read_experiment(out)
     kind = get_kind(meta["kind"])
     dest = out / "report" if dest is None else Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlmlab.decoding.driver import Limits
 from rlmlab.errors import DataError
-from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
@@ -295,7 +295,7 @@ def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], lea
     results, out = Path(results), Path(out)
     _check_out(results, out)
     # A folder recorded before presets named a factor decoded with the driver's default.
-    recorded = read_meta(results).get("preset")
+    recorded = read_experiment_json(results).get("preset")
     factor = (recorded.get("eval_runaway_factor") if isinstance(recorded, dict) else None) or Limits().runaway_factor
     commands = [c for c in (rerun_command(a, out, learners, sample, factor) for a in stored_commands(results)) if c]
     if not commands:
@@ -310,11 +310,11 @@ def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], lea
 
 
 def _check_out(results: Path, out: Path) -> None:
-    read_meta(results)
+    read_experiment_json(results)
     r, o = results.resolve(), out.resolve()
     if o == r or r in o.parents or o in r.parents:
         raise DataError(f"{out}: the fresh run needs a folder of its own, outside {results}")
-    if (out / "experiment.json").exists() and read_meta(out).get("kind") != read_meta(results).get("kind"):
+    if (out / "experiment.json").exists() and read_experiment_json(out).get("kind") != read_experiment_json(results).get("kind"):
         raise DataError(f"{out} holds another kind of experiment; give the check its own --out")
 
 
@@ -354,7 +354,7 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
 
     results, checkpoints, out = Path(results), Path(checkpoints), Path(out)
     _check_out(results, out)
-    meta = read_meta(results)
+    meta = read_experiment_json(results)
     kind = get_kind(meta["kind"])
     runs = _released_runs(checkpoints, results, kind.job_names(results, meta))
     taken = [str(out / job / learner) for job, learner in runs if (out / job / learner).exists()]

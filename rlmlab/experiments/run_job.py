@@ -70,11 +70,11 @@ def _check_resumable(run_dir: Path) -> None:
     """The run's `last` checkpoint is complete and carries the state to resume from (its
     metadata digest and tensor files checked), or CheckpointError."""
     from rlmlab.errors import CheckpointError
-    from rlmlab.learning.checkpoint import checkpoint_dir, read_meta
+    from rlmlab.learning.checkpoint import checkpoint_dir, read_checkpoint_meta
     from rlmlab.learning.resume import TrainerState
 
     ckpt = checkpoint_dir(run_dir, "last")
-    meta = read_meta(ckpt)
+    meta = read_checkpoint_meta(ckpt)
     if "trainer" not in meta or "optimizer" not in meta:
         raise CheckpointError(f"{ckpt}: no trainer or optimizer state to resume from")
     TrainerState.from_saved({k: v for k, v in meta["trainer"].items() if k != "rng"}, ckpt)

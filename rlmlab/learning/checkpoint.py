@@ -65,7 +65,7 @@ READABLE = (FORMAT, VIEW_FORMAT, LEGACY_FORMAT)
 # label loses no check.
 MODEL_FILE, OPTIM_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "checkpoint.json"
 # What checkpoint.json must hold, and the JSON type of each entry (formats /1 and /2 hold the
-# learner as "view": `read_meta` hands it on as "learner").
+# learner as "view": `read_checkpoint_meta` hands it on as "learner").
 META_TYPES = {"step": int, "learner": str, "model_config": dict, "config": dict, "vocab": list, "metrics": dict,
               "files": dict, "optimizer": dict, "trainer": dict}
 JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
@@ -252,7 +252,7 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
     raise CheckpointError(f"{run_dir}: no '{which}' checkpoint" + (f" (has: {', '.join(have)})" if have else ""))
 
 
-def read_meta(ckpt: Path) -> dict:
+def read_checkpoint_meta(ckpt: Path) -> dict:
     """checkpoint.json, checked against its digest, with the tensor files it names (the weights
     at least) checked against their SHA-256. The learner is under "learner" whatever the format
     (formats before /3 name it "view" on disk)."""
@@ -466,7 +466,7 @@ def drop_optimizer(ckpt: Path) -> None:
     tmp.write_text(json.dumps(raw, indent=1))
     os.replace(tmp, ckpt / META_FILE)
     (ckpt / OPTIM_FILE).unlink(missing_ok=True)
-    read_meta(ckpt)  # the weights against their SHA-256, the rest as any checkpoint
+    read_checkpoint_meta(ckpt)  # the weights against their SHA-256, the rest as any checkpoint
 
 
 def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> bool:
@@ -513,7 +513,7 @@ def load_run(run_dir: str | Path, which: str = "best", device: str | torch.devic
     checkpoint's vocabulary must be its task's (`run_task`): a model whose token ids mean other
     tokens would decode, and score, nonsense."""
     ckpt = checkpoint_dir(run_dir, which)
-    meta = read_meta(ckpt)
+    meta = read_checkpoint_meta(ckpt)
     try:
         vocab = Vocab(meta["vocab"])
     except RlmlabError as e:

@@ -19,7 +19,7 @@ from rlmlab.learning.checkpoint import (
     build_model,
     checkpoint_dir,
     load_optimizer_state,
-    read_meta,
+    read_checkpoint_meta,
     run_task,
     set_rng_state,
 )
@@ -139,7 +139,7 @@ def resume_run(run_dir: Path, cfg: RunConfig, task: Task, train: ExampleSet, val
     (CheckpointError, ConfigError or DataError where they differ from what it was trained with)."""
     tc = cfg.train
     ckpt = checkpoint_dir(run_dir, "last")
-    meta = read_meta(ckpt)
+    meta = read_checkpoint_meta(ckpt)
     if "trainer" not in meta:
         raise CheckpointError(f"{ckpt}: no trainer state to resume from")
     state = TrainerState.from_saved(meta["trainer"], ckpt)

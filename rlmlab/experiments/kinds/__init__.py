@@ -28,9 +28,9 @@ def get_kind(name: str) -> ExperimentKind:
     return KINDS[name]
 
 
-def read_meta(out: Path) -> dict:
+def read_experiment(out: Path) -> dict:
     """An experiment folder's `experiment.json`, checked against its kind."""
-    meta = folder.read_meta(out)
+    meta = folder.read_experiment_json(out)
     path = out / "experiment.json"
     if meta["kind"] not in KINDS:
         raise DataError(f"{path}: not an experiment description (its 'kind' should be one of "
@@ -39,4 +39,4 @@ def read_meta(out: Path) -> dict:
     return meta
 
 
-__all__ = ["KINDS", "RUNNABLE", "ExperimentKind", "get_kind", "read_meta"]
+__all__ = ["KINDS", "RUNNABLE", "ExperimentKind", "get_kind", "read_experiment"]

@@ -86,11 +86,11 @@ class ExperimentKind(ABC):
         """What the runs that shared the folder `out` before planned under `key` of its
         experiment.json (sizes, constructions); none in a folder of another kind, which
         `write_meta` refuses."""
-        from rlmlab.experiments.folder import read_meta
+        from rlmlab.experiments.folder import read_experiment_json
 
         if not (out / "experiment.json").exists():
             return set()
-        old = read_meta(out)
+        old = read_experiment_json(out)
         if old["kind"] != self.name:
             return set()
         self.check_meta(old, out / "experiment.json")

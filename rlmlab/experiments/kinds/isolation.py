@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from rlmlab.errors import DataError, NoResultsError
-from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, run_config
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell, correctness, paired
@@ -83,7 +83,7 @@ def collect(members: list[Path], kind: str, threshold: int) -> tuple[list[dict],
     bins = None
     groups = []
     for member in members:
-        member_bins = read_meta(member)["split"]["bins"]
+        member_bins = read_experiment_json(member)["split"]["bins"]
         if bins is None:
             bins = member_bins
         elif [b["label"] for b in member_bins] != [b["label"] for b in bins]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlmlab.errors import DataError, NoResultsError
-from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.threshold import PAPER_TABLE2, wrong_trace_summary
 from rlmlab.experiments.seeds import seed_indices, seeded_job
@@ -60,7 +60,7 @@ def member_folders(out: Path, meta: dict) -> list[Path]:
         path = out.parent / Path(entry).name
         if not (path / "experiment.json").is_file():
             raise DataError(f"{out / 'experiment.json'}: member {entry!r} is not an experiment folder")
-        member = read_meta(path)
+        member = read_experiment_json(path)
         if not (isinstance(member.get("threshold"), int) and isinstance(member.get("split"), dict)
                 and isinstance(member["split"].get("bins"), list) and member["split"]["bins"]
                 and all(isinstance(b, dict) and isinstance(b.get("label"), str) and isinstance(b.get("ood"), bool)
@@ -95,7 +95,7 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
     seeds the mean accuracy in domain, in the first bin past the threshold and in the last bin,
     with the wrong traces' first divergence. Out of domain only fitted seeds count: over every
     seed where all fitted, over the fitted ones (the cell says so) where only some did."""
-    meta = read_meta(member)  # checked by `member_folders`
+    meta = read_experiment_json(member)  # checked by `member_folders`
     job = f"{kind}-{threshold}"
     bins = meta["split"]["bins"]
     first_ood = next((b["label"] for b in bins if b["ood"]), None)

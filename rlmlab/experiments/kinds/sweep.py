@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
-from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_meta, write_meta
+from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_experiment_json, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task
 from rlmlab.experiments.kinds.threshold import report_threshold
@@ -302,7 +302,7 @@ class ThresholdSweep(ExperimentKind):
                 raise ConfigError(f"thresholds must be positive integers, got {list(ts)!r}")
         wanted = [job_name(k, t) for k, ts in (("length", lengths), ("depth", depths)) for t in dict.fromkeys(ts or ())]
         asked = {"n_val": p.n_val, "per_bin_cap": p.per_bin_cap, "n_train_requested": p.n_train}
-        splits = dict(read_meta(out)["splits"]) if (out / "experiment.json").exists() else {}
+        splits = dict(read_experiment_json(out)["splits"]) if (out / "experiment.json").exists() else {}
         jobs = []
         pool = None
 
