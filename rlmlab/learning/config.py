@@ -156,7 +156,7 @@ class ModelSettings:
     position_index: str | None = None
     """Where positions count from: null (the learner's own: CoT from the trace's start, RM from
     its active frame's), "frame" (a CoT token at its place in RM's active frame) or "trace" (an RM
-    token at its place in the flattened trace); docs/positions.md, "Isolation or indexing"."""
+    token at its place in the flattened trace); docs/positions.md, "Where positions count from"."""
 
     def __post_init__(self):
         _typecheck(self, "model")

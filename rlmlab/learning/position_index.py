@@ -3,7 +3,7 @@ the flattened trace, or from the start of the active frame the token belongs to.
 
 RM differs from CoT in two ways at once: it sees one frame instead of the whole trace, and it
 counts positions from each frame's start instead of the trace's. This option separates the
-two (docs/positions.md, "Isolation or indexing"): what a learner *sees* stays its observation;
+two (docs/positions.md, "Where positions count from"): what a learner *sees* stays its observation;
 only the index its tokens are placed at changes. The encoding that turns an index into
 something the model reads (learned table, RoPE, ...) is `model.positions`, unchanged.
 
