@@ -82,6 +82,15 @@ def save_figure(fig, path: Path) -> None:
     fig.savefig(path, dpi=150, metadata=meta)
 
 
+def save_figures(fig, stem: Path) -> None:
+    """`fig` as `stem`.png and `stem`.pdf (`save_figure`), then closed."""
+    import matplotlib.pyplot as plt
+
+    for ext in ("png", "pdf"):
+        save_figure(fig, stem.with_suffix(f".{ext}"))
+    plt.close(fig)
+
+
 def paper_order(names) -> list[str]:
     return [v for v in PAPER_LEARNERS if v in names] + sorted(set(names) - set(PAPER_LEARNERS))
 

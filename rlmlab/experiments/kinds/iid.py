@@ -21,7 +21,7 @@ from rlmlab.experiments.tables import (
     learners,
     pct,
     plot_learning_curves,
-    save_figure,
+    save_figures,
     training_runs,
 )
 from rlmlab.experiments.spread import cell, correctness, ratio_cell
@@ -142,9 +142,7 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         a.set_ylabel(title)
         a.legend()
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, dest / f"iid-sample-complexity.{ext}")
-    plt.close(fig)
+    save_figures(fig, dest / "iid-sample-complexity")
     runs = iid_runs(out)
     for stale in dest.glob("curves-iid-N*-s*.*"):  # a run folder that was moved away or renamed
         if stale.stem.removeprefix("curves-") not in runs:

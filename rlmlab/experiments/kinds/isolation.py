@@ -37,7 +37,7 @@ from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, run_config
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell, correctness, paired
-from rlmlab.experiments.tables import eval_results, fitted, pct, save_figure, training_runs, training_summary
+from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
 from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.learner import get_learner
 from rlmlab.learning.position_index import OWN_INDEX
@@ -234,9 +234,7 @@ def plot_isolation(path: Path, report: dict, kind: str, threshold: int) -> None:
         ax.set_title(f"bin {label}×{unit}", fontsize=9)
     fig.suptitle(f"{kind} split, {unit}={threshold}: what RM sees against where it counts positions", fontsize=10)
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, path.with_suffix(f".{ext}"))
-    plt.close(fig)
+    save_figures(fig, path)
 
 
 def report_isolation(out: Path, meta: dict, dest: Path) -> dict:

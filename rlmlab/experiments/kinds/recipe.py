@@ -14,7 +14,7 @@ from rlmlab.experiments.tables import (
     metrics_records,
     model_shape,
     pct,
-    save_figure,
+    save_figures,
     shape_label,
     training_summary,
 )
@@ -103,9 +103,7 @@ def plot_recipe(path: Path, rows: list[dict]) -> None:
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, path.with_suffix(f".{ext}"))
-    plt.close(fig)
+    save_figures(fig, path)
 
 
 def report_recipe(out: Path, meta: dict, dest: Path) -> dict:

@@ -34,7 +34,7 @@ from rlmlab.experiments.tables import (
     learners,
     model_shape,
     pct,
-    save_figure,
+    save_figures,
     shape_label,
     training_runs,
     training_summary,
@@ -230,9 +230,7 @@ def plot_scale(path: Path, rows: list[dict], kind: str, threshold: int) -> None:
     axes[0].legend(fontsize=7, loc="center right")
     fig.suptitle(f"{kind} split, {unit}={threshold}: accuracy against model size (faint: seeds)", fontsize=10)
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, path.with_suffix(f".{ext}"))
-    plt.close(fig)
+    save_figures(fig, path)
 
 
 def report_scale(out: Path, meta: dict, dest: Path) -> dict:

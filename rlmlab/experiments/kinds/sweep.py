@@ -29,7 +29,7 @@ from rlmlab.experiments.tables import (
     learner_label,
     learners,
     pct,
-    save_figure,
+    save_figures,
     training_runs,
     training_summary,
 )
@@ -239,9 +239,7 @@ def plot_sweep(path: Path, points: list[dict]) -> None:
         ax.set_title(f"{kind} split: accuracy against the threshold")
         ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, path.with_suffix(f".{ext}"))
-    plt.close(fig)
+    save_figures(fig, path)
 
 
 def report_sweep(out: Path, meta: dict, dest: Path) -> dict:

@@ -28,7 +28,7 @@ from rlmlab.experiments.tables import (
     pct,
     plot_learning_curves,
     probe_groups,
-    save_figure,
+    save_figures,
     saved_list,
     training_runs,
     training_summary,
@@ -195,9 +195,7 @@ def plot_bins(path: Path, kind: str, threshold: int, rows: list[dict], learners:
         ax.legend(loc="center", bbox_to_anchor=(0.62, 0.42), fontsize=8)
         ax.set_title(f"{kind} split, {unit}={threshold}: accuracy per bin (faint lines: seeds; bands: 95%)")
     fig.tight_layout()
-    for ext in ("png", "pdf"):
-        save_figure(fig, path.with_suffix(f".{ext}"))
-    plt.close(fig)
+    save_figures(fig, path)
 
 
 def _plot_seeds(ax, xs: list[int], v: str, d: dict) -> None:
