@@ -46,7 +46,8 @@ from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
 from rlmlab.learning.data import fit_to_block  # noqa: E402
 from rlmlab.learning.optim import configure_optimizer  # noqa: E402
-from rlmlab.learning.step import FiniteGuard, attention_kind, flat_length, resolve_device, train_step  # noqa: E402
+from rlmlab.learning.attention import attention_kind  # noqa: E402
+from rlmlab.learning.step import FiniteGuard, flat_length, resolve_device, train_step  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
@@ -148,7 +149,7 @@ def bench(learner: str, data, name: str, device: torch.device, tc: TrainConfig, 
     data, dropped = fit_to_block(data, model.cfg.block_size, True, "benchmark")
     optimizer = configure_optimizer(model, tc)
     fwd = torch.compile(model) if compile_model else model
-    kind = attention_kind(device, model.cfg.dropout)
+    kind = attention_kind(device, model.cfg)
     positions = data.lengths - 1
     stream = RowStream(positions, DataSettings(learner=learner).row_length, seed=0)
     step_tokens = round(tc.batch_size * float(positions.mean()))

@@ -27,13 +27,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import draw_packed_layout
 from rlmlab.learning.attention import Flex
-from rlmlab.learning.config import DataSettings, TrainConfig
+from rlmlab.learning.config import DataSettings, ModelConfig, TrainConfig
 from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.optim import configure_optimizer
-from rlmlab.learning.step import FiniteGuard, attention_kind, batch_loss, optimizer_step, step_batches
+from rlmlab.learning.attention import attention_kind
+from rlmlab.learning.step import FiniteGuard, batch_loss, optimizer_step, step_batches
 from rlmlab.learning.examples import build_examples
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
@@ -339,10 +340,16 @@ def test_bf16_autocast_matches_fp32(examples_of):
     assert F.cosine_similarity(g16, g32, dim=0) > 0.99
 
 
-def test_attention_kind_follows_the_device_and_dropout():
-    assert attention_kind(torch.device("cuda"), 0.0) == "flex"
-    assert attention_kind(torch.device("cuda"), 0.1) == "blocks"  # FlexAttention has no attention dropout
-    assert attention_kind(CPU, 0.0) == "blocks"
+def test_attention_kind_follows_the_device_dropout_and_encoding():
+    def cfg(dropout=0.0, positions="learned"):
+        return ModelConfig(vocab_size=len(VOCAB), n_layer=1, n_head=2, n_embd=16, block_size=64, dropout=dropout,
+                           positions=positions)
+
+    assert attention_kind(torch.device("cuda"), cfg()) == "flex"
+    assert attention_kind(torch.device("cuda"), cfg(dropout=0.1)) == "blocks"  # FlexAttention has no attention dropout
+    assert attention_kind(torch.device("cuda"), cfg(positions="alibi")) == "blocks"  # nor ALiBi's bias
+    assert attention_kind(torch.device("cuda"), cfg(positions="rope")) == "flex"
+    assert attention_kind(CPU, cfg()) == "blocks"
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -462,7 +469,7 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_p
                                 micro_batch_tokens=1024))
     logs = {}
     for kind in ("blocks", "flex"):
-        monkeypatch.setattr(training, "attention_kind", lambda device, dropout, kind=kind: kind)
+        monkeypatch.setattr(training, "attention_kind", lambda device, cfg, kind=kind: kind)
         with cpu_flex():
             training.train(cfg, tr, va, tmp_path / kind, progress=False, echo=lambda s: None)
         logs[kind] = read_metrics(tmp_path / kind)

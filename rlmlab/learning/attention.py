@@ -44,6 +44,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend, positions
     return backend.attend(q, k, v, layer, dropout_p)
 
 
+def attention_kind(device: torch.device, cfg) -> str:
+    """How a model of config `cfg` attends over packed training batches on `device`, the one
+    place this is decided: "flex" on CUDA (one FlexAttention call per layer over rows of one
+    fixed length), "blocks" on CPU, wherever attention dropout is on (FlexAttention has none)
+    and for ALiBi (its bias is not written as a FlexAttention `score_mod`)."""
+    flex = device.type == "cuda" and cfg.dropout == 0 and getattr(cfg, "positions", "learned") != "alibi"
+    return "flex" if flex else "blocks"
+
+
 def backend(layout: Layout, name: str = "blocks"):
     """The backend `name` of `layout`, on the host: "dense", "blocks" or "flex".
 

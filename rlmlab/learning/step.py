@@ -6,7 +6,7 @@ are built on the host and moved once, loss and gradient norm stay on the device 
 at log points, and a non-finite step is skipped on the device (AdamW's `found_inf`) and
 reported at the next read (`FiniteGuard`), before anything is validated or saved. So on CUDA
 the host builds the next step's batches while the device still computes this one. On CUDA the
-micro-batches are rows of one fixed length attended with FlexAttention (`attention_kind`),
+micro-batches are rows of one fixed length attended with FlexAttention (`attention.attention_kind`),
 which keeps a compiled model to one graph.
 """
 
@@ -40,13 +40,6 @@ def resolve_device(name: str) -> torch.device:
 def autocast_for(device: torch.device):
     # bf16 on CUDA (no loss scaling needed); CPU bf16 matmuls are far slower than fp32 there.
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-
-
-def attention_kind(device: torch.device, dropout: float) -> str:
-    """How packed batches attend: "flex" on CUDA (one FlexAttention call per layer over rows of
-    one fixed length), "blocks" on CPU and wherever attention dropout is on (FlexAttention has
-    none). See `rlmlab.learning.attention.backend`."""
-    return "flex" if device.type == "cuda" and dropout == 0 else "blocks"
 
 
 def flat_length(tc: TrainConfig, longest: int, step_tokens: int | None = None) -> int:

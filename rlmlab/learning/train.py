@@ -42,6 +42,7 @@ from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.learner import get_learner
+from rlmlab.learning.attention import attention_kind
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.optim import configure_optimizer, describe_schedule, lr_at
 from rlmlab.learning.packing import RowStream, pack_rows, padding_fraction
@@ -49,7 +50,6 @@ from rlmlab.learning.positions import context_limit
 from rlmlab.learning.resume import resume_run, start_run
 from rlmlab.learning.step import (
     FiniteGuard,
-    attention_kind,
     flat_length,
     offset_draws,
     resolve_device,
@@ -164,9 +164,7 @@ class Trainer:
         # only now: a resume refused for its checkpoint leaves the run folder as it was
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.fwd = torch.compile(self.model) if tc.compile else self.model
-        self.attention = attention_kind(device, model_cfg.dropout)
-        if model_cfg.positions == "alibi":  # the flex path has no score_mod for ALiBi's bias
-            self.attention = "blocks"
+        self.attention = attention_kind(device, model_cfg)
 
         spans = self.train_data.lengths - 1  # (N,) positions each training example occupies
         self.stream = RowStream(spans, cfg.data.row_length, tc.seed)
