@@ -19,7 +19,7 @@ from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError
-from rlmlab.learning.attention import Blocks, Dense, simulate_rm
+from rlmlab.learning.attention import Blocks, Dense
 from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
 from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_overrides
 from rlmlab.learning.layout import Layout
@@ -27,6 +27,7 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.positions import alibi_slopes
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.examples import build_examples
+from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute

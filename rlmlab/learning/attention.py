@@ -19,14 +19,13 @@ keys (RoPE) first.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlmlab.learning.lanes import IGNORE, Lanes, lane_pack
+from rlmlab.learning.lanes import IGNORE, Lanes
 from rlmlab.learning.layout import Layout, visible
 from rlmlab.task.vocab import Vocab
 
@@ -447,19 +446,3 @@ def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor
     ids = vocab.ids
     labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
     return idx, pos, labels
-
-
-@torch.no_grad()
-def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> list[str]:
-    """RM's next-token prediction after every prefix `tokens[:t]`, t = prompt_len .. len(tokens),
-    from one forward pass over the lanes of the complete sequence: the executable form of the
-    paper's theorem that CoT can simulate RM. `tokens` must be a legal trace prefix."""
-    lanes = lane_pack(tokens, prompt_len)
-    if model.cfg.positions == "learned" and max(lanes.pos) >= model.cfg.block_size:  # only a table has a limit
-        raise ValueError(f"position {max(lanes.pos)} beyond the model's {model.cfg.block_size}")
-    idx, pos, _ = lane_tensors(lanes, vocab)
-    device = next(model.parameters()).device
-    attn = Dense(Layout.of_lanes(lanes)).to(device)
-    logits = model(idx[None].to(device), pos[None].to(device), attn)[0]  # (T, V)
-    owners = torch.tensor(lanes.owner[prompt_len - 1:], device=device)
-    return vocab.decode(logits[owners].argmax(-1).tolist())

@@ -18,9 +18,9 @@ positions are re-indexed to where each token sits in that frame.
 
 Targets are exactly the per-frame examples' targets (a test checks the per-target logits
 against running every example separately). The rule above is `rlmlab.learning.layout.visible`
-(a lane sequence's layout: `Layout.of_lanes`); the tensors and `simulate_rm` (RM's prediction
-for every prefix of a flattened sequence from one pass over its lanes) are in
-`rlmlab.learning.attention`.
+(a lane sequence's layout: `Layout.of_lanes`); the tensors are in `rlmlab.learning.attention`,
+and `simulate_rm` (RM's prediction for every prefix of a flattened sequence from one pass over
+its lanes) in `rlmlab.measuring.simulate`.
 """
 
 from __future__ import annotations
