@@ -5,13 +5,15 @@ appended and flushed as written), `metrics.parquet` once the run is finished and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.journal import commit, staged
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import first_file, parse_json
+from rlmlab.safeio import first_file, parse_json, parse_jsonl_objects, read_bytes
 
 METRICS = "metrics.parquet"
 LEGACY_METRICS = "metrics.jsonl"
@@ -49,20 +51,27 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def convert_metrics(run_dir: str | Path) -> bool:
-    """Replace a run's metrics.jsonl by metrics.parquet holding the same records (the lines
-    that parse; a line cut short by a killed run never counted). Returns whether it converted."""
+    """Replace a run's metrics.jsonl by metrics.parquet holding the same records, as one
+    change a kill cannot cut in half (`journal`). Every line must be a JSON object, or nothing
+    changes: only a last line that a killed run cut short, which no reader counts, is left
+    out. Returns whether it converted."""
     run_dir = Path(run_dir)
     src = run_dir / LEGACY_METRICS
-    if not src.is_file():
+    if not src.is_file() or src.is_symlink():
         return False
-    records = read_jsonl_log(src)
+    data = read_bytes(src, DataError, "training log", limit=1 << 30)
+    records = parse_jsonl_objects(data, str(src), cut_tail=True)
+    new = staged(run_dir / METRICS)
     try:
-        write_records(run_dir / METRICS, records)
+        write_records(new, records)
     except ValueError as e:
+        new.unlink(missing_ok=True)
         raise DataError(f"{src}: {e}") from None
-    if read_records(run_dir / METRICS) != records:
+    if read_records(new) != records:
+        new.unlink()
         raise DataError(f"{src}: its records do not come back from Parquet unchanged; left as it is")
-    src.unlink()
+    # metrics.jsonl is read first while it exists: the Parquet form replaces it when it goes
+    commit(run_dir, [("put", METRICS), ("drop", LEGACY_METRICS, "sha256:" + hashlib.sha256(data).hexdigest())])
     return True
 
 

@@ -106,6 +106,35 @@ def read_jsonl(path: str | Path, error: type[RlmlabError] = DataError, what: str
             for n, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
+def parse_jsonl_objects(data: bytes, where: str, error: type[RlmlabError] = DataError,
+                        cut_tail: bool = False, max_depth: int = MAX_DEPTH) -> list[dict]:
+    """Every non-blank line of `data` as a JSON object, or one-line `error` naming the first
+    line that is not (not UTF-8, not JSON, not an object): a record file converted for good
+    must lose no line. With `cut_tail`, a last line without its newline that does not parse
+    (written by a process killed mid-line, which no reader counts) is left out."""
+    lines = data.split(b"\n")
+    records = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if cut_tail and n == len(lines):
+                break
+            raise error(f"{where}: line {n}: not UTF-8 text (byte {e.start} of the line)") from None
+        try:
+            value = parse_json(text, f"{where}: line {n}", error, max_depth)
+        except RlmlabError:
+            if cut_tail and n == len(lines):
+                break
+            raise
+        if not isinstance(value, dict):
+            raise error(f"{where}: line {n}: not a JSON object (a {type(value).__name__}); each line is one record")
+        records.append(value)
+    return records
+
+
 def json_safe(value):
     """A scalar from a data column as JSON writes it: non-finite floats become null (JSON has
     no NaN), bytes are refused by the caller before this."""

@@ -3,6 +3,8 @@ Parquet records written with an older encoding rewritten with today's."""
 
 from __future__ import annotations
 
+import sys
+
 from rlmlab.experiments.convert import convert_folder
 
 
@@ -15,6 +17,10 @@ def register(sub) -> None:
 def run(args) -> int:
     for folder in args.folders:
         n = convert_folder(folder)
+        if n["links"]:
+            links = n["links"]
+            print(f"{folder}: skipped {len(links)} symbolic link(s), neither followed nor converted: "
+                  + ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else ""), file=sys.stderr)
         print(f"{folder}: {n['results']} result files and {n['metrics']} training logs converted, "
               f"{n['reencoded']} Parquet files re-encoded, "
               f"{n['bytes_before'] / 1e6:.1f} MB -> {n['bytes_after'] / 1e6:.1f} MB"

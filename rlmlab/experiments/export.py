@@ -128,7 +128,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     # What the source still holds as JSON lines lands as Parquet; files of dest's own are left alone.
     for path in copied_lines:
         if path.name == LEGACY_RESULTS:
-            convert_results(path.parent)
+            convert_results(path.parent, replace=True)  # over the Parquet of an earlier export
         else:
             convert_metrics(path.parent)
     # A run's records were written by the code it trained with; the folder keeps one encoding, so

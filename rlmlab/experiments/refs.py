@@ -15,11 +15,13 @@ that leaves the results tree, names a missing folder, or whose files no longer h
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
 
 from rlmlab.errors import DataError
+from rlmlab.journal import TRASH, commit, staged
 from rlmlab.safeio import read_json
 
 REFS = "refs.json"
@@ -107,8 +109,8 @@ def job_runs(out: Path, job: str) -> dict[str, Path]:
     return found
 
 
-# Folders of an experiment folder that hold no runs.
-NOT_JOBS = frozenset({"data", "report", "view"})
+# Folders of an experiment folder that hold no runs (TRASH: runs on their way out, once held by reference).
+NOT_JOBS = frozenset({"data", "report", "view", TRASH})
 
 
 def experiment_runs(out: Path) -> list[tuple[str, str, Path]]:
@@ -126,15 +128,8 @@ def has_job(out: Path, job: str) -> bool:
     return (out / job).is_dir() or any(key.split("/")[0] == job for key in read_refs(out))
 
 
-def write_ref(out: Path, job: str, learner: str, target: Path) -> None:
-    """Record in `out`'s refs.json that run `<job>/<learner>` is the folder `target` (inside the
-    same results tree), with its digest now."""
-    import json
-
-    runs = read_refs(out)
-    rel = os.path.relpath(target.resolve(), out.resolve())
-    runs[f"{job}/{learner}"] = {"path": rel, "digest": run_digest(target)}
-    (out / REFS).write_text(json.dumps({"format": FORMAT, "runs": dict(sorted(runs.items()))}, indent=2) + "\n")
+def _refs_text(runs: dict[str, dict]) -> str:
+    return json.dumps({"format": FORMAT, "runs": dict(sorted(runs.items()))}, indent=2) + "\n"
 
 
 def _working(folder: Path) -> bool:
@@ -144,32 +139,47 @@ def _working(folder: Path) -> bool:
     return (folder / ".lock").exists()
 
 
+def _plain_dir(path: Path) -> bool:
+    """A folder reached through no symbolic link (`path` lies under a resolved folder)."""
+    return path.is_dir() and not path.is_symlink() and os.path.realpath(path) == str(path)
+
+
+def _digest_or_none(run: Path) -> str | None:
+    """A run folder's digest, or None for one that holds a symbolic link (never referred to)."""
+    try:
+        return run_digest(run)
+    except DataError:
+        return None
+
+
 def refer_to_siblings(out: Path, runs: set[str] | None = None) -> list[str]:
     """Replace each run folder of `out` (of `runs`, "<job>/<learner>" names, when given) that
     another experiment folder beside it (in the same results tree) holds byte for byte, at the
     same `<job>/<learner>`, by a reference to that copy; folders `rlmlab run` works in are left
-    out on both sides (`_working`). Returns the runs now held by reference."""
-    import shutil
+    out on both sides (`_working`). Returns the runs now held by reference.
 
+    One transaction (`rlmlab.journal`): refs.json is written beside the old one, then it and the
+    moves of the runs it now names are journalled. No symbolic link is followed on either side:
+    a run reached through one is neither referred to nor removed, and no folder outside `out`
+    is ever removed."""
+    base = out.resolve()
     if _working(out):
         return []
-    referred = []
-    for run in sorted(d for d in out.glob("*/*") if d.is_dir() and d.parent.name not in NOT_JOBS
-                      and (runs is None or f"{d.parent.name}/{d.name}" in runs)):
-        job, learner = run.parent.name, run.name
-        twins = [s / job / learner for s in sorted(out.parent.iterdir())
-                 if s.is_dir() and s.resolve() != out.resolve() and (s / "experiment.json").is_file()
-                 and not _working(s)
-                 and (s / job / learner).is_dir() and not (s / job / learner).is_symlink()]
-        if not twins:
-            continue
-        mine = run_digest(run)
-        twin = next((t for t in twins if run_digest(t) == mine), None)
-        if twin is None:
-            continue
-        write_ref(out, job, learner, twin)
-        shutil.rmtree(run)
-        if not any(run.parent.iterdir()):
-            run.parent.rmdir()
-        referred.append(f"{job}/{learner}")
-    return referred
+    siblings = [s for s in sorted(base.parent.iterdir())
+                if s != base and _plain_dir(s) and (s / "experiment.json").is_file() and not _working(s)]
+    found = {}
+    for job in sorted(d for d in base.iterdir() if _plain_dir(d) and d.name not in NOT_JOBS):
+        for run in sorted(d for d in job.iterdir() if _plain_dir(d)):
+            key = f"{job.name}/{run.name}"
+            twins = [s / key for s in siblings if _plain_dir(s / job.name) and _plain_dir(s / key)]
+            if (runs is not None and key not in runs) or not twins:
+                continue
+            mine = _digest_or_none(run)
+            twin = next((t for t in twins if mine is not None and _digest_or_none(t) == mine), None)
+            if twin is not None:
+                found[key] = {"path": os.path.relpath(twin, base), "digest": mine}
+    if not found:
+        return []
+    staged(base / REFS).write_text(_refs_text({**read_refs(base), **found}))
+    commit(base, [("put", REFS)] + [("trash", key, entry["path"]) for key, entry in sorted(found.items())])
+    return sorted(found)

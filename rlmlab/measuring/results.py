@@ -41,8 +41,7 @@ def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict, i
 def write_rows(out: Path, results: Sequence[dict]) -> Path:
     """results.parquet and traces.parquet of `results` in folder `out`; returns the first."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = [{k: v for k, v in r.items() if k != TRACE_FIELD} for r in results]
-    traces = [{ROW_FIELD: i, TRACE_FIELD: r[TRACE_FIELD]} for i, r in enumerate(results) if TRACE_FIELD in r]
+    rows, traces = split_traces(results)
     res = write_records(out / RESULTS, rows)
     if traces:
         write_records(out / TRACES, traces)
@@ -51,6 +50,13 @@ def write_rows(out: Path, results: Sequence[dict]) -> Path:
     if (out / LEGACY_RESULTS).exists():
         (out / LEGACY_RESULTS).unlink()
     return res
+
+
+def split_traces(results: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """(the rows of results.parquet, the rows of traces.parquet) that hold `results`."""
+    rows = [{k: v for k, v in r.items() if k != TRACE_FIELD} for r in results]
+    traces = [{ROW_FIELD: i, TRACE_FIELD: r[TRACE_FIELD]} for i, r in enumerate(results) if TRACE_FIELD in r]
+    return rows, traces
 
 
 def results_file(folder: str | Path) -> Path | None:
@@ -133,3 +139,9 @@ def _attach_traces(results: list[dict], path: Path) -> None:
                 and isinstance(trace, str) and TRACE_FIELD not in results[row]):
             raise DataError(f"{path}: a trace row does not name one result of {len(results)}")
         results[row][TRACE_FIELD] = trace
+
+
+def attach_traces(results: list[dict], path: Path) -> None:
+    """Put the traces of traces.parquet file `path` back into `results`, the rows of its
+    results.parquet (a file converted beside the ones it replaces is read back this way)."""
+    _attach_traces(results, path)
