@@ -10,7 +10,7 @@ Every row carries where it comes from: `job` (the job folder, e.g. `length-595-s
 `learner`, `fitted` (whether the run reached the plateau by the rule its report withholds
 out-of-domain cells by; `df[df.fitted | ~df.ood]` keeps what the report shows) and, for
 evaluations and probes, `set`. The columns are documented in docs/results-format.md. pandas is
-optional (`pip install "rlmlab[analysis]"`); the lists of dicts
+optional (`pip install -e ".[analysis]"` in the clone); the lists of dicts
 behind each frame come from `rlmlab.measuring.results.read_results` and
 `rlmlab.runlog.read_metrics`, which need only pyarrow.
 """
@@ -62,6 +62,6 @@ def load(folder: str | Path, what: str = "eval", traces: bool = False):
     try:
         import pandas as pd
     except ImportError:
-        raise ConfigError('rlmlab.results.load needs pandas: pip install "rlmlab[analysis]" '
+        raise ConfigError('rlmlab.results.load needs pandas: pip install -e ".[analysis]" in the rlmlab clone '
                           "(rlmlab.results.records gives the same rows as dicts)") from None
     return pd.DataFrame.from_records(records(folder, what, traces))

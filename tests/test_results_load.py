@@ -1,14 +1,22 @@
-"""`rlmlab.results` marks the runs whose out-of-domain cells a report withholds: every row carries
-`fitted`, by the rule the report uses, so that a notebook does not read an unfitted run's
-out-of-domain accuracy as a result. Checked against the committed reports of folders that have
-an unfitted run."""
+"""`rlmlab.results` in a notebook: every row carries `fitted`, by the rule the report withholds
+out-of-domain cells by, so that an unfitted run's out-of-domain accuracy is not read as a result
+(checked against the committed reports of folders that have an unfitted run); and without pandas,
+`load` names an extra that installs it."""
 import json
+import re
+import sys
+import tomllib
 from pathlib import Path
 
+import pytest
+
+import rlmlab.results
+from rlmlab.errors import ConfigError
 from rlmlab.experiments.seeds import seeded_job
 from rlmlab.results import records
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
 
 
 def fitted_runs(rows: list[dict]) -> dict[tuple[str, str], bool]:
@@ -58,3 +66,12 @@ def test_shortcut_rows_follow_table_3s_not_fitted_column():
     runs = fitted_runs(records(folder))
     assert named == {("shortcut-copy_deep_return", "cot")}
     assert {run for run, ok in runs.items() if not ok} == named
+
+
+def test_without_pandas_load_names_an_extra_that_installs_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` raises ImportError
+    with pytest.raises(ConfigError, match="needs pandas") as error:
+        rlmlab.results.load(RESULTS / "length-595-paper-cpu-steps")
+    extra = re.search(r'pip install -e "\.\[(\w+)\]"', str(error.value)).group(1)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "pandas" in [re.split(r"[<>=!~; \[]", r)[0] for r in extras[extra]]
