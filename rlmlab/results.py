@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.folder import read_meta
+from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.tables import run_fitted
@@ -37,7 +37,7 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
         raise ConfigError(f"what={what!r}: expected one of {', '.join(KINDS)}")
     if not (folder / "experiment.json").is_file():
         raise DataError(f"{folder}: not an experiment folder (no experiment.json)")
-    kind = read_meta(folder)["kind"]
+    kind = read_experiment_json(folder)["kind"]
     rows = []
     for job, learner, run_dir in experiment_runs(folder):
         base, seed = split_seed(job)
