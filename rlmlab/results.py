@@ -7,8 +7,10 @@
 
 Every row carries where it comes from: `job` (the job folder, e.g. `length-595-s1`), `experiment_job`
 (the same without its seed suffix), `seed` (the training seed index, 0 for a single-seed run),
-`learner` and, for evaluations and probes, `set`. The columns are documented in
-docs/results-format.md. pandas is optional (`pip install "rlmlab[analysis]"`); the lists of dicts
+`learner`, `fitted` (whether the run reached the plateau by the rule its report withholds
+out-of-domain cells by; `df[df.fitted | ~df.ood]` keeps what the report shows) and, for
+evaluations and probes, `set`. The columns are documented in docs/results-format.md. pandas is
+optional (`pip install -e ".[analysis]"` in the clone); the lists of dicts
 behind each frame come from `rlmlab.measuring.results.read_results` and
 `rlmlab.runlog.read_metrics`, which need only pyarrow.
 """
@@ -18,8 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
+from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
+from rlmlab.experiments.tables import run_fitted
 from rlmlab.measuring.results import evaluated_sets, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 
@@ -33,10 +37,12 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
         raise ConfigError(f"what={what!r}: expected one of {', '.join(KINDS)}")
     if not (folder / "experiment.json").is_file():
         raise DataError(f"{folder}: not an experiment folder (no experiment.json)")
+    kind = read_experiment_json(folder)["kind"]
     rows = []
     for job, learner, run_dir in experiment_runs(folder):
         base, seed = split_seed(job)
-        where = {"job": job, "experiment_job": base, "seed": seed, "learner": learner}
+        where = {"job": job, "experiment_job": base, "seed": seed, "learner": learner,
+                 "fitted": run_fitted(kind, run_dir)}
         if what == "metrics":
             if has_metrics(run_dir):
                 rows += [{**where, **r} for r in read_metrics(run_dir)]
@@ -56,6 +62,6 @@ def load(folder: str | Path, what: str = "eval", traces: bool = False):
     try:
         import pandas as pd
     except ImportError:
-        raise ConfigError('rlmlab.results.load needs pandas: pip install "rlmlab[analysis]" '
+        raise ConfigError('rlmlab.results.load needs pandas: pip install -e ".[analysis]" in the rlmlab clone '
                           "(rlmlab.results.records gives the same rows as dicts)") from None
     return pd.DataFrame.from_records(records(folder, what, traces))

@@ -334,7 +334,7 @@ def test_bf16_autocast_matches_fp32(examples_of):
         with torch.autocast("cpu", dtype=torch.bfloat16) if dtype else contextlib.nullcontext():
             loss, _ = batch_loss(model, b, CPU)
         (loss / b.n_targets).backward()
-        grads.append((float(loss) / b.n_targets, torch.cat([p.grad.flatten() for p in model.parameters()])))
+        grads.append((float(loss.detach()) / b.n_targets, torch.cat([p.grad.flatten() for p in model.parameters()])))
     (l32, g32), (l16, g16) = grads
     assert abs(l16 - l32) < 0.01 * l32
     assert F.cosine_similarity(g16, g32, dim=0) > 0.99

@@ -9,6 +9,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.experiments.refs import job_runs, run_path
 from rlmlab.measuring.results import find_eval_dir, has_results, read_results
+from rlmlab.measuring.stats import accuracy
 from rlmlab.runlog import has_metrics, read_metrics
 from rlmlab.safeio import read_json
 
@@ -39,6 +40,17 @@ def learner_line(name: str) -> tuple[str | None, str]:
 def fitted(best_validation: float | None) -> bool:
     """Whether a learner whose best validation final-answer accuracy is this reached the plateau."""
     return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
+
+
+def run_fitted(kind: str, run_dir: Path) -> bool:
+    """Whether a run reached the plateau by the rule its experiment's report withholds
+    out-of-domain cells by: Table 3 (kind `shortcuts`) reads it off the run's accuracy on the IID
+    set, every other kind off the best validation final-answer accuracy in its training log. A
+    run without that evidence (no IID results, no validation) has not fitted."""
+    if kind == "shortcuts":
+        iid = find_eval_dir(run_dir, "iid")
+        return has_results(iid) and fitted(accuracy(read_results(iid))["accuracy"])
+    return fitted(training_summary(run_dir)["best"])
 
 
 def learner_label(name: str) -> str:
