@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import shutil
+import sys
 from fractions import Fraction
 
 import pyarrow.parquet as pq
@@ -549,6 +550,36 @@ def test_a_finished_run_evaluates_on_the_threads_the_command_asks_for(tmp_path, 
     finally:
         torch.set_num_threads(before)
     assert seen == [1]
+
+
+def test_run_evaluation_shows_a_bar_on_a_terminal_and_none_with_quiet(tmp_path, monkeypatch):
+    # The evaluation of a run is its longest silent stage (minutes per learner): on a terminal it
+    # reports the expressions decoded out of the set's, as they finish; --quiet keeps it silent.
+    import io
+
+    import rlmlab.measuring.score
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = tmp_path / "length"
+    argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--learners", "rm", "--threads", "1"]
+    assert main(argv + ["--quiet"]) == 0
+    seen, evaluate = [], rlmlab.measuring.score.evaluate_file
+    monkeypatch.setattr(rlmlab.measuring.score, "evaluate_file",
+                        lambda *a, **k: (seen.append(k.get("progress")), evaluate(*a, **k))[1])
+    for quiet in (["--quiet"], []):
+        shutil.rmtree(out / "length-96" / "rm" / "eval")  # evaluated again, training skipped
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(argv + quiet) == 0
+        monkeypatch.undo()
+        monkeypatch.setattr(rlmlab.measuring.score, "evaluate_file",
+                            lambda *a, **k: (seen.append(k.get("progress")), evaluate(*a, **k))[1])
+    n = json.loads((out / "length-96" / "rm" / "eval" / "summary.json").read_text())["n"]
+    assert seen[0] is None and callable(seen[1])
+    assert "eval rm: 100%" in terminal.getvalue() and f"{n}/{n}" in terminal.getvalue()
 
 
 def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path, monkeypatch, capsys):

@@ -176,13 +176,38 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
                                     {**job.settings, **encoding}.get("model.positions", "learned"),
                                     task=task)
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
-        _, summaries[set_name] = evaluate_file(
-            eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab, model=loaded.model,
-            limits=limits, batch_size=job.eval_batch, columns=RESULT_COLUMNS, traces="inexact",
-            header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
-                    "set": set_name},
-            task=loaded.task)
+        bar = _eval_bar(progress, f"eval {job.learner}" + ("" if set_name == "eval" else f" {set_name}"), path)
+        try:
+            _, summaries[set_name] = evaluate_file(
+                eval_dir(run_dir, set_name), ModelPredictor(loaded.model), job.learner, path, loaded.vocab,
+                model=loaded.model, limits=limits, batch_size=job.eval_batch, columns=RESULT_COLUMNS,
+                traces="inexact", progress=None if bar is None else bar.update,
+                header={"predictor": "model", "run_dir": str(run_dir), "which": "best", "step": loaded.step,
+                        "set": set_name},
+                task=loaded.task)
+        finally:
+            if bar is not None:
+                bar.close()
     return summaries
+
+
+def _eval_bar(progress: bool, name: str, data: str | Path):
+    """A bar of the expressions decoded (their rate and the time left) on stderr, or None when
+    `progress` is off or stderr is not a terminal, so that logs hold no bar. An evaluation is
+    the longest silent stage of a finished run (minutes per learner on a CPU)."""
+    if not progress or sys.stderr is None or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    total = None
+    if str(data).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            total = pq.ParquetFile(data).metadata.num_rows
+        except (OSError, ValueError):  # unreadable: evaluate_file says why; the bar goes without a total
+            pass
+    return tqdm(total=total, desc=name, unit="expr", dynamic_ncols=True)
 
 
 def _finished(done: Path) -> bool:
