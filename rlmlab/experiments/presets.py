@@ -368,11 +368,8 @@ EXPERIMENT_PRESETS: dict[str, ExperimentPreset] = {
         # The paper's IID protocol (its sixteen sizes, three seeds up to N = 10,000, one above,
         # 5,000 test expressions) on the length split's training distribution (traces of at most
         # 595 tokens) rather than the whole generator's: a third of the tokens per expression.
-        # Every run trains its whole budget, as the paper's timeout protocol does. The budgets
-        # (docs/presets.md, "IID step budgets") are the steps the earlier wall-clock sweep needed
-        # to reach its best validation, by size band; past N = 30,000 more data needs no more
-        # steps to fit, and CoT's 30,000 steps are ~2.5 CPU hours, inside a session. A pool of
-        # 1,200,000 expressions holds 450,000 distinct ones within the trace cap.
+        # Every run trains its whole budget, as the paper's timeout protocol does; budgets by
+        # size band and the pool's size are explained in docs/presets.md, "IID step budgets".
         iid_sizes=(100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000, 50_000, 100_000,
                    200_000, 300_000, 450_000),
         iid_seeds=3, iid_one_seed_from=20_000, iid_n_test=5_000, iid_max_trace=595, iid_pool_n=1_200_000,
