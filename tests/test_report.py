@@ -9,6 +9,7 @@ import pytest
 
 from rlmlab.experiments.kinds.iid import iid_points
 from rlmlab.experiments.kinds.threshold import threshold_tables
+from rlmlab.errors import NoResultsError
 from rlmlab.experiments.report import report
 from rlmlab.measuring.results import write_rows
 from rlmlab.measuring.stats import wilson
@@ -220,7 +221,10 @@ def test_learning_curves_are_drawn_against_cpu_time_when_every_run_logs_it():
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-COMMITTED = sorted(d.name for d in RESULTS.iterdir() if (d / "experiment.json").is_file())
+COMMITTED = sorted(d.name for d in RESULTS.iterdir() if (d / "report" / "report.json").is_file())
+# Exported with --resumable while their first runs still train: no results to report yet.
+IN_PROGRESS = sorted(d.name for d in RESULTS.iterdir()
+                     if (d / "experiment.json").is_file() and d.name not in COMMITTED)
 
 
 def test_every_committed_results_folder_is_checked():
@@ -235,6 +239,15 @@ def assert_report_regenerates(committed: Path, regenerated: Path, label: str) ->
     assert texts == sorted(p.name for p in regenerated.iterdir() if p.suffix in (".md", ".tex", ".json"))
     for name in texts:
         assert (regenerated / name).read_bytes() == (committed / name).read_bytes(), f"{label}/report/{name}"
+
+
+@pytest.mark.parametrize("folder", IN_PROGRESS)
+def test_a_committed_folder_without_a_report_has_nothing_to_report(folder, tmp_path):
+    """A folder may be committed without its report only while no run in it has finished: once one
+    has, its report must be committed with it."""
+    with pytest.raises(NoResultsError):
+        report(RESULTS / folder, tmp_path)
+    assert not (RESULTS / folder / "report").exists()
 
 
 @pytest.mark.parametrize("folder", COMMITTED)

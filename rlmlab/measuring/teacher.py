@@ -58,7 +58,8 @@ def teacher_forced_argmax(model, rows: Sequence[Row], max_tokens: int = 16384,
             idx[b, :reads[r]] = torch.tensor(rows[r][0][:reads[r]])
             if pos is not None:
                 pos[b, :reads[r]] = torch.tensor(positions[r][:reads[r]])
-        logits = model(idx.to(device), None if pos is None else pos.to(device))
+        # Models without a position index (test oracles included) take the tokens alone.
+        logits = model(idx.to(device)) if pos is None else model(idx.to(device), pos.to(device))
         pred = logits.argmax(-1).cpu()  # (b, T): pred[:, i-1] predicts token i
         for b, r in enumerate(batch):
             ids, m = rows[r]
