@@ -35,3 +35,16 @@ def test_demo_evaluates_the_released_checkpoints_without_training(tmp_path, caps
     rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table.splitlines() if "acc. (%)" in line}
     assert set(rows) == {"| RM acc. (%)", "| CoT acc. (%)"}
     assert all(len(cells) == 10 and "not fitted" not in " ".join(cells) for cells in rows.values())
+
+
+def test_the_demo_takes_the_cores_the_load_leaves_idle():
+    from rlmlab.cli.demo_cmd import idle_cores
+
+    assert [idle_cores(2, load) for load in (0.0, 0.4, 0.6, 1.0, 1.6, 2.0, 7.5)] == [2, 2, 1, 1, 1, 1, 1]
+    assert idle_cores(16, 3.2) == 13 and idle_cores(4, None) == 4 and idle_cores(2, -1.0) == 2
+
+
+def test_the_demo_refuses_a_thread_count_before_writing(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--threads", "0"]) == 2
+    assert "--threads" in capsys.readouterr().err and not out.exists()

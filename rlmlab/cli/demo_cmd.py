@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
+from rlmlab.learning.config import MAX_THREADS
 from rlmlab.runlog import metrics_file
 
 PRESET = "paper-cpu"
@@ -27,8 +30,25 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--per-bin", type=int, default=40, help="evaluation expressions per bin (default 40)")
     p.add_argument("--retrain", action="store_true", help=f"train both learners from scratch ({PRESET} preset)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: the cores the last minute's load leaves idle, at least 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run)
+
+
+def idle_cores(cores: int, load: float | None) -> int:
+    """The CPU cores a 1-minute load average of `load` leaves free, at least 1 (all of them
+    where the system keeps no load average). A torch thread on a core another process holds
+    waits for it at every operation: on a 2-core machine with one training running, two
+    threads decode several times slower than one."""
+    return cores if load is None else max(1, min(cores, round(cores - load)))
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def run(args) -> int:
@@ -36,6 +56,19 @@ def run(args) -> int:
     from rlmlab.experiments.report import report
     from rlmlab.experiments.run import run_experiment
 
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must lie in [1, {MAX_THREADS}], got {args.threads}")
+    if args.per_bin < 1:
+        raise DataError("--per-bin must be at least 1")
+    import torch
+
+    cores, load = os.cpu_count() or 1, _load()
+    threads = args.threads or idle_cores(cores, load)
+    torch.set_num_threads(threads)
+    if args.threads is None and not args.quiet:
+        seen = "" if load is None else f"load {load:.1f} on "
+        print(f"demo: {threads} torch thread{'s' * (threads > 1)} ({seen}{cores} cores; --threads N to choose)",
+              file=sys.stderr)
     out = Path(args.out)
     preset = get_preset(PRESET)
     if args.retrain:
@@ -43,8 +76,6 @@ def run(args) -> int:
     else:
         if not (RELEASED / "rm" / "best" / "checkpoint.json").exists():
             raise DataError(f"no released checkpoints in {RELEASED}; run `rlmlab demo --retrain`")
-        if args.per_bin < 1:
-            raise DataError("--per-bin must be at least 1")
         _install_released(out, preset.length)
         run_experiment("length", preset.with_overrides(per_bin_cap=args.per_bin), out, progress=not args.quiet)
     dest = report(out)
