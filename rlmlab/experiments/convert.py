@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from rlmlab.errors import DataError
-from rlmlab.experiments.refs import refer_to_siblings
+from rlmlab.experiments.refs import read_refs, refer_to_siblings
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, read_results, write_rows
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
@@ -55,6 +55,7 @@ def convert_folder(root: str | Path) -> dict:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder")
+    read_refs(root)  # its references are checked before anything is rewritten
     counts = {"results": 0, "metrics": 0, "reencoded": 0, "bytes_before": 0, "bytes_after": 0}
     for path in _files(root, LEGACY_RESULTS):
         counts["bytes_before"] += path.stat().st_size
