@@ -498,7 +498,7 @@ def test_a_failed_export_leaves_no_partial_folder_and_an_earlier_export_as_it_wa
     # a record file met half way through the copy that cannot be converted
     evaluation = src / "length-197" / "rm" / "eval" / "eval"
     for name in ("results.parquet", "traces.parquet"):
-        (evaluation / name).unlink()
+        (evaluation / name).unlink(missing_ok=True)
     (evaluation / "results.jsonl").write_text('{"expr": "add(1,2)", "correct": true}\n{cut short\n')
     if earlier:
         shutil.copytree(COMMITTED / "length-197-small", dest)
@@ -531,4 +531,4 @@ def test_export_copies_finished_runs_only_and_names_the_others(tmp_path, capsys)
         err = capsys.readouterr().err
         assert f"left out 1 unfinished run(s) and the commands that planned only them: {run}" in err
         assert not (dest / run).exists()
-        assert len([p for p in (dest.parent).iterdir()]) == 1  # no staging folder left beside it
+        assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no staging folder left

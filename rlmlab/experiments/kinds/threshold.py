@@ -34,7 +34,7 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.measuring.frame_errors import render_frames
-from rlmlab.measuring.results import find_eval_dir, has_results, read_results, require_fields
+from rlmlab.measuring.results import find_eval_dir, has_results, read_results, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, auc_with_interval
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
@@ -225,7 +225,7 @@ def threshold_results(out: Path, job: str, name: str) -> list[dict] | None:
     `THRESHOLD_FIELDS` (its cells would read as not evaluated)."""
     results = eval_results(out, job, name, "eval")
     if results is not None:
-        require_fields(results, THRESHOLD_FIELDS, str(find_eval_dir(run_path(out, job, name), "eval")))
+        require_fields(results, THRESHOLD_FIELDS, str(results_file(find_eval_dir(run_path(out, job, name), "eval"))))
     return results
 
 
