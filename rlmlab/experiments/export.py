@@ -74,10 +74,6 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
                         "and not around it")
     refuse_other_folder(dest, "experiment", "export destination")
     refuse_symlinks(dest, "export destination")
-    if not (dest / "experiment.json").exists() and dest.is_dir() and any(p.is_dir() for p in dest.iterdir()):
-        # an export is built on a copy of its destination: never on one of an unrelated tree
-        raise DataError(f"export destination {dest}: holds folders but no experiment; export into a new "
-                        "folder or an earlier export of this experiment")
     read_refs(src)  # references are checked before anything is copied
     read_refs(dest)
     if not resumable:
