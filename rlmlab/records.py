@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlmlab.errors import DataError, RlmlabError
-from rlmlab.safeio import parse_json
+from rlmlab.safeio import check_fits, parse_json, shorten
 
 META_KEY = b"rlmlab.records"
 PRESENT = "_present."
@@ -28,6 +28,15 @@ COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 19
 # Python types a column stores natively when all its non-null values share one of them.
 NATIVE = (bool, int, float, str)
+# The Arrow types `records_to_table` gives those columns ("null": a column with no value).
+NATIVE_TYPES = frozenset({"bool", "int64", "double", "string", "null"})
+# Rows a file may claim per byte it holds. The densest records rlmlab has written hold about
+# 0.06 (a results file's expressions and traces do not compress away); a footer or metadata
+# claiming far more describes a file its bytes could not have come from.
+MAX_ROWS_PER_BYTE = 16
+# What a value read back costs in Python (an object and its slot in a dict): the bound on the
+# memory a file's rows will take, checked against this machine's before they are made.
+VALUE_BYTES = 64
 
 
 def _column_kind(values: list) -> str:
@@ -77,13 +86,12 @@ def records_to_table(records: Sequence[dict]):
 
 
 def table_to_records(table, where: str) -> list[dict]:
-    """The records `records_to_table` stored in `table`."""
+    """The records `records_to_table` stored in `table`, its columns checked to be of the types
+    that function writes."""
     meta = _meta(table, where)
     if table.num_columns == 0:
-        rows = meta.get("rows")
-        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-            raise DataError(f"{where}: a table without columns needs a row count")
-        return [{} for _ in range(rows)]
+        return [{} for _ in range(_columnless_rows(meta, where))]
+    _check_schema(table, meta, where)
     presence = meta.get("present", {})
     hidden = set(presence.values())
     names = [n for n in table.column_names if n not in hidden]
@@ -100,6 +108,30 @@ def table_to_records(table, where: str) -> list[dict]:
         out.append({k: v for k, v in zip(names, row)
                     if not (v is None and k in optional and not (k in present and present[k][i]))})
     return out
+
+
+def _columnless_rows(meta: dict, where: str) -> int:
+    """How many (empty) records a table without columns holds: its metadata's row count."""
+    rows = meta.get("rows")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        raise DataError(f"{where}: a table without columns needs a row count")
+    return rows
+
+
+def _check_schema(table, meta: dict, where: str) -> None:
+    """Refuse a column `records_to_table` would not have written: a repeated name, a type other
+    than a native one, JSON text that is not a string column, a presence column that is not
+    boolean. Values read from such a column would reach the readers as types they never see."""
+    names = table.column_names
+    if len(set(names)) != len(names):
+        raise DataError(f"{where}: a column name appears twice")
+    presence = set(meta.get("present", {}).values())
+    for field in table.schema:
+        kind = str(field.type)
+        wanted = ("string", "null") if field.name in meta["json"] else ("bool",) if field.name in presence else None
+        if (wanted is None and kind not in NATIVE_TYPES) or (wanted is not None and kind not in wanted):
+            raise DataError(f"{where}: column {shorten(field.name)!r} is of type {shorten(kind)}, "
+                            f"not one rlmlab writes there ({', '.join(wanted or sorted(NATIVE_TYPES))})")
 
 
 def _meta(table, where: str) -> dict:
@@ -162,6 +194,7 @@ def _read_table(path: Path, error: type[RlmlabError], columns: list[str] | None 
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
+        _check_size(pf, path, error, len(names if columns is None else [c for c in columns if c in names]))
         table = pf.read(columns=[c for c in columns if c in names] if columns is not None else None)
         # A damaged page can still decode: full validation finds what it broke (text that is not
         # UTF-8, offsets out of range) here, rather than as a traceback when a value is read.
@@ -170,6 +203,23 @@ def _read_table(path: Path, error: type[RlmlabError], columns: list[str] | None 
         return table.replace_schema_metadata(pf.schema_arrow.metadata)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise error(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _check_size(pf, path: Path, error: type[RlmlabError], n_columns: int) -> None:
+    """Refuse, from the footer and before any row is read, a file that claims more rows than its
+    bytes could hold (`MAX_ROWS_PER_BYTE`; for a table without columns, the row count of its
+    metadata), or whose rows would not fit in this machine's memory once read."""
+    size = path.stat().st_size
+    rows = pf.metadata.num_rows
+    if not pf.schema_arrow.names:
+        raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
+        meta = parse_json(raw.decode("utf-8", "replace"), str(path)) if raw is not None else None
+        claimed = meta.get("rows") if isinstance(meta, dict) else None
+        rows = claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else rows
+    if rows < 0 or rows > MAX_ROWS_PER_BYTE * size:
+        raise error(f"{path}: claims {rows:,} rows, more than a file of {size:,} bytes can hold; "
+                    "not a file rlmlab wrote")
+    check_fits(rows * (n_columns + 1) * VALUE_BYTES, f"{path}: reading {rows:,} rows", error)
 
 
 def read_records(path: str | Path, error: type[RlmlabError] = DataError, columns: list[str] | None = None) -> list[dict]:

@@ -13,10 +13,12 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.journal import commit, staged
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import first_file, parse_json, parse_jsonl_objects, read_bytes
+from rlmlab.safeio import first_file, parse_json, parse_jsonl_objects, read_bytes, shorten
 
 METRICS = "metrics.parquet"
 LEGACY_METRICS = "metrics.jsonl"
+# Reasons a run stops without finishing: it resumes from its `last` checkpoint when run again.
+UNFINISHED = ("interrupted", "time_limit")
 
 
 def metrics_file(run_dir: str | Path) -> Path | None:
@@ -42,12 +44,56 @@ def read_jsonl_log(path: Path) -> list[dict]:
     return recs
 
 
+def _step(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _amount(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _fraction(v) -> bool:
+    return _amount(v) and v <= 1
+
+
+# The fields of a training record that reports compute with, and what each must hold where a
+# record has it: an accuracy of +inf would mark a learner fitted, a step of text breaks a table.
+FIELDS = {"kind": (lambda v: isinstance(v, str), "text"), "step": (_step, "a whole number of steps, at least 0"),
+          **{k: (_fraction, "a finite number in [0, 1]") for k in ("answer_acc", "token_acc", "answer_valid",
+                                                                     "example_acc")},
+          **{k: (_amount, "a finite number, at least 0") for k in ("loss", "elapsed_s", "cpu_s", "val_s", "tokens",
+                                                                   "epoch")}}
+
+
+def check_metrics(records: list[dict], path: Path) -> list[dict]:
+    """`records`, each checked for the types and ranges of `FIELDS`."""
+    for i, r in enumerate(records, 1):
+        for key, (ok, what) in FIELDS.items():
+            if key in r and not ok(r[key]):
+                raise DataError(f"{path}: record {i}: '{key}' should be {what}, got {shorten(repr(r[key]))}")
+    return records
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's training log ([] when it has none)."""
+    """The records of a run's training log, checked (`check_metrics`); [] when it has none, or
+    while a run that has just started has logged nothing yet. A metrics.parquet, written once a
+    run has finished, without records is an error: a finished run logged its steps."""
     path = metrics_file(run_dir)
     if path is None:
         return []
-    return read_jsonl_log(path) if path.suffix == ".jsonl" else read_records(path)
+    if path.suffix == ".jsonl":
+        return check_metrics(read_jsonl_log(path), path)
+    records = read_records(path)
+    if not records:
+        raise DataError(f"{path}: no records (a finished run's log holds one per logged step)")
+    return check_metrics(records, path)
+
+
+def training_finished(run_dir: str | Path) -> bool:
+    """Whether a run's log ends with its `end` record for a reason that stops it for good: the
+    mark of a finished `rlmlab train` run (an `rlmlab run` job writes done.json besides)."""
+    records = read_metrics(run_dir)
+    return bool(records) and records[-1].get("kind") == "end" and records[-1].get("reason") not in UNFINISHED
 
 
 def convert_metrics(run_dir: str | Path) -> bool:
@@ -62,6 +108,8 @@ def convert_metrics(run_dir: str | Path) -> bool:
     data = read_bytes(src, DataError, "training log", limit=1 << 30)
     records = parse_jsonl_objects(data, str(src), cut_tail=True)
     new = staged(run_dir / METRICS)
+    if not records:  # a run that has just started: nothing to convert yet
+        return False
     try:
         write_records(new, records)
     except ValueError as e:

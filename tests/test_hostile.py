@@ -478,3 +478,57 @@ def test_the_experiment_index_links_folder_names_as_paths_never_as_urls(experime
     links = re.findall(r'href="([^"]+)"', index)
     assert links == ["javascript%3Aalert%287%29/rm/eval.html"] and page is not None
     assert (tmp_path / "view" / "javascript:alert(7)" / "rm" / "eval.html").exists()
+
+
+# --- export: finished runs only, and all or nothing ------------------------------------------
+
+COMMITTED = ck.Path(__file__).resolve().parent.parent / "results"
+
+
+def _whole(folder: ck.Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_failed_export_leaves_no_partial_folder_and_an_earlier_export_as_it_was(tmp_path, capsys, resumable,
+                                                                                   earlier):
+    src, dest = tmp_path / "src", tmp_path / "results" / "length-197-small"
+    shutil.copytree(COMMITTED / "length-197-small", src)
+    # a record file met half way through the copy that cannot be converted
+    evaluation = src / "length-197" / "rm" / "eval" / "eval"
+    for name in ("results.parquet", "traces.parquet"):
+        (evaluation / name).unlink(missing_ok=True)
+    (evaluation / "results.jsonl").write_text('{"expr": "add(1,2)", "correct": true}\n{cut short\n')
+    if earlier:
+        shutil.copytree(COMMITTED / "length-197-small", dest)
+    before = _whole(dest.parent) if earlier else None
+    err = one_line_error(capsys, ["export", str(src), str(dest)] + (["--resumable"] if resumable else []))
+    assert "results.jsonl" in err
+    if earlier:
+        assert _whole(dest.parent) == before  # the earlier export, byte for byte, and nothing beside it
+    else:
+        assert not dest.parent.exists() or not any(dest.parent.iterdir())
+
+
+def test_export_copies_finished_runs_only_and_names_the_others(tmp_path, capsys):
+    """A run without its done marker is left out and named: for an `rlmlab run` experiment a
+    done.json that `rlmlab run` did not write is no marker; in a folder of `rlmlab train` runs
+    (a recipe comparison), a run whose log has no `end` record yet is still training."""
+    from rlmlab.records import read_records
+
+    experiment, recipe = tmp_path / "experiment", tmp_path / "recipe"
+    shutil.copytree(COMMITTED / "length-197-small", experiment)
+    (experiment / "length-197" / "cot" / "done.json").write_text("{}")
+    shutil.copytree(COMMITTED / "recipe-595", recipe)
+    training = recipe / "cot-b16-lr3e-3-w100"
+    log = read_records(training / "metrics.parquet")
+    (training / "metrics.parquet").unlink()
+    (training / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log[:-1]))  # no `end` yet
+    for src, run in ((experiment, "length-197/cot"), (recipe, "cot-b16-lr3e-3-w100")):
+        dest = tmp_path / "exported" / src.name
+        assert main(["export", str(src), str(dest)]) == 0
+        err = capsys.readouterr().err
+        assert f"left out 1 unfinished run(s) and the commands that planned only them: {run}" in err
+        assert not (dest / run).exists()
+        assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no staging folder left

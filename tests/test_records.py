@@ -389,3 +389,77 @@ def test_a_damaged_training_log_is_one_line_from_its_reader(tmp_path):
         with pytest.raises(DataError, match=message) as e:
             read_metrics(tmp_path)
         assert "\n" not in str(e.value), damage
+
+
+# --- readers check what a file claims before they trust it -----------------------------------
+
+def _claimed(path: Path, table, **meta) -> None:
+    """`table` written at `path` with rlmlab's records metadata (and `meta` in it)."""
+    doc = {"format": "rlmlab-records/1", "optional": [], "json": [], "present": {}, **meta}
+    pq.write_table(table.replace_schema_metadata({b"rlmlab.records": json.dumps(doc)}), path, compression="zstd")
+
+
+HOSTILE_FILES = {
+    # no columns, and metadata that claims 10^12 empty records: refused before they are made
+    "rows in metadata": (lambda p: _claimed(p, pa.table({}), rows=10**12), "claims 1,000,000,000,000 rows"),
+    # ten million nulls compress into a few kilobytes: more rows than any file of records holds
+    "rows in footer": (lambda p: _claimed(p, pa.table({"a": pa.nulls(10**7)})), "claims 10,000,000 rows"),
+    "nested column": (lambda p: _claimed(p, pa.table({"expr": [[1, 2]], "correct": [True]})), "column 'expr'"),
+    "json column not text": (lambda p: _claimed(p, pa.table({"a": [1]}), json=["a"]), "column 'a'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_a_parquet_file_that_claims_what_rlmlab_never_writes_is_refused_before_reading(tmp_path, case):
+    write, message = HOSTILE_FILES[case]
+    write(tmp_path / "records.parquet")
+    with pytest.raises(DataError, match=message) as e:
+        read_records(tmp_path / "records.parquet")
+    assert "\n" not in str(e.value) and "records.parquet" in str(e.value)
+
+
+def _rewrite(path: Path, change) -> None:
+    """Replace the records of `path` by `change(records)`."""
+    write_records(path, change(read_records(path)))
+
+
+def _val_acc(records: list[dict], value) -> list[dict]:
+    return [{**r, "answer_acc": value} if r.get("kind") == "val" else r for r in records]
+
+
+RUN = "length-197/cot"
+BAD_RECORDS = {
+    # a training log's step as text, an accuracy of +inf (which would mark CoT fitted)
+    "step as text": (f"{RUN}/metrics.parquet", lambda rs: [{**r, "step": str(r["step"])} for r in rs],
+                     "'step' should be a whole number"),
+    "accuracy inf": (f"{RUN}/metrics.parquet", lambda rs: _val_acc(rs, math.inf), "'answer_acc' should be a finite"),
+    "accuracy above 1": (f"{RUN}/metrics.parquet", lambda rs: _val_acc(rs, 1.5), "'answer_acc' should be a finite"),
+    "empty log": (f"{RUN}/metrics.parquet", lambda rs: [], "metrics.parquet: no records"),
+    # a results file without the column the table is computed from, or without any row
+    "no bin": (f"{RUN}/eval/eval/results.parquet", lambda rs: [{k: v for k, v in r.items() if k != "bin"} for r in rs],
+               "no 'bin' field"),
+    "bin as number": (f"{RUN}/eval/eval/results.parquet", lambda rs: [{**r, "bin": 1} for r in rs],
+                      "'bin' should be text"),
+    "no results": (f"{RUN}/eval/eval/results.parquet", lambda rs: [], "results.parquet: no records"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_records_of_the_wrong_type_range_or_shape_are_one_line_from_report_view_and_load(tmp_path, capsys, case):
+    """Typed, in range, with the columns a table needs and with rows: else one line naming the
+    file and the field, never a blank cell, a learner marked fitted or a traceback."""
+    from rlmlab.results import records
+
+    rel, change, message = BAD_RECORDS[case]
+    folder = tmp_path / SMALL
+    shutil.copytree(RESULTS / SMALL, folder)
+    _rewrite(folder / rel, change)
+    err = one_line_error(capsys, ["report", str(folder)])
+    assert message in err and rel.split("/")[-1] in err
+    if case == "no bin":  # a table needs the bins; the records themselves and their pages do not
+        return
+    with pytest.raises(DataError, match=message):
+        records(folder, "metrics" if "metrics" in rel else "eval")
+    if "results" in rel:
+        assert message in one_line_error(capsys, ["view", str(folder), "--out", str(tmp_path / "view")])
+        assert not (tmp_path / "view").exists()

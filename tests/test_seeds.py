@@ -2,6 +2,8 @@
 seeds, and reproduction judged against the spread."""
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +153,15 @@ def test_shortcut_cells_over_seeds():
     assert "| 80.0 / 60.0 |" in lines[-2] and lines[-2].endswith("| 80.0 / 60.0 |")
     assert lines[-1].endswith("| 0, 1 (1 of 2) | 97.5 [" + lines[-1].split("| 97.5 [")[1].split("]")[0]
                               + "] | 100.0 / 95.0 | not fitted | – | not fitted | – |")
+
+
+def test_a_folder_holding_only_seeds_1_and_2_reports(tmp_path, capsys):
+    """`rlmlab run length --seeds 1,2` prints `rlmlab report OUT`: the report reads the lowest
+    seed a job has as its first, and the spread over both."""
+    out = tmp_path / "length-197-small"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "length-197-small", out)
+    (out / "length-197").rename(out / "length-197-s1")
+    shutil.copytree(out / "length-197-s1", out / "length-197-s2")
+    assert main(["report", str(out)]) == 0, capsys.readouterr().err
+    table = (out / "report" / "table-length-197.md").read_text()
+    assert "| RM, seed 1, acc. (%) |" in table and "RM: seeds 1, 2 (" in table

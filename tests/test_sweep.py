@@ -62,7 +62,7 @@ def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best, positions
             # The last bin's first expression has a trace past CoT's 4,096 positions of the `cpu` model.
             long = b.label == bins[-1].label and i == 0
             results.append({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
-                            "within_tmax": True, "trace_len": 4098 if long else 4097,
+                            "within_tmax": True, "valid": True, "trace_len": 4098 if long else 4097,
                             "max_frame_width": frame_width})
     (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None,
                                                            "positions": positions}}))

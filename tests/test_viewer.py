@@ -284,7 +284,7 @@ def _foreign(path: Path) -> Path:
      and p / "e", "summary.json: not valid JSON"),
     (lambda p: (p / "experiment.json").write_text("{}") and p, "experiment.json: not an experiment description"),
     # The same in the Parquet form `rlmlab eval` writes now, and a damaged or foreign Parquet file.
-    (lambda p: write_eval(p / "e", [], {}, "parquet"), "results.parquet: no results"),
+    (lambda p: write_eval(p / "e", [], {}, "parquet"), "results.parquet: no records"),
     (lambda p: _damage(write_eval(p / "e", ROWS, {}, "parquet") / "results.parquet", "truncate"),
      "results.parquet: not a readable Parquet file"),
     (lambda p: _damage(write_eval(p / "e", ROWS, {}, "parquet") / "results.parquet", "random"),
@@ -297,7 +297,7 @@ def _foreign(path: Path) -> Path:
     (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": True, "trace": 3}], {}, "parquet"),
      "traces.parquet: a trace row does not name one result"),
     (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": False, "diverge_at": True}], {}, "parquet"),
-     "row 1: 'diverge_at' should be int"),
+     "record 1: 'diverge_at' should be a count or null"),
     (lambda p: write_eval(p / "e", [{"expr": "square(2)", "correct": False, "diverge_at": 999}], {}, "parquet"),
      "row 1: diverge_at 999 lies outside"),
     (lambda p: write_eval(p / "e", [{"expr": "square(" * 10 + "x" * 2000, "correct": False}], {}, "parquet"),

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from rlmlab.errors import DataError
-from rlmlab.experiments.refs import refer_to_siblings
+from rlmlab.experiments.refs import read_refs, refer_to_siblings
 from rlmlab.journal import JOURNAL, LEFTOVERS as STAGED_LEFTOVERS, commit, recover, staged
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, attach_traces, split_traces
 from rlmlab.records import read_records, reencode_records, write_records
@@ -121,6 +121,7 @@ def convert_folder(root: str | Path) -> dict:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder")
+    read_refs(root)  # its references are checked before anything is rewritten
     links: list[Path] = []
     _recover(root, links)
     folders = _walk(root, [])

@@ -8,17 +8,17 @@ import os
 import shutil
 from pathlib import Path
 
-from rlmlab.errors import CheckpointError, DataError, NoResultsError
+from rlmlab.errors import CheckpointError, DataError, NoResultsError, RlmlabError
 from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
-from rlmlab.experiments.run_job import RUN_OUTPUTS
+from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.presets import merge_learner_tables
-from rlmlab.experiments.refs import refer_to_siblings
+from rlmlab.experiments.refs import read_refs, refer_to_siblings
 from rlmlab.experiments.report import report
 from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.records import reencode_records
-from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
+from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
@@ -47,12 +47,17 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     without `resumable` is refused while `dest` carries the `last` of a run still unfinished in
     `src`, rather than drop the only copy of its progress.
 
-    Without `resumable`, the runs of an `rlmlab run` experiment that have not finished (a run
-    folder without done.json: training now, stopped by its wall-clock limit, or reopened by
-    `--extend`) are left out, with the lines of commands.jsonl that planned only such runs
-    (`"runs"` of the line; lines written before commands named their runs are kept): results
-    hold finished runs, and `rlmlab reproduce` re-runs only their commands. What `dest` holds of
-    such a run from an earlier export stays as it was (`left_out` names them).
+    Without `resumable`, the runs that have not finished are left out (`runs_in_flight`: for an
+    `rlmlab run` experiment a run folder without done.json: training now, stopped by its
+    wall-clock limit, or reopened by `--extend`; for a folder of `rlmlab train` runs one whose
+    log does not end with its `end` record), with the lines of commands.jsonl that planned only
+    such runs (`"runs"` of the line; lines written before commands named their runs are kept):
+    results hold finished runs, and `rlmlab reproduce` re-runs only their commands. What `dest`
+    holds of such a run from an earlier export stays as it was (`left_out` names them).
+
+    The export is built in a hidden folder beside `dest` (from a copy of `dest`, when it exists)
+    and renamed into place only once complete, its report written: a refused or failed export,
+    or one interrupted, leaves `dest` as it was and no partial folder.
 
     Files already in `dest` that the source lacks (a README, say) are kept, except the old
     outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
@@ -64,10 +69,58 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     left out."""
     src, dest = Path(src).resolve(), Path(dest).resolve()
     meta = read_experiment(src)
-    if dest == src or src in dest.parents:
-        raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}")
+    if dest == src or src in dest.parents or dest in src.parents:
+        raise DataError(f"{dest}: the export destination must lie outside the experiment folder {src}, "
+                        "and not around it")
     refuse_other_folder(dest, "experiment", "export destination")
     refuse_symlinks(dest, "export destination")
+    read_refs(src)  # references are checked before anything is copied
+    read_refs(dest)
+    if not resumable:
+        _refuse_dropping_carried_runs(src, dest)
+    work = _staging(dest)
+    try:
+        counts = _export_into(src, work, meta, resumable, dest)
+        _put_in_place(work, dest)
+    except RlmlabError as e:
+        shutil.rmtree(work, ignore_errors=True)
+        # named by the destination the user gave, not by the staging folder
+        message = str(e).replace(str(work), str(dest))
+        raise (type(e) if type(e).__init__ is Exception.__init__ else DataError)(message) from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return counts
+
+
+def _staging(dest: Path) -> Path:
+    """A hidden folder beside `dest` to build the export in: a copy of `dest` when it exists
+    (the export adds to it), else empty. Beside it, references (`../<experiment>/...`) read the
+    same from there as from `dest`."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f".{dest.name}.exporting-{os.getpid()}"
+    if work.exists():  # left by an export of this process id that was killed
+        shutil.rmtree(work)
+    if dest.is_dir():
+        shutil.copytree(dest, work, symlinks=True)
+    else:
+        work.mkdir()
+    return work
+
+
+def _put_in_place(work: Path, dest: Path) -> None:
+    """Replace `dest` by the finished export `work`: two renames, the old folder removed last."""
+    if not dest.exists():
+        work.rename(dest)
+        return
+    old = dest.parent / f".{dest.name}.replaced-{os.getpid()}"
+    dest.rename(old)
+    work.rename(dest)
+    shutil.rmtree(old)
+
+
+def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path) -> dict:
+    """`export_results` into the staging folder `dest`, which stands for `shown`."""
     old_commands, new_commands = _lines(dest / "commands.jsonl"), _lines(src / "commands.jsonl")
     taken_in = False  # `dest` is another kind's folder that takes `src`'s runs in (a sweep)
     if (dest / "experiment.json").exists():
@@ -81,12 +134,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             elif (absorbed := get_kind(meta["kind"]).absorb(old)) is not None:
                 old_commands = [get_kind(meta["kind"]).absorb_command(line, old) for line in old_commands]
                 old = absorbed
-        meta = merge_meta(old, meta, dest, {run.parent.name for run in src.glob("*/*/config.json")})
-    in_flight = set() if resumable or not get_kind(meta["kind"]).runnable else runs_in_flight(src)
+        meta = merge_meta(old, meta, shown, {run.parent.name for run in src.glob("*/*/config.json")})
+    in_flight = set() if resumable else runs_in_flight(src, get_kind(meta["kind"]).runnable)
     new_commands = [line for line in new_commands if not _plans_only(line, in_flight)]
     commands = merge_commands(old_commands, new_commands)
-    if not resumable:
-        _refuse_dropping_carried_runs(src, dest)
     copied = size = checkpoints = data_files = carried = 0
     copied_lines = []  # the JSON-lines record files copied, converted below
     copied_tables = []  # the Parquet record files copied, re-encoded below
@@ -140,7 +191,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     # A run that a folder beside `dest` already holds byte for byte (the sweep taking in the
     # L = 595 runs of their own results folder) is kept there once, referred to from here.
     referred = refer_to_siblings(dest, {f"{c.parent.parent.name}/{c.parent.name}"
-                                        for c in src.glob("*/*/config.json")}) if taken_in else []
+                                        for c in src.glob("*/*/config.json")}, shown) if taken_in else []
     (dest / "experiment.json").write_text(json.dumps(meta, indent=2) + "\n")
     if commands:
         (dest / "commands.jsonl").write_text("".join(line + "\n" for line in commands))
@@ -154,11 +205,16 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
             "skipped_links": [str(link.relative_to(src)) for link in links]}
 
 
-def runs_in_flight(src: Path) -> set[Path]:
-    """The run folders of an experiment folder (those holding a config.json, relative to `src`)
-    without done.json: not finished, so not results yet."""
-    return {c.parent.relative_to(src) for c in src.glob("*/*/config.json")
-            if c.relative_to(src).parts[0] not in REBUILT and not (c.parent / "done.json").exists()}
+def runs_in_flight(src: Path, runnable: bool = True) -> set[Path]:
+    """The run folders of an experiment folder (relative to `src`) that have not finished, so
+    are not results yet: of an `rlmlab run` experiment (`runnable`), a `<job>/<learner>` folder
+    holding config.json without a done.json that `rlmlab run` wrote; of a folder of `rlmlab
+    train` runs, a folder holding config.json whose log does not end with its `end` record."""
+    if runnable:
+        return {c.parent.relative_to(src) for c in src.glob("*/*/config.json")
+                if c.relative_to(src).parts[0] not in REBUILT and not finished_marker(c.parent / "done.json")}
+    return {c.parent.relative_to(src) for pattern in ("*/config.json", "*/*/config.json") for c in src.glob(pattern)
+            if c.relative_to(src).parts[0] not in REBUILT and not training_finished(c.parent)}
 
 
 def _plans_only(line: str, runs: set[Path]) -> bool:

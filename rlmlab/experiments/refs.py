@@ -10,6 +10,9 @@ rather than a second copy of their files, its `refs.json` names each such run fo
 
 Every reader goes through `run_path` and `job_runs`, which follow a reference, and refuse one
 that leaves the results tree, names a missing folder, or whose files no longer have its digest.
+`read_refs` checks every key and path as text first (`check_ref`), before any of them reaches
+the file system: a key is `<job>/<learner>`, a path `../<experiment>/<job>/<learner>`, each
+part a plain folder name.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.journal import TRASH, commit, staged
-from rlmlab.safeio import read_json
+from rlmlab.safeio import read_json, shorten
 
 REFS = "refs.json"
 FORMAT = "rlmlab-refs/1"
 # Files a run folder's digest covers: all of them but a lock left by a live process.
 SKIPPED = frozenset({".lock"})
+# A folder name is at most 255 bytes on every file system rlmlab runs on; a key or a path is
+# measured as text before any part of it is handed to the file system.
+NAME_MAX_BYTES = 255
+KEY_MAX_CHARS = 2 * NAME_MAX_BYTES + 1
+PATH_MAX_CHARS = 3 * NAME_MAX_BYTES + 6
+DIGEST_CHARS = len("sha256:") + 64
 
 
 def run_digest(run_dir: Path) -> str:
@@ -55,10 +64,38 @@ def read_refs(out: Path) -> dict[str, dict]:
     doc = read_json(path, DataError, REFS)
     runs = doc.get("runs") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
     if not isinstance(runs, dict) or not all(
-            isinstance(k, str) and k.count("/") == 1 and isinstance(v, dict) and isinstance(v.get("path"), str)
+            isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("path"), str)
             and isinstance(v.get("digest"), str) for k, v in runs.items()):
         raise DataError(f"{path}: not a {FORMAT} file (a 'runs' object of job/learner: path and digest)")
+    for key, entry in runs.items():
+        check_ref(path, key, entry)
     return runs
+
+
+def check_ref(where: Path, key: str, entry: dict) -> None:
+    """Refuse, as text and before any file system call, a reference whose key is not
+    `<job>/<learner>` or whose path is not `../<experiment>/<job>/<learner>` (each part a plain
+    folder name), or whose digest is not a SHA-256: anything else could name a folder outside
+    the results tree, or a place outside a `--out` folder that a reader writes under the key."""
+    if len(key) > KEY_MAX_CHARS or not _plain_names(key.split("/"), 2) or key.split("/")[0] in NOT_JOBS:
+        raise DataError(f"{where}: {shorten(repr(key))} is not a run (<job>/<learner>, each a plain folder name)")
+    target = entry["path"]
+    parts = target.split("/")
+    if len(target) > PATH_MAX_CHARS or parts[0] != ".." or not _plain_names(parts[1:], 3):
+        raise DataError(f"{where}: {key}: the path {shorten(repr(target))} is not a run folder beside this one "
+                        "(../<experiment>/<job>/<learner>, each a plain folder name)")
+    digest = entry["digest"]
+    if not (len(digest) == DIGEST_CHARS and digest.startswith("sha256:")
+            and all(c in "0123456789abcdef" for c in digest[7:])):
+        raise DataError(f"{where}: {key}: the digest {shorten(repr(digest))} is not sha256:<64 hex digits>")
+
+
+def _plain_names(parts: list[str], n: int) -> bool:
+    """Whether `parts` are `n` plain folder names: not empty, `.` or `..`, no separator, and
+    printable (no NUL, control character or lone surrogate), of at most NAME_MAX_BYTES bytes."""
+    return len(parts) == n and all(
+        p not in ("", ".", "..") and "\\" not in p and p.isprintable()
+        and len(p.encode("utf-8")) <= NAME_MAX_BYTES for p in parts)
 
 
 def _resolved(out: Path, key: str, entry: dict) -> Path:
@@ -152,11 +189,12 @@ def _digest_or_none(run: Path) -> str | None:
         return None
 
 
-def refer_to_siblings(out: Path, runs: set[str] | None = None) -> list[str]:
+def refer_to_siblings(out: Path, runs: set[str] | None = None, standing_for: Path | None = None) -> list[str]:
     """Replace each run folder of `out` (of `runs`, "<job>/<learner>" names, when given) that
     another experiment folder beside it (in the same results tree) holds byte for byte, at the
     same `<job>/<learner>`, by a reference to that copy; folders `rlmlab run` works in are left
-    out on both sides (`_working`). Returns the runs now held by reference.
+    out on both sides (`_working`), and so are hidden folders (an export being built) and
+    `standing_for`, the folder `out` is built to replace. Returns the runs now held by reference.
 
     One transaction (`rlmlab.journal`): refs.json is written beside the old one, then it and the
     moves of the runs it now names are journalled. No symbolic link is followed on either side:
@@ -165,8 +203,10 @@ def refer_to_siblings(out: Path, runs: set[str] | None = None) -> list[str]:
     base = out.resolve()
     if _working(out):
         return []
+    skipped = {base} | ({standing_for.resolve()} if standing_for is not None else set())
     siblings = [s for s in sorted(base.parent.iterdir())
-                if s != base and _plain_dir(s) and (s / "experiment.json").is_file() and not _working(s)]
+                if s not in skipped and not s.name.startswith(".") and _plain_dir(s)
+                and (s / "experiment.json").is_file() and not _working(s)]
     found = {}
     for job in sorted(d for d in base.iterdir() if _plain_dir(d) and d.name not in NOT_JOBS):
         for run in sorted(d for d in job.iterdir() if _plain_dir(d)):

@@ -129,7 +129,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
 
     run_dir = job.run_dir(out)
     done = run_dir / "done.json"
-    if done.exists() and not _finished(done):
+    if done.exists() and not finished_marker(done):
         print(f"{done}: not a finished-run marker; the run is resumed and evaluated again", file=sys.stderr)
         done.unlink()
     if extend and done.exists():
@@ -210,7 +210,7 @@ def _eval_bar(progress: bool, name: str, data: str | Path):
     return tqdm(total=total, desc=name, unit="expr", dynamic_ncols=True)
 
 
-def _finished(done: Path) -> bool:
+def finished_marker(done: Path) -> bool:
     """Whether `done.json` is the marker run_job writes (a finished run is skipped on its word)."""
     try:
         d = read_json(done, what="done.json")

@@ -59,7 +59,7 @@ from rlmlab.learning.step import (
 )
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.machine import machine_facts
-from rlmlab.runlog import MetricsLog
+from rlmlab.runlog import UNFINISHED, MetricsLog
 from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.vocab import Vocab
 
@@ -80,7 +80,6 @@ class TrainResult:
 STOP_SIGNALS = {signal.SIGINT: "interrupt", signal.SIGTERM: "terminated"}
 
 # Stop reasons of a run that is not over: resuming it continues the very same run.
-UNFINISHED = ("interrupted", "time_limit")
 
 
 @contextmanager

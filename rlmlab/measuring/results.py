@@ -13,12 +13,13 @@ still read.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.records import read_records, write_records
-from rlmlab.safeio import first_file, read_jsonl
+from rlmlab.safeio import first_file, read_jsonl, shorten
 
 EVAL = "eval"
 RESULTS = "results.parquet"
@@ -26,6 +27,34 @@ TRACES = "traces.parquet"
 LEGACY_RESULTS = "results.jsonl"
 TRACE_FIELD = "trace"
 ROW_FIELD = "row"
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _flag(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# The fields of a per-expression record that reports and pages compute with, and what each must
+# hold where a record has it (None too where marked): a string `correct` is truthy, a negative
+# divergence indexes from the end, a NaN ratio falls in no bin.
+FIELDS = {"expr": (_text, "text"), "correct": (_flag, "true or false"), "valid": (_flag, "true or false"),
+          "trace_exact": (_flag, "true or false"), "ood": (_flag, "true or false"),
+          "within_tmax": (_flag, "true or false"), "bin": (_text, "text"), "reason": (_text, "text or null"),
+          "diverge_at": (_count, "a count or null"), "trace_len": (_count, "a count"),
+          "positions": (_count, "a count"), "position_differ": (_count, "a count"),
+          "ratio": (_finite, "a finite number")}
+NULLABLE = frozenset({"reason", "diverge_at"})
 
 
 def write_results(out_dir: str | Path, results: Sequence[dict], summary: dict, indent: int = 2) -> tuple[Path, Path]:
@@ -121,15 +150,32 @@ def read_results(path: str | Path, required: tuple[str, ...] = ("expr", "correct
         results = read_records(file)
         if traces and (folder / TRACES).exists():
             _attach_traces(results, folder / TRACES)
-    types = {"expr": str, "correct": bool}
+    if not results:
+        raise DataError(f"{file}: no records (an evaluation or a probe writes one per expression)")
     for i, r in enumerate(results, 1):
-        if not (isinstance(r, dict) and all(isinstance(r.get(k), types.get(k, object)) and k in r for k in required)):
+        if not (isinstance(r, dict) and all(k in r for k in required)):
             raise DataError(f"{file}: record {i} is not a per-expression result (needs "
                             + " and ".join(f"'{k}'" for k in required) + ")")
+        check_fields(r, f"{file}: record {i}")
     if not traces:
         for r in results:
             r.pop(TRACE_FIELD, None)
     return results
+
+
+def check_fields(record: dict, where: str) -> None:
+    """Refuse a record whose field of `FIELDS` holds what that field never holds."""
+    for key, (ok, what) in FIELDS.items():
+        if key in record and not (ok(v := record[key]) or (v is None and key in NULLABLE)):
+            raise DataError(f"{where}: '{key}' should be {what}, got {shorten(repr(v))}")
+
+
+def require_fields(results: list[dict], fields: tuple[str, ...], where: str) -> None:
+    """Refuse results that lack a field a table is computed from, naming it: without it a cell
+    would be blank or a diagnostic missing, without a word why."""
+    for key in fields:
+        if any(key not in r for r in results):
+            raise DataError(f"{where}: the results have no '{key}' field, which this report needs")
 
 
 def _attach_traces(results: list[dict], path: Path) -> None:

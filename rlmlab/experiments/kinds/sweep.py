@@ -18,13 +18,12 @@ from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_experiment_json, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task
-from rlmlab.experiments.kinds.threshold import report_threshold
+from rlmlab.experiments.kinds.threshold import report_threshold, threshold_results
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     LEARNER_COLORS,
-    eval_results,
     fitted,
     learner_label,
     learners,
@@ -71,12 +70,13 @@ def sweep_points(out: Path, meta: dict) -> list[dict]:
     held-out IID bins pooled), the accuracy of every out-of-domain bin (None where the learner
     did not fit: best validation below `FIT_THRESHOLD`), best validation and T_max."""
     points = []
-    for job in ordered_jobs(meta["splits"]):
-        kind, threshold = parse_job(job)
-        split = meta["splits"][job]
+    for base in ordered_jobs(meta["splits"]):
+        kind, threshold = parse_job(base)
+        split = meta["splits"][base]
+        job = seeded_job(base, seed_indices(out, base)[0])  # as its threshold table: its first seed
         runs = training_runs(out, job)
         for name in learners(out, [job]):
-            res = eval_results(out, job, name, "eval")
+            res = threshold_results(out, job, name)
             if res is None:
                 continue
             best = training_summary(runs[name])["best"] if name in runs else None
@@ -246,7 +246,7 @@ def report_sweep(out: Path, meta: dict, dest: Path) -> dict:
     per_job = []
     for job in ordered_jobs(meta["splits"]):
         kind, threshold = parse_job(job)
-        if not learners(out, [job]):
+        if not learners(out, [seeded_job(job, seed_indices(out, job)[0])]):
             continue
         per_job.append(report_threshold(out, {"kind": kind, "threshold": threshold, "split": meta["splits"][job]},
                                         dest, job))

@@ -34,7 +34,7 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.measuring.frame_errors import render_frames
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.results import find_eval_dir, has_results, read_results, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, auc_with_interval
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
@@ -214,9 +214,27 @@ def _plot_seeds(ax, xs: list[int], v: str, d: dict) -> None:
                     color=line.get_color(), lw=0.8, alpha=0.35)
 
 
-def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
+# The fields of an evaluation's records the threshold tables and diagnostics are computed from.
+THRESHOLD_FIELDS = ("bin", "ood", "within_tmax", "valid")
+
+
+def threshold_results(out: Path, job: str, name: str) -> list[dict] | None:
+    """A learner's evaluation on the binned set, refused when it lacks a field of
+    `THRESHOLD_FIELDS` (its cells would read as not evaluated)."""
+    results = eval_results(out, job, name, "eval")
+    if results is not None:
+        require_fields(results, THRESHOLD_FIELDS, str(results_file(find_eval_dir(run_path(out, job, name), "eval"))))
+    return results
+
+
+def report_threshold(out: Path, meta: dict, dest: Path, base: str) -> dict:
+    """The tables and figures of the threshold job `base` (its seed-0 name): from its first seed
+    with a folder (seed 0, or the lowest other of a folder run with `--seeds 1,2`), with the
+    spread over seeds where there are several."""
     kind, threshold = meta["kind"], int(meta["threshold"])
-    results = {v: eval_results(out, job, v, "eval") for v in learners(out, [job])}
+    first = seed_indices(out, base)[0]
+    job = seeded_job(base, first)
+    results = {v: threshold_results(out, job, v) for v in learners(out, [job])}
     names = [v for v, r in results.items() if r is not None]
     if not names:
         raise NoResultsError(f"{out}: no evaluation results yet (run `rlmlab run {kind}` first)")
@@ -242,14 +260,15 @@ def report_threshold(out: Path, meta: dict, dest: Path, job: str) -> dict:
     md += wrong_trace_table(wrong, f"{'L' if kind == 'length' else 'K'} = {threshold}")
     md += failure_prediction_table(predictors)
     md += _frame_errors(out, job, names, fits)
-    spread = seed_spread(out, meta, job, names)
+    spread = seed_spread(out, meta, base, names)
+    if spread is not None or first != 0:
+        md = md.replace(" acc. (%)", f", seed {first}, acc. (%)")
     if spread is not None:
-        md = md.replace(" acc. (%)", ", seed 0, acc. (%)")
         md += spread_tables(spread, meta["split"]["bins"], kind, threshold)
-    (dest / f"table-{job}.md").write_text(md)
-    (dest / f"table-{job}.tex").write_text(tex)
-    plot_bins(dest / f"bins-{job}", kind, threshold, rows, names, unfit, spread)
-    plot_learning_curves(dest / f"curves-{job}", runs)
+    (dest / f"table-{base}.md").write_text(md)
+    (dest / f"table-{base}.tex").write_text(tex)
+    plot_bins(dest / f"bins-{base}", kind, threshold, rows, names, unfit, spread)
+    plot_learning_curves(dest / f"curves-{base}", runs)
     data = {"job": job, "rows": rows, "t_max": t_max, "best_validation": fits, "not_fitted": sorted(unfit),
             "failure_prediction": predictors, "wrong_ood": wrong}
     if spread is not None:
@@ -269,7 +288,7 @@ def seed_spread(out: Path, meta: dict, job: str, names: list[str]) -> dict | Non
     fits: dict[str, dict[int, float | None]] = {}
     for v in names:
         for s in seeds:
-            res = eval_results(out, seeded_job(job, s), v, "eval")
+            res = threshold_results(out, seeded_job(job, s), v)
             if res is None:
                 continue
             by_learner.setdefault(v, {})[s] = res
