@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rlmlab.errors import NoResultsError
 from rlmlab.experiments.kinds.iid import iid_points
 from rlmlab.experiments.kinds.threshold import threshold_tables
-from rlmlab.errors import NoResultsError
 from rlmlab.experiments.report import report
 from rlmlab.measuring.results import write_rows
 from rlmlab.measuring.stats import wilson
