@@ -21,6 +21,17 @@ from rlmlab.cli import main
 from rlmlab.task.sampler import ExpressionSampler
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup`, the tests of a file that shares a module-scoped fixture (a trained
+    model, a Ray head) run on one worker, so the fixture is built once; every other test is spread
+    on its own, so one long file (tests/test_experiments.py) does not hold one worker for minutes."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope == "module" for chain in defs for d in chain):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def sample_expressions(n: int, seed: int):
     sampler, rng = ExpressionSampler(), random.Random(seed)
     return [sampler.sample(rng) for _ in range(n)]

@@ -112,7 +112,7 @@ def test_length_experiment_runs_resumes_and_reports(tmp_path, capsys):
     assert table.count("not fitted (best validation") == 3
 
 
-def test_iid_and_shortcut_experiments_smoke(tmp_path):
+def test_iid_experiment_smoke(tmp_path):
     out = tmp_path / "iid"
     assert main(["run", "iid", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]) == 0
     points = json.loads((report(out) / "report.json").read_text())["points"]
@@ -169,6 +169,8 @@ def test_iid_and_shortcut_experiments_smoke(tmp_path):
     assert main([*smoke_iid, "--seeds", "1"]) == 2  # the smoke preset runs one seed per size
     assert main(["run", "length", "--preset", "smoke", "--out", str(out), "--seeds", "0"]) == 2
 
+
+def test_shortcut_experiment_smoke(tmp_path):
     out = tmp_path / "shortcuts"
     preset = get_preset("smoke").with_overrides(shortcut_max_trace=600,
                                                 shortcut_per_learner={"cot": {"train.batch_size": 3}})
