@@ -5,7 +5,7 @@
 For rows packed the way training packs them (seed-42 pool, small-preset shapes: 4 heads of
 32), one forward + backward of attention alone with q, k, v of the row's shape, median of
 `--repeats`. Compared: `scaled_dot_product_attention` with the dense (B, 1, T, T) mask (or
-plain `is_causal` for rows of one example), and `rlmlab.learning.attention.Blocks` with pieces of
+plain `is_causal` for rows of one example), and `rlmlab.attention.backends.Blocks` with pieces of
 `--chunks` queries (construction included). Every variant's output and gradients are first
 checked against the dense mask's. The pair counts say why: the CPU kernel's cost follows
 the (query, key) pairs it is given, masked or not, and is_causal does not skip the upper
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.learning.attention import Blocks  # noqa: E402
-from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
+from rlmlab.attention.backends import Blocks  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
+from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 

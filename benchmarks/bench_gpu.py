@@ -39,16 +39,15 @@ from machine import print_facts  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
-from rlmlab.learning.attention import Flex, flex_attend  # noqa: E402
+from rlmlab.attention.backends import Flex, attention_kind, flex_attend  # noqa: E402
+from rlmlab.attention.layout import Layout  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.learning.layout import Layout  # noqa: E402
-from rlmlab.learning.model import Transformer, preset  # noqa: E402
-from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
 from rlmlab.learning.data import fit_to_block  # noqa: E402
-from rlmlab.learning.optim import configure_optimizer  # noqa: E402
-from rlmlab.learning.attention import attention_kind  # noqa: E402
-from rlmlab.learning.step import FiniteGuard, flat_length, resolve_device, train_step  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
+from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.optim import configure_optimizer  # noqa: E402
+from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
+from rlmlab.learning.step import FiniteGuard, flat_length, resolve_device, train_step  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.vocab import default_vocab  # noqa: E402
 

@@ -66,9 +66,9 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
+    from rlmlab.attention.positions import context_limit
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
-    from rlmlab.learning.positions import context_limit
 
     try:
         if args.threads < 1:

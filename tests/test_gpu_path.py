@@ -26,16 +26,16 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import draw_packed_layout
-from rlmlab.learning.attention import Flex
+from rlmlab.attention.backends import Flex
+from rlmlab.attention.backends import attention_kind
+from rlmlab.attention.layout import Layout
 from rlmlab.learning.config import DataSettings, ModelConfig, TrainConfig
-from rlmlab.learning.layout import Layout
-from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
 from rlmlab.learning.data import fit_to_block
-from rlmlab.learning.optim import configure_optimizer
-from rlmlab.learning.attention import attention_kind
-from rlmlab.learning.step import FiniteGuard, batch_loss, optimizer_step, step_batches
 from rlmlab.learning.examples import build_examples
+from rlmlab.learning.model import Transformer, preset
+from rlmlab.learning.optim import configure_optimizer
+from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
+from rlmlab.learning.step import FiniteGuard, batch_loss, optimizer_step, step_batches
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
 from rlmlab.task.vocab import default_vocab

@@ -129,6 +129,28 @@ def test_the_package_parts_import_each_other_one_way():
     assert cycle is None, " -> ".join(cycle)
 
 
+def test_attention_sits_on_the_task_alone():
+    """Layouts, backends and positions are shared by training and decoding, so they import
+    neither: only the task and the modules under every package."""
+    parts = package_graph(import_graph(module_names()))
+    assert parts["rlmlab.attention"] <= {"rlmlab.task", "rlmlab.errors"}, parts["rlmlab.attention"]
+    assert "rlmlab.attention" in parts["rlmlab.learning"] and "rlmlab.attention" in parts["rlmlab.decoding"]
+
+
+def test_the_architecture_page_counts_the_token_path_it_lists():
+    """docs/architecture.md lists a token's path module by module and counts it; the modules
+    exist and the counts hold (lines within a tenth, so that the page is re-counted as it drifts)."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = text.split("## One token's path")[1].split("That is ")[0]
+    listed = [m for line in table.splitlines() if line.startswith("| ") and not line.startswith("| step")
+              for m in re.findall(r"`([a-z_/]+\.py)`", line.split("|")[2])]
+    assert all((PACKAGE / m).is_file() for m in listed), [m for m in listed if not (PACKAGE / m).is_file()]
+    stated = re.search(r"That is (\d+) modules and ([\d,]+) lines", text)
+    lines = sum(len((PACKAGE / m).read_text().splitlines()) for m in listed)
+    assert int(stated[1]) == len(listed) == len(set(listed))
+    assert abs(int(stated[2].replace(",", "")) - lines) <= lines / 10, lines
+
+
 def test_dynamic_imports_are_counted(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "cmds").mkdir(parents=True)

@@ -3,10 +3,11 @@
 import torch
 from conftest import sample_expressions
 
-from rlmlab.learning.attention import Dense, lane_tensors
+from rlmlab.attention.backends import Dense
+from rlmlab.attention.layout import Layout
 from rlmlab.learning.lanes import IGNORE, lane_pack
-from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
+from rlmlab.measuring.simulate import lane_tensors
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.frames import active_frame
 from rlmlab.task.trace import execute

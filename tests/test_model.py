@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_packed_layout
-from rlmlab.learning.attention import Blocks, Dense
-from rlmlab.learning.layout import Layout
+from rlmlab.attention.backends import Blocks, Dense
+from rlmlab.attention.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.vocab import default_vocab
 

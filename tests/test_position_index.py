@@ -9,6 +9,7 @@ import torch
 from conftest import Recorder, one_line_error, sample_expressions
 from test_infer import WORKED, _assert_canonical, _assert_same_logits
 
+from rlmlab.attention.position_index import example_positions, frame_positions, trace_places_of_frames
 from rlmlab.decoding.driver import Limits, generate
 from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.decoding.oracle import oracle_predictor
@@ -21,7 +22,6 @@ from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.observe import observer
 from rlmlab.learning.packing import Row, collate
-from rlmlab.learning.position_index import example_positions, frame_positions, trace_places_of_frames
 from rlmlab.measuring.score import per_token_hits
 from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.task.expr import to_text

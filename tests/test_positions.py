@@ -13,20 +13,20 @@ from hypothesis import strategies as st
 from test_infer import WORKED, Script, _assert_canonical, _assert_same_logits
 from test_packing import _step_loss_and_grads
 
+from rlmlab.attention.backends import Blocks, Dense
+from rlmlab.attention.layout import Layout
+from rlmlab.attention.positions import alibi_slopes
+from rlmlab.cli import main
 from rlmlab.decoding.driver import Limits, generate
 from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.decoding.predictor import TeacherForced
-from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError
-from rlmlab.learning.attention import Blocks, Dense
 from rlmlab.learning.checkpoint import load_run, meta_digest, save_checkpoint
 from rlmlab.learning.config import ModelConfig, ModelSettings, RunConfig, apply_overrides
-from rlmlab.learning.layout import Layout
-from rlmlab.learning.model import Transformer, preset
-from rlmlab.learning.positions import alibi_slopes
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.examples import build_examples
+from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import active_frame
@@ -329,7 +329,7 @@ def test_the_flex_path_of_table_free_encodings_equals_the_block_path(positions):
     bias that path does not apply, is refused there in one line."""
     from test_gpu_path import cpu_flex
 
-    from rlmlab.learning.attention import Flex
+    from rlmlab.attention.backends import Flex
 
     B, T = 2, 64
     row, start, length = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 20, 0, 41]), torch.tensor([20, 44, 41, 23])

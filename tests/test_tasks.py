@@ -12,16 +12,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlmlab.attention.backends import Dense
+from rlmlab.attention.layout import Layout
 from rlmlab.cli import main
 from rlmlab.decoding.driver import generate
 from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.errors import CheckpointError, RlmlabError, TaskError
-from rlmlab.learning.attention import Dense, lane_tensors
 from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
-from rlmlab.learning.layout import Layout
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.results import read_results
+from rlmlab.measuring.simulate import lane_tensors
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.expr import evaluate, parse, to_text
 from rlmlab.task.frames import active_frame, check_prefix, cut_examples

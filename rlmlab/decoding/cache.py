@@ -6,7 +6,7 @@ back, so a return costs the returned payload only, never the parent's prefix.
 
 The cache only stores: what a step's queries read of it is laid out by the decoder
 (`rlmlab.decoding.engine`) and attended by the model's attention code
-(`rlmlab.learning.attention.Cached`).
+(`rlmlab.attention.backends.Cached`).
 """
 
 from __future__ import annotations

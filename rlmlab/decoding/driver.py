@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlmlab.attention.position_index import indexed_tracker, other_index
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.errors import ConfigError
 from rlmlab.learning.observe import Tracker, observer
-from rlmlab.learning.position_index import indexed_tracker, other_index
 from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
 from rlmlab.task.expr import Call, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens

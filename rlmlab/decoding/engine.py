@@ -11,12 +11,12 @@ from contextlib import nullcontext
 
 import torch
 
+from rlmlab.attention.backends import Cached, Group
+from rlmlab.attention.layout import visible
+from rlmlab.attention.positions import context_limit
 from rlmlab.decoding.cache import KVCache
 from rlmlab.decoding.predictor import Feed
-from rlmlab.learning.attention import Cached, Group
-from rlmlab.learning.layout import visible
 from rlmlab.learning.observe import NEW, POP, PUSH
-from rlmlab.learning.positions import context_limit
 
 
 class ModelPredictor:

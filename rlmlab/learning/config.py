@@ -25,9 +25,9 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from rlmlab.attention.encodings import check_encoding
+from rlmlab.attention.position_index import check_index
 from rlmlab.errors import ConfigError
-from rlmlab.learning.encodings import check_encoding
-from rlmlab.learning.position_index import check_index
 from rlmlab.safeio import check_fits, parse_json, read_bytes
 
 # --- model ----------------------------------------------------------------------------------
@@ -48,10 +48,10 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout on attention and residual branches (the paper uses none)."""
     positions: str = "learned"
-    """Position encoding (rlmlab.learning.positions): "learned" (the paper's absolute table),
+    """Position encoding (rlmlab.attention.positions): "learned" (the paper's absolute table),
     "none" (NoPE), "rope" or "alibi"."""
     position_index: str | None = None
-    """Where each token's position counts from (rlmlab.learning.position_index): None, the
+    """Where each token's position counts from (rlmlab.attention.position_index): None, the
     learner's own (CoT the trace's start, RM its frame's); "trace" or "frame" for the other."""
 
     def __post_init__(self):

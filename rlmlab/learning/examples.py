@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rlmlab.attention.position_index import frame_positions, other_index
 from rlmlab.errors import ConfigError, DataError, RlmlabError
-from rlmlab.safeio import parse_json
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
-from rlmlab.learning.position_index import frame_positions, other_index
+from rlmlab.safeio import parse_json
 from rlmlab.task.library import Library
 from rlmlab.task.taskfile import Task, load_task
 from rlmlab.task.trace import Execution, execute
@@ -108,7 +108,7 @@ def rm_lanes_packing(ex: Execution, index: str = "frame") -> list[Example]:
     little, instead of one long row per trace whose mask is mostly zeros.
 
     `index` "trace" places every lane token where it was written in the flattened trace instead
-    of where it sits in its frame (`rlmlab.learning.position_index`).
+    of where it sits in its frame (`rlmlab.attention.position_index`).
     """
     lanes = lane_pack(ex.tokens, ex.prompt_len)
     pos = lanes.flat if index == "trace" else lanes.pos

@@ -17,8 +17,8 @@ positions are re-indexed to where each token sits in that frame.
 - `labels[i]` is the next target token that the state at i predicts, or None.
 
 Targets are exactly the per-frame examples' targets (a test checks the per-target logits
-against running every example separately). The rule above is `rlmlab.learning.layout.visible`
-(a lane sequence's layout: `Layout.of_lanes`); the tensors are in `rlmlab.learning.attention`,
+against running every example separately). The rule above is `rlmlab.attention.layout.visible`
+(a lane sequence's layout: `Layout.of_lanes`); the tensors are in `rlmlab.attention.backends`,
 and `simulate_rm` (RM's prediction for every prefix of a flattened sequence from one pass over
 its lanes) in `rlmlab.measuring.simulate`.
 """

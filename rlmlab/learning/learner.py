@@ -12,7 +12,7 @@ function. A `Learner` bundles what follows from a name such as "rm", "rm-frames"
 - `row_length`: the base packed-row length of its training batches;
 - `label`: its name in tables ("RM", "CoT", else the name itself);
 - `encoding`: the position encoding its model uses when the name asks for one, as in
-  "cot@rope" (`rlmlab.learning.positions`); the name without it is `base`, "cot". Experiments
+  "cot@rope" (`rlmlab.attention.positions`); the name without it is `base`, "cot". Experiments
   name learners this way (their run folders, tables and figures), and so do the summaries of
   `rlmlab eval`, `probe` and `frames` (`LoadedRun.named`); a run's config does not:
   `data.learner` is always the base name and `model.positions` the encoding.
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from rlmlab.attention.encodings import POSITION_LABELS, check_encoding
 from rlmlab.errors import ConfigError
-from rlmlab.learning.encodings import POSITION_LABELS, check_encoding
 from rlmlab.learning.observe import Observation, observer
 
 PAPER_LEARNERS = ("rm", "cot")

@@ -1,13 +1,13 @@
 """The decoder-only Transformer both learners share (paper appendix "Transformer Architecture").
 
 Pre-LayerNorm blocks, learned absolute positional embeddings (or another encoding,
-`cfg.positions`: see `rlmlab.learning.positions`), GELU MLP with expansion 4, attention
+`cfg.positions`: see `rlmlab.attention.positions`), GELU MLP with expansion 4, attention
 through `scaled_dot_product_attention`. CoT and RM use this one class: what
 differs between them is only which tokens a row holds, their positions and which
 of them attend to each other, all given by the caller (`pos`, `attn`).
 
-`attn` is an attention backend (`rlmlab.learning.attention`), built on the host from the batch's
-`Layout` (`rlmlab.learning.layout`): the dense mask, the blocks of packed rows (the CPU path),
+`attn` is an attention backend (`rlmlab.attention.backends`), built on the host from the batch's
+`Layout` (`rlmlab.attention.layout`): the dense mask, the blocks of packed rows (the CPU path),
 FlexAttention (the CUDA path), or one step over a KV cache (the decoder), which stores each
 layer's new keys and values as it attends. The forward pass reads nothing back from the device,
 so it runs without a host wait and compiles into one graph. Positions are checked where they are
@@ -21,9 +21,9 @@ import math
 import torch
 import torch.nn as nn
 
-from rlmlab.learning.attention import Dense, attend
+from rlmlab.attention.backends import Dense, attend
 from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
-from rlmlab.learning.positions import Positions
+from rlmlab.attention.positions import Positions
 
 
 class CausalSelfAttention(nn.Module):

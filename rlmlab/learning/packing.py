@@ -6,7 +6,7 @@ example restarts its positions at 0 and attends only to itself (block-diagonal c
 so a packed row computes exactly what the examples would compute one by one.
 
 Rows have a base length `row_len`, filled best-fit from a window of pending examples, which
-keeps padding at a few percent. A batch's `Layout` (`rlmlab.learning.layout`) defines what a
+keeps padding at a few percent. A batch's `Layout` (`rlmlab.attention.layout`) defines what a
 packed row computes; training hands it to the model through the attention backend that is
 fastest on its device (`PackedBatch.attention`): on CPU "blocks", whose attention cost follows
 the examples' lengths, not the row's; on CUDA "flex" (one attention call per layer).
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.learning.attention import backend, to_device
+from rlmlab.attention.backends import backend, to_device
+from rlmlab.attention.layout import Layout
 from rlmlab.learning.lanes import IGNORE
-from rlmlab.learning.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class PackedBatch:
         return Layout.packed(B, T, *self.blocks.unbind(1), self.frame, self.branch)
 
     def attention(self, kind: str = "blocks"):
-        """The attention backend `kind` (`rlmlab.learning.attention.backend`) of this (host)
+        """The attention backend `kind` (`rlmlab.attention.backends.backend`) of this (host)
         batch; move it with `.to(device)`: "blocks" on CPU, "flex" on CUDA, "dense" the reference."""
         return backend(self.layout(), kind)
 

@@ -6,7 +6,7 @@ are built on the host and moved once, loss and gradient norm stay on the device 
 at log points, and a non-finite step is skipped on the device (AdamW's `found_inf`) and
 reported at the next read (`FiniteGuard`), before anything is validated or saved. So on CUDA
 the host builds the next step's batches while the device still computes this one. On CUDA the
-micro-batches are rows of one fixed length attended with FlexAttention (`attention.attention_kind`),
+micro-batches are rows of one fixed length attended with FlexAttention (`rlmlab.attention.backends.attention_kind`),
 which keeps a compiled model to one graph.
 """
 
@@ -19,12 +19,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlmlab.attention.positions import context_limit
 from rlmlab.errors import ConfigError, TrainingDiverged
 from rlmlab.learning.config import TrainConfig
 from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.packing import IGNORE, PackedBatch, Row, collate, flat_micro_batches, micro_batches
-from rlmlab.learning.positions import context_limit
 
 OFFSET_STREAM = 2  # third seed word of the start-offset draws (the data order uses [seed, epoch])
 

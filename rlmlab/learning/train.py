@@ -35,18 +35,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlmlab.attention.backends import attention_kind
+from rlmlab.attention.encodings import POSITION_LABELS
+from rlmlab.attention.positions import context_limit
 from rlmlab.errors import ConfigError, DataError, TrainingDiverged
 from rlmlab.learning.checkpoint import META_FILE, rng_state, save_checkpoint
 from rlmlab.learning.config import RunConfig
-from rlmlab.learning.encodings import POSITION_LABELS
-from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.data import fit_to_block
+from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.learner import get_learner
-from rlmlab.learning.attention import attention_kind
 from rlmlab.learning.model import Transformer
 from rlmlab.learning.optim import configure_optimizer, describe_schedule, lr_at
 from rlmlab.learning.packing import RowStream, pack_rows, padding_fraction
-from rlmlab.learning.positions import context_limit
 from rlmlab.learning.resume import resume_run, start_run
 from rlmlab.learning.step import (
     FiniteGuard,

@@ -23,21 +23,21 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from rlmlab.attention.position_index import example_positions
 from rlmlab.decoding.driver import Generation, Limits, generate
 from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.learning.learner import as_learner
 from rlmlab.learning.observe import observer
-from rlmlab.learning.position_index import example_positions
 from rlmlab.measuring.results import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
+from rlmlab.safeio import json_safe, read_bytes, regular_file
 from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import Vocab
-from rlmlab.safeio import json_safe, read_bytes, regular_file
 
 # Data columns carried into results: JSON scalars (a binary or nested column is not).
 PLAIN_COLUMN = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,

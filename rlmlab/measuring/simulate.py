@@ -12,10 +12,19 @@ from collections.abc import Sequence
 
 import torch
 
-from rlmlab.learning.attention import Dense, lane_tensors
-from rlmlab.learning.lanes import lane_pack
-from rlmlab.learning.layout import Layout
+from rlmlab.attention.backends import Dense
+from rlmlab.attention.layout import Layout
+from rlmlab.learning.lanes import IGNORE, Lanes, lane_pack
 from rlmlab.task.vocab import Vocab
+
+
+def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(idx, pos, labels) of a lane sequence as 1-D tensors; labels use IGNORE where there is no target."""
+    idx = torch.tensor(vocab.encode(lanes.tokens))
+    pos = torch.tensor(lanes.pos)
+    ids = vocab.ids
+    labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
+    return idx, pos, labels
 
 
 @torch.no_grad()

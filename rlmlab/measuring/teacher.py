@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlmlab.attention.positions import context_limit
 from rlmlab.decoding.predictor import NO_TOKEN
-from rlmlab.learning.positions import context_limit
 
 Row = tuple[list[int], int]  # (token ids, m): predict ids[i] from ids[:i] for every i >= m
 

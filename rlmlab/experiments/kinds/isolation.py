@@ -32,15 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
+from rlmlab.attention.encodings import POSITION_LABELS
+from rlmlab.attention.position_index import OWN_INDEX
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, run_config
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell, correctness, paired
 from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
-from rlmlab.learning.encodings import POSITION_LABELS
 from rlmlab.learning.learner import get_learner
-from rlmlab.learning.position_index import OWN_INDEX
 
 SEES = {"cot": "whole trace", "rm": "active frame"}
 COUNTS = {"trace": "trace start", "frame": "frame start"}

@@ -1,5 +1,5 @@
 """The names of the position encodings, torch-free for configs and learner names; what each
-one does is `rlmlab.learning.positions`."""
+one does is `rlmlab.attention.positions`."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ into frames and pending call blocks. A query sees a key when
 - both lie in one segment;
 - for lanes, both lie in one frame and the key is on the trunk or on the query's own call block.
 
-Positions are no part of it: they weigh the keys a query sees (`rlmlab.learning.positions`),
-never decide which. The backends of `rlmlab.learning.attention` (dense mask, blocks,
+Positions are no part of it: they weigh the keys a query sees (`rlmlab.attention.positions`),
+never decide which. The backends of `rlmlab.attention.backends` (dense mask, blocks,
 FlexAttention) are built from a `Layout`; the decoder lays out the groups of a KV-cached step
 with the same rule (`rlmlab.decoding.engine`).
 """

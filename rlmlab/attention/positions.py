@@ -18,7 +18,7 @@ in its row: a packed row holds many examples (RM frames, lane-packed frames, CoT
 each count from 0, and a lane-packed frame gives each call block the positions its own
 example would have (docs/lanes.md). So RoPE rotates by `pos`, and ALiBi's bias is computed from
 differences of `pos` for whatever (query, key) pairs an attention backend lays out
-(`rlmlab.learning.attention`: the dense mask, the pieces of the blocks, the groups of a
+(`rlmlab.attention.backends`: the dense mask, the pieces of the blocks, the groups of a
 decoding step over the KV cache), each through `Positions.scores`. A visible key never lies
 after its query in `pos`, which is why one pass over a packed row equals the examples run one
 by one under every encoding.
@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from rlmlab.learning.encodings import POSITION_ENCODINGS as ENCODINGS  # noqa: F401 (the names, torch-free there)
+from rlmlab.attention.encodings import POSITION_ENCODINGS as ENCODINGS  # noqa: F401 (the names, torch-free there)
 
 ROPE_BASE = 10_000.0  # RoFormer's: the slowest pair turns once every ~60k positions at head width 16
 

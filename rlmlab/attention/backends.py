@@ -1,5 +1,5 @@
 """Attention backends: interchangeable ways to compute what a `Layout` allows
-(`rlmlab.learning.layout`), chosen by name (`backend`):
+(`rlmlab.attention.layout`), chosen by name (`backend`):
 
 - "dense" (`Dense`): one `scaled_dot_product_attention` call with the (B, 1, T, T) mask, or
   plain causal attention where that is exact;
@@ -25,9 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlmlab.learning.lanes import IGNORE, Lanes
-from rlmlab.learning.layout import Layout, visible
-from rlmlab.task.vocab import Vocab
+from rlmlab.attention.layout import Layout, visible
 
 DENSE_ROW = 128  # "blocks": rows up to this many positions attend with the dense mask, longer ones by blocks
 BIAS_ELEMENTS = 1 << 24  # the most ALiBi bias entries `Dense` materializes at once
@@ -435,14 +433,3 @@ def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | No
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
-
-
-# --- lanes ---------------------------------------------------------------------------------
-
-def lane_tensors(lanes: Lanes, vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(idx, pos, labels) of a lane sequence as 1-D tensors; labels use IGNORE where there is no target."""
-    idx = torch.tensor(vocab.encode(lanes.tokens))
-    pos = torch.tensor(lanes.pos)
-    ids = vocab.ids
-    labels = torch.tensor([IGNORE if t is None else ids[t] for t in lanes.labels])
-    return idx, pos, labels
