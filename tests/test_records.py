@@ -296,6 +296,33 @@ def test_export_converts_what_it_copies_and_leaves_the_destinations_own_files_al
         assert read_results(dest / run / "eval/eval") == read_results(fixture / run / "eval/eval")
 
 
+def test_export_never_overwrites_a_readme_the_destination_holds(tmp_path, capsys):
+    """A results folder carried to another machine and back carries the README of its day; its
+    re-export must not replace the destination's newer README (a person's only copy). A
+    top-level file the destination lacks is copied; one it holds is kept, and named when the
+    two differ; rlmlab's own experiment.json is still brought over."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "smoke-length"
+    src = tmp_path / "src"
+    shutil.copytree(fixture, src)
+    (src / "README.md").write_text("old reading\n")
+    (src / "NOTES.md").write_text("same notes\n")
+    (src / "plan.txt").write_text("a plan\n")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "README.md").write_text("new reading, with this week's numbers\n")
+    (dest / "NOTES.md").write_text("same notes\n")
+    assert main(["export", str(src), str(dest)]) == 0
+    err = capsys.readouterr().err
+    assert (dest / "README.md").read_text() == "new reading, with this week's numbers\n"
+    assert (dest / "NOTES.md").read_text() == "same notes\n" and (dest / "plan.txt").read_text() == "a plan\n"
+    assert "kept its own README.md" in err and "NOTES.md" not in err
+    assert json.loads((dest / "experiment.json").read_text())["kind"] == json.loads((src / "experiment.json").read_text())["kind"]
+    assert (dest / "report").is_dir()
+    # Into a fresh destination the source's README is copied like any file.
+    assert main(["export", str(src), str(tmp_path / "fresh")]) == 0
+    assert (tmp_path / "fresh" / "README.md").read_text() == "old reading\n"
+
+
 def test_export_lands_parquet_records_in_todays_encoding(tmp_path):
     """A run whose records an older writer encoded is exported in today's encoding, so that
     exporting an unchanged run again leaves a committed folder's bytes as they were."""

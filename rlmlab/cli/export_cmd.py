@@ -12,7 +12,8 @@ def register(sub) -> None:
                                       "rebuild its report there")
     p.add_argument("src", metavar="SRC", help="experiment folder written by `rlmlab run`")
     p.add_argument("dest", metavar="DEST", help="where the results go (e.g. results/length-small); "
-                                                "files it has that SRC lacks are kept")
+                                                "files it has that SRC lacks are kept, and so are its own top-level "
+                                                "files (a README) where SRC's copy differs")
     p.add_argument("--resumable", action="store_true",
                    help="also copy every unfinished run (left out otherwise), with its `last` checkpoint as weights "
                         "only (no optimizer moments), to continue it on another machine (docs/cli.md, 'Carrying a "
@@ -26,6 +27,9 @@ def run(args) -> int:
         links = n["skipped_links"]
         print(f"{args.src}: skipped {len(links)} symbolic link(s), neither followed nor copied: "
               + ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else ""), file=sys.stderr)
+    if n["kept"]:
+        print(f"{args.dest}: kept its own {', '.join(n['kept'])} (the copy in {args.src} differs; "
+              "rlmlab does not write it, so the destination's is taken to be the newer)", file=sys.stderr)
     if n["left_out"]:
         runs = n["left_out"]
         print(f"{args.src}: left out {len(runs)} unfinished run(s) and the commands that planned only them: "

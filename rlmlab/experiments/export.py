@@ -29,6 +29,9 @@ LEGACY_OF = {RESULTS: LEGACY_RESULTS, TRACES: LEGACY_RESULTS, METRICS: LEGACY_ME
 RECORD_FILES = tuple(LEGACY_OF)
 RESUME_CHECKPOINT = "last"
 REBUILT = ("report", "view")  # the report is rebuilt from the copy; `rlmlab view` makes its pages on demand
+# What `rlmlab run` writes at the top of an experiment folder besides its data, report and run
+# folders; any other top-level file there (a README, notes) was written by a person.
+TOP_LEVEL_OUTPUTS = ("experiment.json", "commands.jsonl")
 
 
 def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -> dict:
@@ -60,8 +63,11 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     or one interrupted, leaves `dest` as it was and no partial folder.
 
     Files already in `dest` that the source lacks (a README, say) are kept, except the old
-    outputs of a run that `--extend` has since reopened (`_drop_superseded`); files the source
-    has are overwritten, except the two that describe the whole experiment: when `dest` holds
+    outputs of a run that `--extend` has since reopened (`_drop_superseded`). A top-level file
+    that rlmlab does not write (a README.md, notes) is a person's: one `dest` already holds is
+    never overwritten, even when the source's copy differs (a folder carried to another machine
+    and back carries the README of its day), and `kept` names those that differ. Other files
+    the source has are overwritten, except the two that describe the whole experiment: when `dest` holds
     the results of other runs of the same experiment (another session, machine or subset of
     constructions or sizes), `experiment.json` lists what either planned and `commands.jsonl`
     keeps both histories (`merge_meta`, `merge_commands`). Symbolic links in `src` are neither
@@ -139,6 +145,7 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
     new_commands = [line for line in new_commands if not _plans_only(line, in_flight)]
     commands = merge_commands(old_commands, new_commands)
     copied = size = checkpoints = data_files = carried = 0
+    kept = []  # a person's top-level files in `dest` that differ from the source's copy
     copied_lines = []  # the JSON-lines record files copied, converted below
     copied_tables = []  # the Parquet record files copied, re-encoded below
     carried_points = []  # the `last` checkpoints carried, their optimizer state dropped below
@@ -149,6 +156,10 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
             continue
         if (rel.parts[0] in REBUILT or path.name == LOCK_NAME
                 or rel.parts in (("experiment.json",), ("commands.jsonl",))):
+            continue
+        if len(rel.parts) == 1 and rel.name not in TOP_LEVEL_OUTPUTS and (dest / rel).is_file():
+            if (dest / rel).read_bytes() != path.read_bytes():
+                kept.append(rel.name)
             continue
         inside = next((i for i in range(1, len(rel.parts))
                        if (src / Path(*rel.parts[:i]) / "checkpoint.json").exists()), None)
@@ -201,7 +212,7 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
     except NoResultsError:  # an export that only carries unfinished runs has nothing to tabulate yet
         reported = False
     return {"files": copied, "reported": reported, "bytes": size, "checkpoints": checkpoints, "data_files": data_files,
-            "resume_checkpoints": carried, "referred": referred, "left_out": sorted(map(str, in_flight)),
+            "resume_checkpoints": carried, "referred": referred, "left_out": sorted(map(str, in_flight)), "kept": kept,
             "skipped_links": [str(link.relative_to(src)) for link in links]}
 
 
