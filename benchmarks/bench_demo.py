@@ -35,7 +35,7 @@ def main() -> None:
     from rlmlab.cli import main as cli
     from rlmlab.cli.demo_cmd import PRESET
     from rlmlab.experiments.presets import get_preset
-    from rlmlab.measuring.results import find_eval_dir
+    from rlmlab.measuring.result_files import find_eval_dir
 
     job = f"length-{get_preset(PRESET).length}"
 

@@ -21,7 +21,7 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.experiments.convert import convert_folder  # noqa: E402
 from rlmlab.experiments.report import report  # noqa: E402
-from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, read_results  # noqa: E402
+from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, read_results  # noqa: E402
 from rlmlab.runlog import LEGACY_METRICS, METRICS, read_metrics  # noqa: E402
 
 

@@ -52,7 +52,7 @@ from rlmlab.shortcuts import (  # noqa: E402
 from rlmlab.shortcuts.dataset import _draw_set  # noqa: E402
 from rlmlab.shortcuts.root_frame import literal_paths  # noqa: E402
 from rlmlab.learning.observe import observer, reference_examples  # noqa: E402
-from rlmlab.measuring.results import read_results  # noqa: E402
+from rlmlab.measuring.result_files import read_results  # noqa: E402
 from rlmlab.task.expr import DIGITS, parse  # noqa: E402
 from rlmlab.task.sampler import GeneratorConfig  # noqa: E402
 from rlmlab.task.trace import execute  # noqa: E402

@@ -38,7 +38,7 @@ ROWS = (("in_context_answer", "answer after the full prefix"),
 
 
 def eval_rows(folder: Path, name: str, part: str) -> list[dict]:
-    from rlmlab.measuring.results import read_results
+    from rlmlab.measuring.result_files import read_results
 
     for d in sorted((folder / f"shortcut-{name}").glob(f"*/eval/{part}")):
         if (d / "summary.json").exists():

@@ -11,7 +11,7 @@ Every row carries where it comes from: `job` (the job folder, e.g. `length-595-s
 out-of-domain cells by; `df[df.fitted | ~df.ood]` keeps what the report shows) and, for
 evaluations and probes, `set`. The columns are documented in docs/results-format.md. pandas is
 optional (`pip install -e ".[analysis]"` in the clone); the lists of dicts
-behind each frame come from `rlmlab.measuring.results.read_results` and
+behind each frame come from `rlmlab.measuring.result_files.read_results` and
 `rlmlab.runlog.read_metrics`, which need only pyarrow.
 """
 
@@ -24,7 +24,7 @@ from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.tables import run_fitted
-from rlmlab.measuring.results import evaluated_sets, has_results, read_results
+from rlmlab.measuring.result_files import evaluated_sets, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 
 KINDS = ("eval", "probe", "metrics")

@@ -19,7 +19,7 @@ from rlmlab.experiments.report import report
 from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.learning.resume import TrainerState
 from rlmlab.learning.examples import build_examples
-from rlmlab.measuring.results import read_results, write_rows
+from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.measuring.score import data_columns
 from rlmlab.task.expr import MAX_NESTING, parse
 from rlmlab.task.pool import read_pool

@@ -157,7 +157,7 @@ def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
         assert main(["eval", "--oracle", "rm", "--data", str(data), "--out", str(tmp_path / by), "--quiet",
                      "--by", by]) == 0
         assert "n_frame_examples" in capsys.readouterr().out
-    from rlmlab.measuring.results import read_results
+    from rlmlab.measuring.result_files import read_results
     from rlmlab.task.trace import execute
 
     rows = read_results(tmp_path / "n_frames")

@@ -21,7 +21,7 @@ from rlmlab.cli import main
 from rlmlab.experiments.convert import convert_folder
 from rlmlab.experiments.refs import REFS, experiment_runs, read_refs
 from rlmlab.journal import JOURNAL
-from rlmlab.measuring.results import read_results, write_rows
+from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.records import read_records
 from rlmlab.runlog import read_metrics
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlmlab.cli import main
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.result_files import read_results
 
 COMMITTED = Path(__file__).resolve().parent.parent / "results" / "length-595-paper-cpu-steps" / "length-595"
 

@@ -9,7 +9,7 @@ from conftest import sample_expressions
 from rlmlab.cli import main
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.result_files import read_results
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.vocab import default_vocab

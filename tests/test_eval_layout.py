@@ -12,7 +12,7 @@ import pytest
 import rlmlab.results
 from rlmlab.cli import main
 from rlmlab.experiments.report import report
-from rlmlab.measuring.results import eval_dir, evaluated_sets, find_eval_dir, read_results, run_of_eval_dir
+from rlmlab.measuring.result_files import eval_dir, evaluated_sets, find_eval_dir, read_results, run_of_eval_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smoke-length"  # written in the old layout
 RUNS = ("length-96/rm", "length-96/cot")

@@ -15,7 +15,7 @@ from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
-from rlmlab.measuring.results import has_results, read_results
+from rlmlab.measuring.result_files import has_results, read_results
 from rlmlab.runlog import read_metrics
 
 RECORD_FILES = ("results.parquet", "traces.parquet", "metrics.parquet")

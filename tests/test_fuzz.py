@@ -251,7 +251,7 @@ def test_any_results_file_is_read_or_refused_on_one_line(tmp_path, lines, summar
 def _read_or_refused_on_one_line(folder: Path) -> None:
     """Both readers of an evaluation folder either refuse it on one line or give well-typed rows."""
     from rlmlab.experiments.viewer import read_eval_set
-    from rlmlab.measuring.results import read_results
+    from rlmlab.measuring.result_files import read_results
 
     for read in (read_results, read_eval_set):
         try:
@@ -278,7 +278,7 @@ RESULT_RECORDS = st.lists(st.one_of(st.dictionaries(st.text(max_size=8), JSON_VA
 def test_any_results_parquet_is_read_or_refused_on_one_line(tmp_path, records, damage, which, summary):
     """The Parquet twin of the test above: any records as `rlmlab eval` would store them (traces
     of any JSON value included), the file then damaged or not, read or refused on one line."""
-    from rlmlab.measuring.results import write_rows
+    from rlmlab.measuring.result_files import write_rows
 
     tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by the examples
     try:

@@ -24,7 +24,7 @@ from rlmlab.learning import checkpoint as ck
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.resume import TrainerState
 from rlmlab.learning.examples import ExampleSet, build_examples
-from rlmlab.measuring.results import read_results, write_results
+from rlmlab.measuring.result_files import read_results, write_results
 from rlmlab.measuring.score import read_expressions
 from rlmlab.safeio import MAX_DEPTH, parse_json
 from rlmlab.task.pool import read_pool

@@ -240,7 +240,7 @@ def test_an_experiment_in_progress_under_the_old_names_resumes(tmp_path, capsys)
 # --- summaries and reports ----------------------------------------------------------------------
 
 def test_summaries_that_say_view_are_read_as_naming_the_learner(tmp_path):
-    from rlmlab.measuring.results import summary_learner
+    from rlmlab.measuring.result_files import summary_learner
 
     committed = RESULTS / "length-197-small" / "length-197" / "cot" / "eval" / "eval" / "summary.json"
     old = json.loads(committed.read_text())

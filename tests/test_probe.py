@@ -15,7 +15,7 @@ from rlmlab.decoding.oracle import Oracle, oracle_predictor
 from rlmlab.decoding.predictor import NO_TOKEN
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.result_files import read_results
 from rlmlab.measuring.probe import (
     completed_calls,
     forced_predictions,

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (.ci/run installs it)")
 
 from rlmlab.cli import main  # noqa: E402
-from rlmlab.measuring.results import evaluated_sets, read_results  # noqa: E402
+from rlmlab.measuring.result_files import evaluated_sets, read_results  # noqa: E402
 from rlmlab.runlog import read_metrics  # noqa: E402
 
 SMOKE = ["run", "length", "--preset", "smoke", "--threads", "1", "--quiet"]

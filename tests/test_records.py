@@ -1,4 +1,4 @@
-"""Records as Parquet (rlmlab.records, rlmlab.measuring.results, rlmlab.runlog): any list of
+"""Records as Parquet (rlmlab.records, rlmlab.measuring.result_files, rlmlab.runlog): any list of
 flat records comes back as it went in; per-expression results keep their traces apart and read
 back whole; `rlmlab convert` turns a committed folder's JSON lines into Parquet without losing a
 record or changing a byte of its report; a damaged Parquet file is one line, never a traceback."""
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import DataError
-from rlmlab.measuring.results import has_results, read_results, results_file, write_results, write_rows
+from rlmlab.measuring.result_files import has_results, read_results, results_file, write_results, write_rows
 from rlmlab.records import read_records, records_to_table, reencode_records, table_to_records, write_records
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 from test_report import assert_report_regenerates

@@ -11,7 +11,7 @@ from rlmlab.errors import NoResultsError
 from rlmlab.experiments.kinds.iid import iid_points
 from rlmlab.experiments.kinds.threshold import threshold_tables
 from rlmlab.experiments.report import report
-from rlmlab.measuring.results import write_rows
+from rlmlab.measuring.result_files import write_rows
 from rlmlab.measuring.stats import wilson
 from rlmlab.records import write_records
 from conftest import one_line_error

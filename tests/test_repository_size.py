@@ -4,7 +4,7 @@ Parquet, nothing resumable is committed, and only released checkpoints hold weig
 
 from pathlib import Path
 
-from rlmlab.measuring.results import LEGACY_RESULTS
+from rlmlab.measuring.result_files import LEGACY_RESULTS
 from rlmlab.runlog import LEGACY_METRICS
 
 ROOT = Path(__file__).resolve().parent.parent

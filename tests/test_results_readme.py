@@ -320,7 +320,7 @@ def test_documented_demo_output_is_the_committed_run_cut_to_its_bins():
     """The demo evaluates the released checkpoints, those of results/length-595-paper-cpu-steps
     (tests/test_demo.py), on the first N expressions of each bin of the same split, so the table
     docs/cli.md shows is the committed per-expression results cut to N per bin."""
-    from rlmlab.measuring.results import read_results
+    from rlmlab.measuring.result_files import read_results
 
     shown = markdown_tables("\n".join(demo_output()))[0]
     report = generated("length-595-paper-cpu-steps", "table-length-595.md")[0]

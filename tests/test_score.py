@@ -8,7 +8,7 @@ from rlmlab.decoding.driver import Generation, generate
 from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.results import read_results, write_results
+from rlmlab.measuring.result_files import read_results, write_results
 from rlmlab.measuring.score import (
     answer_accuracy_fn,
     decode_and_score,

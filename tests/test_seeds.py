@@ -14,7 +14,7 @@ from rlmlab.experiments.kinds.shortcuts import seed_cells, shortcut_seeds_table
 from rlmlab.experiments.reproduce import CellCheck, seed_spreads
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job, split_seed
 from rlmlab.experiments.spread import cell, correctness, paired
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.result_files import read_results
 from rlmlab.runlog import read_metrics
 
 

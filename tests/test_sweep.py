@@ -19,7 +19,7 @@ from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.sizing import lane_stats, pool_lane_columns, size_threshold
 from rlmlab.experiments.splits import DEPTH_BINS, LENGTH_BINS
 from rlmlab.learning.examples import build_examples, rm_lanes_packing
-from rlmlab.measuring.results import has_results, read_results, write_rows
+from rlmlab.measuring.result_files import has_results, read_results, write_rows
 from rlmlab.records import write_records
 from rlmlab.runlog import read_metrics
 from rlmlab.task.expr import default_library

@@ -21,7 +21,7 @@ from rlmlab.errors import CheckpointError, RlmlabError, TaskError
 from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.results import read_results
+from rlmlab.measuring.result_files import read_results
 from rlmlab.measuring.simulate import lane_tensors
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.expr import evaluate, parse, to_text

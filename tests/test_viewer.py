@@ -19,7 +19,7 @@ from rlmlab.experiments.viewer import embedded_data
 from rlmlab.experiments.viewer_data import WRONG_VALID, produced_tokens
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.results import read_results, write_rows
+from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.trace import execute

@@ -18,7 +18,7 @@ from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import MAX_THREADS
 from rlmlab.learning.learner import get_learner
-from rlmlab.measuring.results import RESULTS, eval_dir, summary_learner
+from rlmlab.measuring.result_files import RESULTS, eval_dir, summary_learner
 from rlmlab.safeio import folder_kind, read_json, refuse_other_folder, shorten
 from rlmlab.task.taskfile import load_task
 

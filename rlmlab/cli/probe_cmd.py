@@ -13,7 +13,7 @@ from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import MAX_THREADS
-from rlmlab.measuring.results import write_results
+from rlmlab.measuring.result_files import write_results
 from rlmlab.task.taskfile import load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them

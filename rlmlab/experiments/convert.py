@@ -20,7 +20,7 @@ from pathlib import Path
 from rlmlab.errors import DataError
 from rlmlab.experiments.refs import read_refs, refer_to_siblings
 from rlmlab.journal import JOURNAL, LEFTOVERS as STAGED_LEFTOVERS, commit, recover, staged
-from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES, attach_traces, split_traces
+from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, attach_traces, split_traces
 from rlmlab.records import read_records, reencode_records, write_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics
 from rlmlab.safeio import parse_jsonl_objects, read_bytes

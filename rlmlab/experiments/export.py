@@ -16,7 +16,7 @@ from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import read_refs, refer_to_siblings
 from rlmlab.experiments.report import report
-from rlmlab.measuring.results import LEGACY_RESULTS, RESULTS, TRACES
+from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks

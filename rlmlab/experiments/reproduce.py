@@ -29,7 +29,7 @@ from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.splits import first_per_bin
-from rlmlab.measuring.results import eval_dir, evaluated_sets, read_results
+from rlmlab.measuring.result_files import eval_dir, evaluated_sets, read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 from rlmlab.safeio import refuse_outside
 

@@ -124,7 +124,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import get_learner
     from rlmlab.learning.step import resolve_device
-    from rlmlab.measuring.results import eval_dir, find_eval_dir
+    from rlmlab.measuring.result_files import eval_dir, find_eval_dir
     from rlmlab.measuring.score import evaluate_file
 
     run_dir = job.run_dir(out)
@@ -224,7 +224,7 @@ def _evaluated(eval_dir: Path) -> dict | None:
     """The summary of a complete evaluation in `eval_dir`, or None when there is none or when its
     files are damaged (results unreadable or not as long as the summary says): then the
     set is evaluated again."""
-    from rlmlab.measuring.results import has_results, read_results
+    from rlmlab.measuring.result_files import has_results, read_results
 
     if not ((eval_dir / "summary.json").exists() and has_results(eval_dir)):
         return None

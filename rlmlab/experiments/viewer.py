@@ -35,7 +35,7 @@ from rlmlab.experiments.viewer_data import (
     read_eval_set,
     read_experiment,
 )
-from rlmlab.measuring.results import RESULTS, results_file, run_of_eval_dir, summary_learner
+from rlmlab.measuring.result_files import RESULTS, results_file, run_of_eval_dir, summary_learner
 from rlmlab.task.taskfile import load_task
 from rlmlab.task.trace import Execution
 

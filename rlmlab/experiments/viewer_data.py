@@ -15,7 +15,7 @@ from pathlib import Path
 from rlmlab.errors import DataError, RlmlabError
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.learning.learner import get_learner
-from rlmlab.measuring.results import RESULTS, evaluated_sets, read_results, results_file, summary_learner
+from rlmlab.measuring.result_files import RESULTS, evaluated_sets, read_results, results_file, summary_learner
 from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.task.frames import StackReplay
 from rlmlab.task.taskfile import load_task

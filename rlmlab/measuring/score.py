@@ -29,7 +29,7 @@ from rlmlab.decoding.engine import ModelPredictor
 from rlmlab.errors import ConfigError, DataError, RlmlabError
 from rlmlab.learning.learner import as_learner
 from rlmlab.learning.observe import observer
-from rlmlab.measuring.results import write_results
+from rlmlab.measuring.result_files import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.safeio import json_safe, read_bytes, regular_file

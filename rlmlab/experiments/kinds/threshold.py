@@ -34,7 +34,7 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.measuring.frame_errors import render_frames
-from rlmlab.measuring.results import find_eval_dir, has_results, read_results, require_fields, results_file
+from rlmlab.measuring.result_files import find_eval_dir, has_results, read_results, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, auc_with_interval
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
