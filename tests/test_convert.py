@@ -152,10 +152,12 @@ def _killed(proc: subprocess.Popen, delay: float | None = None) -> None:
     assert proc.returncode in (0, -signal.SIGKILL), err
 
 
-def test_a_kill_at_any_instant_then_a_rerun_gives_the_clean_conversion_byte_for_byte(clean, tmp_path):
-    """24 seeded trials: 16 SIGKILLs before a seeded n-th change to the file system (a journal
-    written or not, a file staged or put, a run moved to the trash or half removed), 5 of them
-    with the re-run killed too; 8 SIGKILLs from outside at a seeded instant, mid-write included."""
+@pytest.mark.parametrize("trials", [8, pytest.param(24, marks=pytest.mark.slow)])
+def test_a_kill_at_any_instant_then_a_rerun_gives_the_clean_conversion_byte_for_byte(clean, tmp_path, trials):
+    """Seeded trials (8 in CI, 24 with `-m slow`; each starts a Python or two): two thirds are
+    SIGKILLs before a seeded n-th change to the file system (a journal written or not, a file
+    staged or put, a run moved to the trash or half removed), every third of them with the
+    re-run killed too; the rest are SIGKILLs from outside at a seeded instant, mid-write included."""
     before, expected, seen = clean
     probe = tmp_path / "probe"
     shutil.copytree(before, probe)
@@ -163,10 +165,10 @@ def test_a_kill_at_any_instant_then_a_rerun_gives_the_clean_conversion_byte_for_
     ops, seconds = int(out.split()[-2]), float(out.split()[-1])
     assert snapshot(probe) == expected, err
     rng = random.Random(92)
-    for trial in range(24):
+    for trial in range(trials):
         tree = tmp_path / f"t{trial}"
         shutil.copytree(before, tree)
-        if trial < 16:
+        if trial < trials * 2 // 3:
             _killed(_child(tree / "b", kill_at=rng.randint(1, ops)))
             if trial % 3 == 0:  # the re-run killed as well, while it finishes what the first left
                 _killed(_child(tree / "b", kill_at=rng.randint(1, ops)))

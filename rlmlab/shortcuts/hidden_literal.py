@@ -37,9 +37,13 @@ class HiddenLiteral(Construction):
         return Call("add", (Call("max", (Call("multiply", (h, "0")), v)), y))
 
     def signal(self, tokens, prompt_len):
+        return self.signal_in(frame_tree(tokens, prompt_len))
+
+    def signal_in(self, tree):
+        """`signal` of a trace already read into its frame tree (reading it is most of a draw)."""
         # the value the helper binds to its second parameter (acc, or a for fibonacci): the W
         # frame is the helper's second child when its counter argument is a call, else its first
-        helper = child(frame_tree(tokens, prompt_len), *self.h_path)
+        helper = child(tree, *self.h_path)
         counter = parse(" ".join(helper.call)).args[0]
         return helper.children[0 if isinstance(counter, str) else 1].value
 
@@ -56,7 +60,7 @@ class HiddenLiteral(Construction):
         tree = frame_tree(ex.tokens, ex.prompt_len)
         if not s.z_ok(ex.tokens, child(tree, *self.h_path)):
             return None
-        k = int(self.signal(ex.tokens, ex.prompt_len))
+        k = int(self.signal_in(tree))
         v_val = int(child(tree, *self.v_path).value)
         if str(k) in {tok for _, tok in literal_paths(w)} or v_val in (0, k):
             return None  # k must be computed, and must not show in Y (v = 0) or in the payload (v = k)
