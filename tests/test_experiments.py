@@ -17,6 +17,9 @@ from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
 from rlmlab.measuring.result_files import has_results, read_results
 from rlmlab.runlog import read_metrics
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 RECORD_FILES = ("results.parquet", "traces.parquet", "metrics.parquet")
 
@@ -897,7 +900,7 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
         ("depth-10", ["<=0.3", "0.4-0.6", "0.7-1.0", "1.1", "1.2-1.3", "1.4-1.5", "1.6-1.7", "1.8-1.9", "2.0-2.1",
                       ">=2.2"], [0, 0.35, 0.65, 1, 1.15, 1.35, 1.55, 1.75, 1.95, 2.15]),
     ]:
-        split = Split.load(tmp_path / kind.split("-")[0] / "data" / kind)
+        split = Split.load(tmp_path / kind.split("-")[0] / "data" / kind, task=PAPER)
         threshold = split.params["threshold"]
         bins = split.params["bins"]
         assert [b["label"] for b in bins] == labels

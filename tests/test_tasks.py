@@ -31,6 +31,8 @@ from rlmlab.task.sampler import GeneratorConfig
 from rlmlab.task.taskfile import TASKS_DIR, load_task, paper_task, task_from_dict, task_from_toml
 from rlmlab.task.trace import execute, trace_stats
 
+PAPER = load_task("paper")
+
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "paper_task.json").read_text())
 PAPER_FILE = TASKS_DIR / "paper.toml"
 TASKS = ["paper", "mod7"]
@@ -407,7 +409,7 @@ def test_train_and_eval_on_a_task_file(tmp_path, capsys, one_torch_thread):
     pool, paper_pool = tmp_path / "pool.parquet", tmp_path / "paper.parquet"
     assert main(["data", "pool", "--task", str(task_file), "--n", "300", "--seed", "1", "--out", str(pool),
                  "--quiet", "--workers", "1"]) == 0
-    write_pool(build_pool(300, 1, workers=1), paper_pool)
+    write_pool(build_pool(300, 1, workers=1, task=PAPER), paper_pool)
     run = tmp_path / "run"
     common = ["train", "--learner", "rm", "--preset", "tiny", "--out", str(run), "--max-steps", "2", "--quiet",
               "--data.val_size=50", "--train.answer_eval=0", "--data.cache_dir="]

@@ -19,18 +19,19 @@ from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import ExpressionSampler
-from rlmlab.task.trace import trace_stats
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 @pytest.fixture(scope="module")
 def data():
     """Short expressions (trace <= 150 tokens), both learners, 30 held out."""
-    sampler, rng = ExpressionSampler(), random.Random(11)
-    exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if trace_stats(e).trace_len <= 150]
+    sampler, rng = ExpressionSampler(library=PAPER.library), random.Random(11)
+    exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if PAPER.trace_stats(e).trace_len <= 150]
     train_exprs, val_exprs = exprs[:-30], exprs[-30:]
-    vocab = default_vocab()
-    return {v: (build_examples(train_exprs, v, vocab), build_examples(val_exprs, v, vocab)) for v in ("rm", "cot")}
+    vocab = PAPER.vocab
+    return {v: (build_examples(train_exprs, v, vocab, task=PAPER), build_examples(val_exprs, v, vocab, task=PAPER)) for v in ("rm", "cot")}
 
 
 def config(learner="rm", dropout=None, **train) -> RunConfig:
@@ -129,7 +130,7 @@ def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
 def test_a_tiny_model_learns(data, tmp_path):
     tr, va = data["rm"]
     result = train(config(max_steps=40, lr=1e-2, warmup_steps=5, eval_every=20, batch_size=64), tr, va,
-                   tmp_path, progress=False, echo=lambda s: None)
+                   tmp_path, progress=False, echo=lambda s: None, task=PAPER)
     losses = [r["loss"] for r in records(tmp_path, "train")]
     assert len(losses) == 40 and result.stop_reason == "max_steps"
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
@@ -191,12 +192,12 @@ def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp
     fixture = Path(__file__).parent / "fixtures" / "resume-8cb4743"
     expected = json.loads((fixture / "expected.json").read_text())
     exprs = json.loads((fixture / "exprs.json").read_text())
-    tr, va = (build_examples(exprs[k], "rm", default_vocab(), workers=1) for k in ("train", "val"))
+    tr, va = (build_examples(exprs[k], "rm", PAPER.vocab, workers=1, task=PAPER) for k in ("train", "val"))
     run = tmp_path / "run"
     shutil.copytree(fixture / "run", run)
     saved = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
     cfg = dataclasses.replace(saved, train=dataclasses.replace(saved.train, max_steps=expected["end"]))
-    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None)
+    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None, task=PAPER)
     assert (result.step, result.best_step) == (expected["end"], expected["best_step"])
     losses = {kind: {str(r["step"]): r["loss"] for r in records(run, kind) if r["step"] > expected["stop"]}
               for kind in ("train", "val")}
@@ -314,7 +315,7 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
     small = dict(dropout=0.1, max_steps=6, eval_every=2, batch_size=8)
     result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet)
     train(config("cot", **small), tr, va, tmp_path / "n", **quiet)
-    assert seen == [("cot", False, len(default_vocab()))] * 3
+    assert seen == [("cot", False, len(PAPER.vocab))] * 3
     assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
     best = load_run(tmp_path / "h")
     assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.learner == "cot"
@@ -330,7 +331,7 @@ def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
         return {"answer_acc": 0.5}
 
     train(config(max_steps=6, eval_every=2, log_every=2), tr, va, tmp_path / "v", validate_fn=slow_validate,
-          progress=False, echo=lambda s: None)
+          progress=False, echo=lambda s: None, task=PAPER)
     logged = records(tmp_path / "v", "train")
     assert [r["step"] for r in logged] == [2, 4, 6]
     for before, after in itertools.pairwise(logged):
@@ -364,7 +365,7 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(rlmlab.measuring.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
     pool = tmp_path / "pool.parquet"
-    write_pool(build_pool(150, 5, workers=1), pool)
+    write_pool(build_pool(150, 5, workers=1, task=PAPER), pool)
     out = tmp_path / "run"
     args = ["train", "--learner", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
@@ -412,7 +413,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data
 
     monkeypatch.setattr(step_mod, "batch_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="non-finite training loss"):
-        train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None)
+        train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None, task=PAPER)
     # (validations call batch_loss too, so the poisoned step is the 9th here)
     diverged = records(tmp_path, "diverged")[0]["step"]
     last = load_run(tmp_path, "last")

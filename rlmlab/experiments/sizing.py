@@ -24,7 +24,7 @@ import numpy as np
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import get_learner
-from rlmlab.task.expr import Call, default_library, parse, size
+from rlmlab.task.expr import Call, parse, size
 from rlmlab.task.library import Library
 from rlmlab.task.trace import trace_stats
 
@@ -44,17 +44,14 @@ class LaneStats:
     """Tokens of the written expression."""
 
 
-def lane_stats(expr: Call | str, library: Library | None = None) -> LaneStats:
-    library = library or default_library()
+def lane_stats(expr: Call | str, library: Library) -> LaneStats:
     q = parse(expr, library) if isinstance(expr, str) else expr
     s = trace_stats(q, library)
     return LaneStats(s.lane_tokens, s.n_frame_instances, s.longest_lane, size(q))
 
 
-def pool_lane_columns(texts: list[str], progress: bool = False, library: Library | None = None
-                      ) -> dict[str, np.ndarray]:
+def pool_lane_columns(texts: list[str], library: Library, progress: bool = False) -> dict[str, np.ndarray]:
     """`lane_stats` of every expression, as arrays (lane tokens, frames, longest lane, prompt)."""
-    library = library or default_library()
     out = {k: np.zeros(len(texts), dtype=np.int64) for k in ("lane_tokens", "frames", "longest_lane", "prompt")}
     it = enumerate(texts)
     if progress:
@@ -238,7 +235,7 @@ def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str
     table = load_plan_pool(preset, Path(out), pool, progress, task)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
-    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, task.library))
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), task.library, progress))
     ref_kind, ref_t = REFERENCE["rm"]["threshold"]
     wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
     ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}
