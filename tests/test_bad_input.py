@@ -115,11 +115,11 @@ def test_malformed_experiment_descriptions(tmp_path):
 
 def test_saved_data_built_under_other_settings_is_refused(tmp_path):
     smoke = get_preset("smoke")
-    assert len(get_kind("length").plan(smoke, tmp_path, ("rm", "cot"))) == 2
+    assert len(get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), task=PAPER)) == 2
     with pytest.raises(ConfigError, match=r"built with per_bin_cap=4 \(asked: 5\)"):
-        get_kind("length").plan(smoke.with_overrides(per_bin_cap=5), tmp_path, ("rm", "cot"))
+        get_kind("length").plan(smoke.with_overrides(per_bin_cap=5), tmp_path, ("rm", "cot"), task=PAPER)
     with pytest.raises(ConfigError, match="threshold must be a positive integer"):
-        get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), threshold=0)
+        get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), threshold=0, task=PAPER)
 
 
 def test_data_columns_keep_only_json_scalars(tmp_path):

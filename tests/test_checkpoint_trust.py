@@ -299,11 +299,10 @@ def test_reevaluate_copies_no_file_from_outside_its_trees(tmp_path):
 
 def test_a_cache_entry_that_is_a_folder_is_refused_before_building(tmp_path):
     from rlmlab.learning.examples import build_examples, cache_key
-    from rlmlab.task.taskfile import load_task
 
     exprs, vocab = ["add(1,2)", "double(3)"], PAPER.vocab
     cache = tmp_path / "cache"
-    (cache / f"rm-{cache_key(exprs, 'rm', vocab, load_task(None))}.npz").mkdir(parents=True)
+    (cache / f"rm-{cache_key(exprs, 'rm', vocab, PAPER)}.npz").mkdir(parents=True)
     with pytest.raises(DataError, match="data.cache_dir: .*npz is a folder"):
         build_examples(exprs, "rm", vocab, cache_dir=cache, task=PAPER)
     assert sorted(p.name for p in cache.iterdir() if not p.is_dir()) == []
@@ -349,12 +348,12 @@ def test_a_split_without_an_out_of_domain_bin_is_warned_about(tmp_path, capsys):
     from rlmlab.experiments.presets import get_preset
 
     preset = get_preset("smoke").with_overrides(pool_n=300)
-    jobs = get_kind("length").plan(preset, tmp_path / "far", ["rm"], progress=False, threshold=100_000)
+    jobs = get_kind("length").plan(preset, tmp_path / "far", ["rm"], progress=False, threshold=100_000, task=PAPER)
     assert jobs
     err = capsys.readouterr().err
     assert "warning: no expression of the pool lies above the threshold 100000" in err
     assert "in-domain expressions and no out-of-domain bin" in err and err.count("\n") == 1
-    get_kind("length").plan(preset, tmp_path / "near", ["rm"], progress=False, threshold=96)
+    get_kind("length").plan(preset, tmp_path / "near", ["rm"], progress=False, threshold=96, task=PAPER)
     assert "warning" not in capsys.readouterr().err
 
 

@@ -26,6 +26,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import get_learner
 from rlmlab.task.expr import Call, parse, size
 from rlmlab.task.library import Library
+from rlmlab.task.taskfile import Task
 from rlmlab.task.trace import trace_stats
 
 # --- per-expression statistics ---------------------------------------------------------------
@@ -223,15 +224,13 @@ def load_plan_pool(preset, out: Path, pool: str | None, progress: bool, task):
 
 
 def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False, task=None) -> list[dict]:
+               progress: bool = False, *, task: Task) -> list[dict]:
     """The sized rows of every threshold asked for (default: the paper's), with CPU estimates;
-    `task` is the preset's, as the command resolved it (None: resolved here)."""
-    from rlmlab.experiments.kinds.base import preset_task
+    `task` is the preset's, as the command resolved it."""
     from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
 
     if lengths is None and depths is None:
         lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
-    task = preset_task(preset, task)
     table = load_plan_pool(preset, Path(out), pool, progress, task)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
@@ -284,6 +283,6 @@ def plan_table(rows: list[dict], preset) -> str:
 
 
 def plan_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False, task=None) -> str:
+               progress: bool = False, *, task: Task) -> str:
     """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
-    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task), preset)
+    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task=task), preset)
