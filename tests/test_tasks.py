@@ -126,6 +126,20 @@ def test_trace_grammar_values_frames_and_vocabulary(name):
         assert ex.value_token in task.library.literals
 
 
+def test_a_task_parses_and_executes_with_its_own_library_only():
+    mod7 = load_task("mod7")
+    for task in (PAPER, mod7):
+        for e in _exprs(task, 50, 2):
+            text = to_text(e)
+            assert task.parse(text) == parse(text, task.library) == e
+            assert task.execute(text).tokens == execute(e, task.library).tokens
+            assert task.evaluate(e) == evaluate(e, task.library) == task.execute(e).value
+            assert task.trace_stats(e) == trace_stats(e, task.library)
+    assert PAPER.evaluate(PAPER.parse("add(8,1)")) == 9
+    with pytest.raises(RlmlabError, match="literal 8"):
+        mod7.parse("add(8,1)")
+
+
 @pytest.mark.parametrize("name", TASKS)
 @pytest.mark.parametrize("learner", ["rm", "cot"])
 def test_oracle_reproduces_every_trace_through_both_drivers(name, learner):
