@@ -69,18 +69,18 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
     # A clock that advances 20 ms per reading: the limit falls mid-run whatever the machine's load.
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    full = train(config(dropout=0.1), tr, va, tmp_path / "a", **quiet)
+    full = train(config(dropout=0.1), tr, va, tmp_path / "a", **quiet, task=PAPER)
     ticks = itertools.count()
     with monkeypatch.context() as m:
         m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
-        stopped = train(config(dropout=0.1, max_minutes=0.005), tr, va, tmp_path / "b", **quiet)
+        stopped = train(config(dropout=0.1, max_minutes=0.005), tr, va, tmp_path / "b", **quiet, task=PAPER)
     assert stopped.stop_reason == "time_limit" and 0 < stopped.step < 16
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [(r["step"], r["lr"]) for r in b] == [(r["step"], r["lr"]) for r in a[:stopped.step]]
     assert all(r["step"] % 8 == 0 for r in records(tmp_path / "b", "val"))  # no validation off the grid
     assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == stopped.step
     # Lifting the limit continues the very same run.
-    resumed = train(config(dropout=0.1), tr, va, tmp_path / "b", resume=True, **quiet)
+    resumed = train(config(dropout=0.1), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert (resumed.step, resumed.stop_reason, resumed.best_step) == (16, "max_steps", full.best_step)
     b = records(tmp_path / "b", "train")
     assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
@@ -89,7 +89,7 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
     # Without a step budget, the time limit is the run's end and the rate stays at its peak.
     with monkeypatch.context() as m:
         m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
-        timed = train(config(max_steps=None, max_minutes=0.01, warmup_steps=2), tr, va, tmp_path / "t", **quiet)
+        timed = train(config(max_steps=None, max_minutes=0.01, warmup_steps=2), tr, va, tmp_path / "t", **quiet, task=PAPER)
     assert timed.stop_reason == "max_minutes"
     assert {r["lr"] for r in records(tmp_path / "t", "train") if r["step"] > 2} == {TrainConfig.lr}
 
@@ -97,8 +97,8 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
 def test_a_larger_step_budget_keeps_the_schedule_fixed_at_the_start(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=8), tr, va, tmp_path / "a", **quiet)
-    train(config(max_steps=12), tr, va, tmp_path / "a", resume=True, **quiet)
+    train(config(max_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config(max_steps=12), tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER)
     lrs = {r["step"]: r["lr"] for r in records(tmp_path / "a", "train")}
     floor = TrainConfig.lr * TrainConfig.min_lr_ratio
     # (a record's rate is that of the step it ends: step 9 runs at the floor the cosine reached)
@@ -111,7 +111,7 @@ def test_another_thread_count_trains_the_same_steps_at_the_same_rates(data, tmp_
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
     for threads in (1, 2):
-        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet)
+        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet, task=PAPER)
     one, two = records(tmp_path / "1", "train"), records(tmp_path / "2", "train")
     assert [(r["step"], r["lr"], r["tokens"]) for r in one] == [(r["step"], r["lr"], r["tokens"]) for r in two]
     assert [r["step"] for r in one] == list(range(1, 11))
@@ -121,7 +121,7 @@ def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
     tr, va = data["cot"]
     quiet = dict(progress=False, echo=lambda s: None)
     for name in ("a", "b"):
-        train(config("cot", dropout=0.1, max_steps=6, eval_every=3), tr, va, tmp_path / name, **quiet)
+        train(config("cot", dropout=0.1, max_steps=6, eval_every=3), tr, va, tmp_path / name, **quiet, task=PAPER)
     for which in ("last", "best"):
         wa, wb = load_run(tmp_path / "a", which).model, load_run(tmp_path / "b", which).model
         assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
@@ -141,19 +141,19 @@ def test_a_tiny_model_learns(data, tmp_path):
 def test_resume_equals_uninterrupted(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "a", **quiet)
-    train(config(dropout=0.1, max_steps=8, decay_steps=16), tr, va, tmp_path / "b", **quiet)
+    train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config(dropout=0.1, max_steps=8, decay_steps=16), tr, va, tmp_path / "b", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="--resume cannot change train.lr"):
-        train(config(dropout=0.1, max_steps=16, decay_steps=16, lr=5e-4), tr, va, tmp_path / "b", resume=True, **quiet)
-    result = train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "b", resume=True, **quiet)
+        train(config(dropout=0.1, max_steps=16, decay_steps=16, lr=5e-4), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
+    result = train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert result.step == 16
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [r["step"] for r in b] == list(range(1, 17))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exactly, not approximately
     # Logged every 3 steps, a record after the resume at step 8 still averages steps 7-9.
-    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "c", **quiet)
-    train(config(max_steps=8, decay_steps=16, log_every=3), tr, va, tmp_path / "d", **quiet)
-    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "d", resume=True, **quiet)
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "c", **quiet, task=PAPER)
+    train(config(max_steps=8, decay_steps=16, log_every=3), tr, va, tmp_path / "d", **quiet, task=PAPER)
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "d", resume=True, **quiet, task=PAPER)
     c, d = records(tmp_path / "c", "train"), records(tmp_path / "d", "train")
     assert [r["step"] for r in d] == [3, 6, 9, 12, 15]
     assert [r["loss"] for r in c] == [r["loss"] for r in d]
@@ -172,7 +172,7 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):
-        train(config(), tr, va, tmp_path / "a", **quiet)
+        train(config(), tr, va, tmp_path / "a", **quiet, task=PAPER)
 
 
 def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp_path):
@@ -225,20 +225,20 @@ def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_pat
 
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
     saved = json.loads((tmp_path / "a" / "last" / "checkpoint.json").read_text())["trainer"]
     assert saved["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
     keep = np.ones(len(tr), dtype=bool)
     keep[-1] = False  # one example fewer: the same rows would be cut at other places
     with pytest.raises(DataError, match="other train examples"):
-        train(config(max_steps=8, decay_steps=8), tr.select(keep), va, tmp_path / "a", resume=True, **quiet)
+        train(config(max_steps=8, decay_steps=8), tr.select(keep), va, tmp_path / "a", resume=True, **quiet, task=PAPER)
     with pytest.raises(DataError, match="other val examples"):
-        train(config(max_steps=8, decay_steps=8), tr, va.select(np.arange(len(va)) > 0), tmp_path / "a", resume=True, **quiet)
+        train(config(max_steps=8, decay_steps=8), tr, va.select(np.arange(len(va)) > 0), tmp_path / "a", resume=True, **quiet, task=PAPER)
     # The data's files may move (another machine, another --out): their contents are what counts.
     cfg = config(max_steps=8, decay_steps=8)
     moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet",
                                                               val="elsewhere/val.parquet"))
-    assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+    assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER).step == 8
     # Each session names the machine it ran on.
     sessions = records(tmp_path / "a", "start") + records(tmp_path / "a", "resume")
     assert [r["step"] for r in sessions] == [0, 4]
@@ -253,7 +253,7 @@ def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_t
 
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
     path = tmp_path / "a" / "last" / "checkpoint.json"
     meta = json.loads(path.read_text())
     del meta["trainer"]["data_sha256"]  # as a checkpoint saved before they were recorded
@@ -262,8 +262,8 @@ def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_t
     cfg = config(max_steps=8, decay_steps=8)
     moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet"))
     with pytest.raises(ConfigError, match="--resume cannot change data.train"):
-        train(moved, tr, va, tmp_path / "a", resume=True, **quiet)
-    assert train(cfg, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+        train(moved, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER)
+    assert train(cfg, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER).step == 8
     assert json.loads(path.read_text())["trainer"]["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
 
 
@@ -276,7 +276,7 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
     cfg = config(dropout=0.1, max_steps=16, decay_steps=16, eval_every=4)
-    uninterrupted = train(cfg, tr, va, tmp_path / "a", **quiet)
+    uninterrupted = train(cfg, tr, va, tmp_path / "a", **quiet, task=PAPER)
     step = training.train_step
     calls = itertools.count(1)
 
@@ -288,12 +288,12 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp
     before = signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as m:
         m.setattr(training, "train_step", terminated_during_step_6)
-        stopped = train(cfg, tr, va, tmp_path / "b", **quiet)
+        stopped = train(cfg, tr, va, tmp_path / "b", **quiet, task=PAPER)
     assert signal.getsignal(signal.SIGTERM) == before  # restored after the run
     assert (stopped.step, stopped.stop_reason) == (6, "interrupted")
     assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == 6
     assert [r["step"] for r in records(tmp_path / "b", "val")] == [4]  # no validation off the grid
-    resumed = train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+    resumed = train(cfg, tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     a, b = records(tmp_path / "a", "val"), records(tmp_path / "b", "val")
     assert [r["step"] for r in b] == [4, 8, 12, 16]
     assert [(r["loss"], r["best"]) for r in a] == [(r["loss"], r["best"]) for r in b]
@@ -313,8 +313,8 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
 
     quiet = dict(progress=False, echo=lambda s: None)
     small = dict(dropout=0.1, max_steps=6, eval_every=2, batch_size=8)
-    result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet)
-    train(config("cot", **small), tr, va, tmp_path / "n", **quiet)
+    result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet, task=PAPER)
+    train(config("cot", **small), tr, va, tmp_path / "n", **quiet, task=PAPER)
     assert seen == [("cot", False, len(PAPER.vocab))] * 3
     assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
     best = load_run(tmp_path / "h")
@@ -343,15 +343,15 @@ def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
 def test_stopping_rules(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    r = train(config(max_steps=None, patience=2, min_delta=10.0, eval_every=2), tr, va, tmp_path / "p", **quiet)
+    r = train(config(max_steps=None, patience=2, min_delta=10.0, eval_every=2), tr, va, tmp_path / "p", **quiet, task=PAPER)
     assert (r.stop_reason, r.step) == ("plateau", 6)  # best still follows any improvement
-    r = train(config(max_steps=None, max_minutes=1e-6), tr, va, tmp_path / "m", **quiet)
+    r = train(config(max_steps=None, max_minutes=1e-6), tr, va, tmp_path / "m", **quiet, task=PAPER)
     assert r.stop_reason == "max_minutes" and r.step <= 1
     assert load_run(tmp_path / "m", "last").step == r.step
     with pytest.raises(ConfigError, match="no stopping rule"):
-        train(config(max_steps=None), tr, va, tmp_path / "x", **quiet)
+        train(config(max_steps=None), tr, va, tmp_path / "x", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="select_metric='bleu'"):
-        train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet)
+        train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet, task=PAPER)
 
 
 def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
@@ -428,13 +428,13 @@ def test_start_offsets_train_table_rows_beyond_the_examples_and_resume_exactly(d
     with pytest.raises(ConfigError, match="train.start_offset"):
         TrainConfig(start_offset=-1)
     cfg = config("cot", max_steps=8, decay_steps=8, start_offset=2048)
-    train(cfg, tr, va, tmp_path / "a", **quiet)
-    train(config("cot", max_steps=4, decay_steps=8, start_offset=2048), tr, va, tmp_path / "b", **quiet)
+    train(cfg, tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config("cot", max_steps=4, decay_steps=8, start_offset=2048), tr, va, tmp_path / "b", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="--resume cannot change train.start_offset"):
-        train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "b", resume=True, **quiet)
-    train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+        train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
+    train(cfg, tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert [r["loss"] for r in records(tmp_path / "a", "train")] == [r["loss"] for r in records(tmp_path / "b", "train")]
-    train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "c", **quiet)
+    train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "c", **quiet, task=PAPER)
     # The tiny CoT's table has 2,048 rows. Without offsets, rows past the longest example get no
     # gradient: AdamW's decay only shrinks them towards 0. With offsets they are trained.
     from rlmlab.learning.model import Transformer
