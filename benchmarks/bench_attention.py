@@ -31,7 +31,9 @@ from rlmlab.attention.backends import Blocks  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.learning.packing import collate, pack_rows  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def fwd_bwd_ms(fn, inputs, grad, repeats: int) -> float:
@@ -55,7 +57,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print_facts()
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    exprs = build_pool(400, 42, workers=1).column("expr").to_pylist()
+    exprs = build_pool(400, 42, workers=1, task=PAPER).column("expr").to_pylist()
     nh, hs = 4, 32
     cases = [("cot", 512, "packed"), ("cot", 1024, "solo"), ("rm", 128, "packed"), ("rm-frames", 128, "packed"),
              ("rm", 512, "packed")]
@@ -64,7 +66,7 @@ def main() -> None:
           + " | pairs dense / blocks c=128 / useful |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|")
     for learner, T, kind in cases:
-        data = build_examples(exprs, learner, default_vocab())
+        data = build_examples(exprs, learner, PAPER.vocab, task=PAPER)
         rows = [r for r in pack_rows(data.lengths - 1, T if kind == "packed" else 128) if r.length == T]
         rows = [r for r in rows if (len(r.examples) == 1) == (kind == "solo")][:args.rows]
         if not rows:

@@ -36,6 +36,9 @@ from rlmlab.decoding.engine import ModelPredictor  # noqa: E402
 from rlmlab.decoding.oracle import oracle_predictor  # noqa: E402
 from rlmlab.decoding.predictor import TeacherForced  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
@@ -48,9 +51,9 @@ def decode(model, learner: str, exprs: list, batch: int) -> tuple[float, float, 
     post = model.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] + time.process_time()
                                                                        - started.pop()))
     try:
-        predictor = TeacherForced(ModelPredictor(model), oracle_predictor(learner, VOCAB))
+        predictor = TeacherForced(ModelPredictor(model), oracle_predictor(learner, VOCAB, library=PAPER.library))
         c0 = time.process_time()
-        gens = generate(predictor, exprs, VOCAB, learner, batch_size=batch)
+        gens = generate(predictor, exprs, VOCAB, learner, batch_size=batch, library=PAPER.library)
         total = time.process_time() - c0
     finally:
         pre.remove()

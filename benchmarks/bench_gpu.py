@@ -49,7 +49,9 @@ from rlmlab.learning.optim import configure_optimizer  # noqa: E402
 from rlmlab.learning.packing import RowStream, padding_fraction  # noqa: E402
 from rlmlab.learning.step import FiniteGuard, flat_length, resolve_device, train_step  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def sync(device: torch.device) -> None:
@@ -221,11 +223,11 @@ def main() -> None:
     peak = matmul_peak(device)
     print(f"dense matmul peak: {peak:,.0f} GFLOP/s ({'bf16' if cuda else 'fp32'})")
 
-    exprs = build_pool(args.pool, 42, workers=1).column("expr").to_pylist()
+    exprs = build_pool(args.pool, 42, workers=1, task=PAPER).column("expr").to_pylist()
     results = []
     with tempfile.TemporaryDirectory() as cache:
         for learner in args.learners.split(","):
-            data = build_examples(exprs, learner, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+            data = build_examples(exprs, learner, PAPER.vocab, workers=os.cpu_count() or 1, cache_dir=cache, task=PAPER)
             r = bench(learner, data, name, device, tc, compile_model, seconds, warmup, args.kernels)
             results.append(r)
             print(f"  {learner:3s} {r['params'] / 1e6:5.2f}M {r['attention']:6s} {r['step_s'] * 1e3:8.1f} ms/step "

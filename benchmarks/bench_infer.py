@@ -35,27 +35,28 @@ from rlmlab.decoding.oracle import oracle_predictor  # noqa: E402
 from rlmlab.decoding.predictor import TeacherForced  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.task.sampler import ExpressionSampler  # noqa: E402
-from rlmlab.task.trace import trace_stats  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 L = 197  # the CPU notes' length threshold
 
 
 def expression_set(n: int, lo: int, hi: int, seed: int) -> list:
     """The first n sampled expressions (paper generator, `seed`) with lo <= trace length <= hi."""
-    sampler, rng, out = ExpressionSampler(), random.Random(seed), []
+    sampler, rng, out = ExpressionSampler(library=PAPER.library), random.Random(seed), []
     while len(out) < n:
         e = sampler.sample(rng)
-        if lo <= trace_stats(e).trace_len <= hi:
+        if lo <= PAPER.trace_stats(e).trace_len <= hi:
             out.append(e)
     return out
 
 
 def run(model, learner: str, exprs: list, batch: int, use_cache: bool = True, limits: Limits = Limits()) -> dict:
-    predictor = TeacherForced(ModelPredictor(model, use_cache=use_cache), oracle_predictor(learner, VOCAB))
+    predictor = TeacherForced(ModelPredictor(model, use_cache=use_cache), oracle_predictor(learner, VOCAB, library=PAPER.library))
     t0, c0 = time.perf_counter(), time.process_time()
-    gens = generate(predictor, exprs, VOCAB, learner, limits, batch_size=batch)
+    gens = generate(predictor, exprs, VOCAB, learner, limits, batch_size=batch, library=PAPER.library)
     s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(g.n_generated for g in gens)
     # CPU seconds hardly move when other jobs share the cores: compare checkouts with them.

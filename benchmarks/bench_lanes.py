@@ -26,7 +26,9 @@ from rlmlab.learning.optim import configure_optimizer  # noqa: E402
 from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 PACKINGS = ("rm", "rm-frames", "cot")
 
@@ -57,10 +59,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print_facts()
-    pool = build_pool(20_000, 42, workers=1).to_pylist()
+    pool = build_pool(20_000, 42, workers=1, task=PAPER).to_pylist()
     texts = [r["expr"] for r in pool if r["trace_len"] <= args.max_trace][:args.n]
-    vocab = default_vocab()
-    data = {v: build_examples(texts, v, vocab) for v in PACKINGS}
+    vocab = PAPER.vocab
+    data = {v: build_examples(texts, v, vocab, task=PAPER) for v in PACKINGS}
     print(f"{len(texts)} expressions, trace length <= {args.max_trace}")
     for name in args.presets.split(","):
         tc = TrainConfig(max_steps=1)

@@ -22,9 +22,9 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.decoding.driver import generate  # noqa: E402
 from rlmlab.decoding.oracle import oracle_predictor  # noqa: E402
-from rlmlab.task.expr import parse  # noqa: E402
-from rlmlab.task.trace import execute  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def tree(height: int) -> str:
@@ -37,17 +37,17 @@ def main() -> None:
     ap.add_argument("--max-level", type=int, default=7)
     args = ap.parse_args()
     print_facts()
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     print(f"{'height':>6} {'trace':>8} {'execute s':>10} {'rm s':>8} {'rm us/tok':>10} {'cot s':>8} {'cot us/tok':>11}")
     for h in range(args.min_level, args.max_level + 1):
-        expr = parse(tree(h))
+        expr = PAPER.parse(tree(h))
         t0 = time.perf_counter()
-        n = execute(expr).trace_len
+        n = PAPER.execute(expr).trace_len
         t_exec = time.perf_counter() - t0
         row = [f"{h:>6}", f"{n:>8,}", f"{t_exec:>10.2f}"]
         for learner in ("rm", "cot"):
             t0 = time.perf_counter()
-            (g,) = generate(oracle_predictor(learner, vocab), [expr], vocab, learner)
+            (g,) = generate(oracle_predictor(learner, vocab, library=PAPER.library), [expr], vocab, learner, library=PAPER.library)
             dt = time.perf_counter() - t0
             assert g.valid, g.reason
             row += [f"{dt:>8.2f}", f"{1e6 * dt / n:>10.1f}" + (" " if learner == "cot" else "")]

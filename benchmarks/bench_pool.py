@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
 from rlmlab.task.pool import build_pool, write_pool  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def main() -> None:
@@ -26,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     print_facts()
     t0 = time.perf_counter()
-    table = build_pool(args.n, args.seed, args.workers)
+    table = build_pool(args.n, args.seed, args.workers, task=PAPER)
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         write_pool(table, Path(d) / "pool.parquet")

@@ -35,11 +35,13 @@ except ImportError:  # a checkout from before the trainer was split into modules
     from rlmlab.learning.train import configure_optimizer, fit_to_block, train_step
 from rlmlab.learning.examples import build_examples  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 assert rlmlab.__file__.startswith(os.path.abspath(root)), f"imported {rlmlab.__file__}, not the one under {root}"
-vocab = default_vocab()
-data = build_examples(build_pool(400, 42, workers=1).column("expr").to_pylist(), learner, vocab, workers=1)
+vocab = PAPER.vocab
+data = build_examples(build_pool(400, 42, workers=1, task=PAPER).column("expr").to_pylist(), learner, vocab, workers=1, task=PAPER)
 torch.manual_seed(0)
 model = Transformer(preset(preset_name, learner, len(vocab)))
 data, _ = fit_to_block(data, model.cfg.block_size, True, "benchmark")

@@ -24,6 +24,9 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.experiments.presets import get_preset  # noqa: E402
 from rlmlab.experiments.sizing import size_sweep  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 LEARNERS = ("rm", "cot")  # the plan sizes the paper's two learners
 
@@ -55,7 +58,7 @@ def main() -> None:
     depths = sorted(int(j.split("-")[1]) for j in meta["splits"] if j.startswith("depth-"))
     print_facts()
     preset = get_preset(meta["preset"]["name"])
-    plan = size_sweep(preset, args.folder, LEARNERS, lengths=lengths, depths=depths, pool=args.pool)
+    plan = size_sweep(preset, args.folder, LEARNERS, lengths=lengths, depths=depths, pool=args.pool, task=PAPER)
     print("| split | threshold | learner | steps | plan CPU s / step | measured | ratio | plan CPU h | measured |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in plan:

@@ -30,6 +30,9 @@ from rlmlab.experiments.presets import get_preset  # noqa: E402
 from rlmlab.experiments.splits import threshold_split  # noqa: E402
 from rlmlab.learning.config import RunConfig, apply_settings  # noqa: E402
 from rlmlab.task.pool import read_pool  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def measure(train, val, view: str, steps: int, skip: int, work: Path) -> dict:
@@ -65,7 +68,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print_facts()
     p = get_preset("paper-cpu")
-    pool = read_pool(args.pool)
+    pool = read_pool(args.pool, task=PAPER)
     wanted = [("length", int(t)) for t in args.lengths.split(",") if t] + \
              [("depth", int(t)) for t in args.depths.split(",") if t]
     splits = {}

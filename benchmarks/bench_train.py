@@ -52,7 +52,9 @@ from rlmlab.learning.examples import ExampleSet, build_examples  # noqa: E402
 from rlmlab.learning.optim import configure_optimizer  # noqa: E402
 from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
-from rlmlab.task.vocab import default_vocab  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def matmul_peak(seconds: float = 3.0, n: int = 2048) -> float:
@@ -92,7 +94,7 @@ def plain_data(T: int, n: int = 512) -> ExampleSet:
     """The ceiling the packed learners are measured against: n random sequences of exactly T
     positions, loss on every target, so each fills one row on its own (plain causal
     attention, no mask, no padding)."""
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     ids = np.random.default_rng(0).integers(0, len(vocab), size=n * (T + 1)).astype(np.uint16)
     loss = np.ones(n * (T + 1), dtype=bool)
     loss[::T + 1] = False
@@ -154,7 +156,7 @@ def main() -> None:
     peak = matmul_peak()
     print(f"fp32 matmul 2048^3 peak: {peak:.1f} GFLOP/s")
 
-    table = build_pool(args.pool, 42, workers=1)
+    table = build_pool(args.pool, 42, workers=1, task=PAPER)
     exprs = table.column("expr").to_pylist()
     if args.max_trace:
         exprs = [e for e, n in zip(exprs, table.column("trace_len").to_pylist()) if n <= args.max_trace]
@@ -162,7 +164,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = {v: plain_data(int(v.split(":")[1])) if v.startswith("plain:") else
-                build_examples(exprs, get_learner(v).base, default_vocab(), workers=os.cpu_count() or 1, cache_dir=cache)
+                build_examples(exprs, get_learner(v).base, PAPER.vocab, workers=os.cpu_count() or 1, cache_dir=cache, task=PAPER)
                 for v in args.learners.split(",")}
         for name in args.presets.split(","):
             for learner in args.learners.split(","):

@@ -53,10 +53,12 @@ from rlmlab.shortcuts.dataset import _draw_set  # noqa: E402
 from rlmlab.shortcuts.root_frame import literal_paths  # noqa: E402
 from rlmlab.learning.observe import observer, reference_examples  # noqa: E402
 from rlmlab.measuring.result_files import read_results  # noqa: E402
-from rlmlab.task.expr import DIGITS, parse  # noqa: E402
+from rlmlab.task.expr import DIGITS  # noqa: E402
 from rlmlab.task.sampler import GeneratorConfig  # noqa: E402
-from rlmlab.task.trace import execute  # noqa: E402
 from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN  # noqa: E402
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 NAME = "hidden_literal"
 H_PATH = (0, 0, 0)  # root add -> max -> multiply -> H
@@ -111,8 +113,8 @@ def literal_positions(tokens, prompt_len: int) -> list[int]:
 
 def analyse(text: str) -> dict:
     """Everything the checks need from one hidden_literal expression."""
-    expr = parse(text)
-    ex = execute(expr)
+    expr = PAPER.parse(text)
+    ex = PAPER.execute(expr)
     toks, p = ex.tokens, ex.prompt_len
     tree = frame_tree(toks, p)
     helper = child(tree, *H_PATH)
@@ -211,10 +213,10 @@ def swapped_distances(text: str) -> tuple[int, int, int]:
     add(max(V, multiply(H, 0)), Y), so that the helper runs after V (max is symmetric: the
     root still binds x := v). Tokens from k's binding, from k's last occurrence in the helper and
     from the helper's closing </return> to the answer."""
-    expr = parse(text)
+    expr = PAPER.parse(text)
     mx = expr.args[0]
     swapped = type(expr)(expr.fn, (type(mx)(mx.fn, (mx.args[1], mx.args[0])), expr.args[1]))
-    ex = execute(swapped)
+    ex = PAPER.execute(swapped)
     toks, p = ex.tokens, ex.prompt_len
     tree = frame_tree(toks, p)
     helper = child(tree, 0, 1, 0)
@@ -232,7 +234,7 @@ def swapped_distances(text: str) -> tuple[int, int, int]:
 
 def s_sources(name: str, text: str) -> tuple[list[int], int, int] | None:
     """(trace positions S is read from, answer position, trace length); None for a global S."""
-    ex = execute(parse(text))
+    ex = PAPER.execute(PAPER.parse(text))
     toks, p = ex.tokens, ex.prompt_len
     tree = frame_tree(toks, p)
     if name == "copy_deep_return":
@@ -476,7 +478,7 @@ def main() -> None:
                 got = s_sources(name, r["expr"])
                 n += 1
                 if part == "iid":
-                    ex = execute(parse(r["expr"]))
+                    ex = PAPER.execute(PAPER.parse(r["expr"]))
                     payloads.add(root_payload(ex.frames, ex.prompt_len)[0])
                 if got is None or not got[0]:
                     continue

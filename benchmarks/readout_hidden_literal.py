@@ -88,7 +88,7 @@ def main() -> int:
         t0 = time.process_time()
         predictor = ModelPredictor(run.model)
         out = {part: readout(predictor, run.learner, c, rows, run.vocab, args.seed,
-                             context_limit(run.model.cfg), getattr(run.task, "library", None)) for part, rows in sets.items()}
+                             context_limit(run.model.cfg)) for part, rows in sets.items()}
     except RlmlabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from rlmlab.cli import main
 from rlmlab.task.sampler import ExpressionSampler
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def sample_expressions(n: int, seed: int):
-    sampler, rng = ExpressionSampler(), random.Random(seed)
+    sampler, rng = ExpressionSampler(library=PAPER.library), random.Random(seed)
     return [sampler.sample(rng) for _ in range(n)]
 
 

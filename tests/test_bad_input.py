@@ -21,20 +21,21 @@ from rlmlab.learning.resume import TrainerState
 from rlmlab.learning.examples import build_examples
 from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.measuring.score import data_columns
-from rlmlab.task.expr import MAX_NESTING, parse
+from rlmlab.task.expr import MAX_NESTING
 from rlmlab.task.pool import read_pool
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def test_literals_and_runaway_nesting_are_expression_errors(capsys):
     assert "is a literal" in one_line_error(capsys, ["trace", "7"])
     with pytest.raises(ExprError, match="literal"):
-        execute("True")
+        PAPER.execute("True")
     deep = "square(" * (MAX_NESTING + 1) + "3" + ")" * (MAX_NESTING + 1)
     assert f"nested more than {MAX_NESTING} deep" in one_line_error(capsys, ["trace", deep])
     at_limit = "square(" * MAX_NESTING + "3" + ")" * MAX_NESTING
-    assert parse(at_limit) and execute(at_limit).value == pow(3, 2 ** MAX_NESTING, 10)
+    assert PAPER.parse(at_limit) and PAPER.execute(at_limit).value == pow(3, 2 ** MAX_NESTING, 10)
 
 
 def test_paths_the_os_refuses(tmp_path, capsys):
@@ -51,12 +52,12 @@ def test_every_row_of_a_data_file_is_checked(tmp_path):
     good = ["add(1,2)"] * 70  # past the rows read_pool re-parses up front
     pq.write_table(pa.table({"expr": good + [None]}), tmp_path / "null.parquet")
     with pytest.raises(DataError, match="row 70: empty"):
-        read_pool(tmp_path / "null.parquet")
+        read_pool(tmp_path / "null.parquet", task=PAPER)
     pq.write_table(pa.table({"expr": [1, 2]}), tmp_path / "ints.parquet")
     with pytest.raises(DataError, match="holds int64, not strings"):
-        read_pool(tmp_path / "ints.parquet")
+        read_pool(tmp_path / "ints.parquet", task=PAPER)
     with pytest.raises(DataError, match="expression 70 .*literal"):
-        build_examples(good + ["7"], "rm", default_vocab())
+        build_examples(good + ["7"], "rm", PAPER.vocab, task=PAPER)
     # A byte damaged inside stored text past those rows: the file still decodes, its text is not UTF-8.
     pq.write_table(pa.table({"expr": good + ["add(3,4)"]}), tmp_path / "text.parquet", compression="none",
                    use_dictionary=False, write_statistics=False)
@@ -64,17 +65,17 @@ def test_every_row_of_a_data_file_is_checked(tmp_path):
     assert raw.count(b"add(3,4)") == 1
     (tmp_path / "text.parquet").write_bytes(raw.replace(b"add(3,4)", b"add(3,\xff)"))
     with pytest.raises(DataError, match="not a readable parquet file"):
-        read_pool(tmp_path / "text.parquet")
+        read_pool(tmp_path / "text.parquet", task=PAPER)
 
 
 def test_a_damaged_view_cache_is_rebuilt(tmp_path):
     exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
-    first = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    first = build_examples(exprs, "cot", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     (cached,) = tmp_path.glob("*.npz")
     cached.write_bytes(cached.read_bytes()[:40])  # a save cut short
     with pytest.raises(zipfile.BadZipFile):
         np.load(cached)
-    again = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    again = build_examples(exprs, "cot", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     assert np.array_equal(first.ids, again.ids) and np.array_equal(first.loss, again.loss)
 
 
@@ -114,11 +115,11 @@ def test_malformed_experiment_descriptions(tmp_path):
 
 def test_saved_data_built_under_other_settings_is_refused(tmp_path):
     smoke = get_preset("smoke")
-    assert len(get_kind("length").plan(smoke, tmp_path, ("rm", "cot"))) == 2
+    assert len(get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), task=PAPER)) == 2
     with pytest.raises(ConfigError, match=r"built with per_bin_cap=4 \(asked: 5\)"):
-        get_kind("length").plan(smoke.with_overrides(per_bin_cap=5), tmp_path, ("rm", "cot"))
+        get_kind("length").plan(smoke.with_overrides(per_bin_cap=5), tmp_path, ("rm", "cot"), task=PAPER)
     with pytest.raises(ConfigError, match="threshold must be a positive integer"):
-        get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), threshold=0)
+        get_kind("length").plan(smoke, tmp_path, ("rm", "cot"), threshold=0, task=PAPER)
 
 
 def test_data_columns_keep_only_json_scalars(tmp_path):
@@ -210,14 +211,14 @@ def test_a_view_cache_with_ids_outside_the_vocabulary_is_refused_and_rebuilt(tmp
     from rlmlab.learning.examples import ExampleSet
 
     exprs = ["add(1,2)", "square(triple_add(1,2,3))"]
-    first = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    first = build_examples(exprs, "cot", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     (cached,) = tmp_path.glob("*.npz")
     bad = ExampleSet(first.learner, first.vocab, first.ids.copy(), first.loss, first.offsets, first.source,
                    first.n_expressions)
-    bad.ids[3] = len(default_vocab()) + 7  # a token id the embedding table does not have
+    bad.ids[3] = len(PAPER.vocab) + 7  # a token id the embedding table does not have
     bad.save(cached)
     with pytest.raises(DataError, match="outside the vocabulary"):
         ExampleSet.load(cached)
-    again = build_examples(exprs, "cot", default_vocab(), cache_dir=tmp_path)
+    again = build_examples(exprs, "cot", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     assert np.array_equal(first.ids, again.ids)
     assert np.array_equal(ExampleSet.load(cached).ids, first.ids)  # the damaged entry was overwritten

@@ -11,12 +11,14 @@ import rlmlab.learning.checkpoint as ck
 from rlmlab.errors import CheckpointError
 from rlmlab.learning.checkpoint import load_run, save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def _trained_model(seed=0):
     torch.manual_seed(seed)
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     model = Transformer(preset("tiny", "rm", len(vocab)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(2):
@@ -38,7 +40,7 @@ def test_round_trip(tmp_path):
     _save(tmp_path, "best", step=3)
     r = load_run(tmp_path, "last")
     assert (r.learner, r.step, r.metrics, r.config) == ("rm", 5, {"val/loss": 1.5}, {"model": {"preset": "tiny"}})
-    assert r.vocab == default_vocab() and not r.model.training
+    assert r.vocab == PAPER.vocab and not r.model.training
     assert r.model.lm_head.weight is r.model.wte.weight  # tying survives
     for (n, a), (_, b) in zip(model.state_dict().items(), r.model.state_dict().items()):
         assert torch.equal(a, b), n

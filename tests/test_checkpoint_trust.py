@@ -24,6 +24,9 @@ from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiver
 from rlmlab.learning import checkpoint as ck
 from rlmlab.learning import step as step_module
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig, apply_overrides
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 BATCH_LOSS = step_module.batch_loss  # before any test replaces it
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,25 +299,22 @@ def test_reevaluate_copies_no_file_from_outside_its_trees(tmp_path):
 
 def test_a_cache_entry_that_is_a_folder_is_refused_before_building(tmp_path):
     from rlmlab.learning.examples import build_examples, cache_key
-    from rlmlab.task.taskfile import load_task
-    from rlmlab.task.vocab import default_vocab
 
-    exprs, vocab = ["add(1,2)", "double(3)"], default_vocab()
+    exprs, vocab = ["add(1,2)", "double(3)"], PAPER.vocab
     cache = tmp_path / "cache"
-    (cache / f"rm-{cache_key(exprs, 'rm', vocab, load_task(None))}.npz").mkdir(parents=True)
+    (cache / f"rm-{cache_key(exprs, 'rm', vocab, PAPER)}.npz").mkdir(parents=True)
     with pytest.raises(DataError, match="data.cache_dir: .*npz is a folder"):
-        build_examples(exprs, "rm", vocab, cache_dir=cache)
+        build_examples(exprs, "rm", vocab, cache_dir=cache, task=PAPER)
     assert sorted(p.name for p in cache.iterdir() if not p.is_dir()) == []
     (tmp_path / "file").write_text("")
     with pytest.raises(DataError, match="data.cache_dir: .*file is not a folder"):
-        build_examples(exprs, "rm", vocab, cache_dir=tmp_path / "file")
+        build_examples(exprs, "rm", vocab, cache_dir=tmp_path / "file", task=PAPER)
 
 
 def test_a_failed_cache_save_leaves_no_temporary_file(tmp_path, monkeypatch):
     from rlmlab.learning.examples import build_examples
-    from rlmlab.task.vocab import default_vocab
 
-    data = build_examples(["add(1,2)", "double(3)"], "rm", default_vocab())
+    data = build_examples(["add(1,2)", "double(3)"], "rm", PAPER.vocab, task=PAPER)
 
     def full_disk(src, dst):
         raise OSError(28, "No space left on device")
@@ -348,12 +348,12 @@ def test_a_split_without_an_out_of_domain_bin_is_warned_about(tmp_path, capsys):
     from rlmlab.experiments.presets import get_preset
 
     preset = get_preset("smoke").with_overrides(pool_n=300)
-    jobs = get_kind("length").plan(preset, tmp_path / "far", ["rm"], progress=False, threshold=100_000)
+    jobs = get_kind("length").plan(preset, tmp_path / "far", ["rm"], progress=False, threshold=100_000, task=PAPER)
     assert jobs
     err = capsys.readouterr().err
     assert "warning: no expression of the pool lies above the threshold 100000" in err
     assert "in-domain expressions and no out-of-domain bin" in err and err.count("\n") == 1
-    get_kind("length").plan(preset, tmp_path / "near", ["rm"], progress=False, threshold=96)
+    get_kind("length").plan(preset, tmp_path / "near", ["rm"], progress=False, threshold=96, task=PAPER)
     assert "warning" not in capsys.readouterr().err
 
 
@@ -363,10 +363,9 @@ def _diverging_run(run, monkeypatch, poisoned_from: int, eval_every: int) -> str
     """The error of a tiny run whose loss is NaN from the `poisoned_from`-th batch_loss call on."""
     import rlmlab.learning.train as tr_mod
     from rlmlab.learning.examples import build_examples
-    from rlmlab.task.vocab import default_vocab
 
     exprs = ["add(1,2)", "double(3)", "square(2)", "max(1,4)", "add(double(1),3)", "min(2,5)"] * 4
-    tr, va = (build_examples(e, "rm", default_vocab()) for e in (exprs, exprs[:4]))
+    tr, va = (build_examples(e, "rm", PAPER.vocab, task=PAPER) for e in (exprs, exprs[:4]))
     calls = {"n": 0}
 
     def poisoned(fwd, batch, device):
@@ -378,7 +377,7 @@ def _diverging_run(run, monkeypatch, poisoned_from: int, eval_every: int) -> str
     cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner="rm", row_len=64, cache_dir=""),
                     TrainConfig(max_steps=12, warmup_steps=1, eval_every=eval_every, log_every=1, batch_size=4))
     with pytest.raises(TrainingDiverged) as e:
-        tr_mod.train(cfg, tr, va, run, progress=False, echo=lambda s: None)
+        tr_mod.train(cfg, tr, va, run, task=PAPER, progress=False, echo=lambda s: None)
     return str(e.value)
 
 

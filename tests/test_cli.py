@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlmlab.cli import main
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "depth-5-small"  # a small committed experiment: an eval set, a probe
@@ -158,10 +161,9 @@ def test_eval_groups_by_the_old_name_of_a_renamed_field(tmp_path, capsys):
                      "--by", by]) == 0
         assert "n_frame_examples" in capsys.readouterr().out
     from rlmlab.measuring.result_files import read_results
-    from rlmlab.task.trace import execute
 
     rows = read_results(tmp_path / "n_frames")
-    assert [r["n_frame_examples"] for r in rows] == [execute(r["expr"]).n_frame_examples for r in rows] == [1, 3, 5]
+    assert [r["n_frame_examples"] for r in rows] == [PAPER.execute(r["expr"]).n_frame_examples for r in rows] == [1, 3, 5]
 
 
 def test_every_committed_run_config_still_loads_and_resumes_under_its_keys():

@@ -12,7 +12,9 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.result_files import read_results
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,7 +40,7 @@ def test_eval_oracle_on_a_text_file(tmp_path, capsys, learner):
 
 def test_eval_oracle_on_a_pool_with_limit_keeps_ids(tmp_path, monkeypatch):
     pool = tmp_path / "pool.parquet"
-    write_pool(build_pool(60, 5, workers=1), pool)
+    write_pool(build_pool(60, 5, workers=1, task=PAPER), pool)
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "--oracle", "rm", "--data", str(pool), "--limit", "25", "--quiet"]) == 0
     results = read_results(tmp_path / "runs" / "oracle-rm" / "eval" / "pool")  # the default --out
@@ -46,7 +48,7 @@ def test_eval_oracle_on_a_pool_with_limit_keeps_ids(tmp_path, monkeypatch):
 
 
 def test_eval_a_saved_run(tmp_path, capsys):
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(vocab))).eval()
     run = tmp_path / "run"

@@ -14,14 +14,15 @@ from rlmlab.learning.examples import (
     rm_frames_packing,
 )
 from rlmlab.task.expr import to_text
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 WORKED = "add(sum_of_squares(2,3),double(4))"
 
 
 def test_worked_example_gives_11_rm_examples_with_loss_after_m():
-    ex = execute(WORKED)
+    ex = PAPER.execute(WORKED)
     examples = rm_frames_packing(ex)
     assert len(examples) == 11
     assert [e.loss_positions[0] for e in examples] == [14, 6, 12, 4, 15, 4, 18, 15, 17, 4, 20]
@@ -32,7 +33,7 @@ def test_worked_example_gives_11_rm_examples_with_loss_after_m():
 
 
 def test_worked_example_cot_is_the_whole_trace_with_loss_after_the_prompt():
-    ex = execute(WORKED)
+    ex = PAPER.execute(WORKED)
     [example] = cot_packing(ex)
     assert example.tokens == ex.tokens and len(example.tokens) == 100
     assert example.loss_positions == list(range(14, 100))
@@ -40,7 +41,7 @@ def test_worked_example_cot_is_the_whole_trace_with_loss_after_the_prompt():
 
 def test_views_on_random_expressions(random_exprs):
     for e in random_exprs[:300]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         [cot] = cot_packing(ex)
         assert cot.loss_positions == list(range(ex.prompt_len, ex.trace_len))
         rm = rm_frames_packing(ex)
@@ -61,25 +62,25 @@ def test_registry_and_example_checks():
 
 
 def test_view_data_matches_the_view_and_caches(tmp_path, random_exprs):
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     texts = [to_text(e) for e in random_exprs[:40]]
     for learner in ("cot", "rm", "rm-frames"):
-        data = build_examples(texts, learner, vocab, cache_dir=tmp_path)
-        expected = [(k, x) for k, t in enumerate(texts) for x in PACKINGS[learner](execute(t))]
+        data = build_examples(texts, learner, vocab, cache_dir=tmp_path, task=PAPER)
+        expected = [(k, x) for k, t in enumerate(texts) for x in PACKINGS[learner](PAPER.execute(t))]
         assert len(data) == len(expected) and data.n_expressions == 40
         for i, (k, x) in enumerate(expected):
             assert data.decode(i) == x and data.source[i] == k
         [cached] = tmp_path.glob(f"{learner}-*.npz")
-        again = build_examples(texts, learner, vocab, cache_dir=tmp_path)
+        again = build_examples(texts, learner, vocab, cache_dir=tmp_path, task=PAPER)
         assert np.array_equal(again.ids, data.ids) and np.array_equal(again.offsets, data.offsets)
         cached.write_bytes(b"damaged")  # a bad cache entry is rebuilt, not trusted
-        assert np.array_equal(build_examples(texts, learner, vocab, cache_dir=tmp_path).loss, data.loss)
-    assert build_examples(texts, "rm", vocab, workers=2, chunk=7).ids.tolist() == \
-        build_examples(texts, "rm", vocab).ids.tolist()
+        assert np.array_equal(build_examples(texts, learner, vocab, cache_dir=tmp_path, task=PAPER).loss, data.loss)
+    assert build_examples(texts, "rm", vocab, workers=2, chunk=7, task=PAPER).ids.tolist() == \
+        build_examples(texts, "rm", vocab, task=PAPER).ids.tolist()
 
 
 def test_view_data_select_save_load(tmp_path):
-    data = build_examples(["add(1,2)", WORKED, "less(3,4)"], "rm", default_vocab())
+    data = build_examples(["add(1,2)", WORKED, "less(3,4)"], "rm", PAPER.vocab, task=PAPER)
     keep = data.lengths > 10
     sub = data.select(keep)
     assert len(sub) == int(keep.sum())
@@ -93,14 +94,14 @@ def test_view_data_select_save_load(tmp_path):
 
 def test_bad_expression_is_a_data_error():
     with pytest.raises(DataError, match="expression 1"):
-        build_examples(["add(1,2)", "add(1,"], "cot", default_vocab())
+        build_examples(["add(1,2)", "add(1,"], "cot", PAPER.vocab, task=PAPER)
 
 
 def test_lane_view_trains_on_exactly_the_frame_targets(random_exprs):
     """The lane-packed RM packing is one sequence per frame instance (the root and one per call),
     holding every active-frame example's targets once, in fewer tokens."""
     for e in random_exprs[:200]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         lanes = get_packing("rm")(ex)
         frames = rm_frames_packing(ex)
         assert len(lanes) == 1 + ex.tokens.count("<call>")

@@ -17,6 +17,9 @@ from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
 from rlmlab.measuring.result_files import has_results, read_results
 from rlmlab.runlog import read_metrics
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 RECORD_FILES = ("results.parquet", "traces.parquet", "metrics.parquet")
 
@@ -176,12 +179,12 @@ def test_shortcut_experiment_smoke(tmp_path):
                                                 shortcut_per_learner={"cot": {"train.batch_size": 3}})
     # Two runs on different constructions share the folder (as one process per core would).
     for name in ("position_parity", "copy_deep_return"):
-        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=[name]), out, progress=False)
+        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=[name], task=PAPER), out, progress=False)
         if name == "copy_deep_return":  # a learner without a run is named, not left as dashes
             table = (report(out) / "table-shortcuts.md").read_text().splitlines()
             column = table[0].split(" | ").index("Not fitted (IID < 99%)")
             assert [line.split(" | ")[column] for line in table[2:4]] == ["RM; no run: CoT", "RM, CoT"]
-        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm", "cot"), constructions=[name]), out, progress=False)
+        run_jobs(get_kind("shortcuts").plan(preset, out, ("rm", "cot"), constructions=[name], task=PAPER), out, progress=False)
         train = pq.read_table(out / "data" / f"shortcut-{name}" / "train.parquet")
         assert max(train.column("trace_len").to_pylist()) <= 600
         # shortcut_per_learner applies to the shortcut runs over the preset's own per-learner settings
@@ -242,7 +245,7 @@ def test_shortcut_experiment_smoke(tmp_path):
     # A third learner on one construction (CoT without positions) gets a table of its own, one
     # row per learner on that construction only; the paper's two-learner tables stay as they were.
     assert not (out / "report" / "table-shortcuts-learners.md").exists()
-    run_jobs(get_kind("shortcuts").plan(preset, out, ("cot@none",), constructions=["position_parity"]), out,
+    run_jobs(get_kind("shortcuts").plan(preset, out, ("cot@none",), constructions=["position_parity"], task=PAPER), out,
              progress=False)
     report(out)
     assert (out / "report" / "table-shortcuts-paper.md").read_text().splitlines() == paper
@@ -255,7 +258,7 @@ def test_shortcut_experiment_smoke(tmp_path):
     # A second training seed of RM on one construction adds the table over seeds (the seed-0
     # tables stay as they were): IID over both seeds; out of domain withheld, as no seed fitted.
     assert not (out / "report" / "table-shortcuts-seeds.md").exists()
-    run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=["position_parity"], seeds=[1]), out,
+    run_jobs(get_kind("shortcuts").plan(preset, out, ("rm",), constructions=["position_parity"], seeds=[1], task=PAPER), out,
              progress=False)
     data = json.loads((report(out) / "report.json").read_text())
     assert (out / "report" / "table-shortcuts-paper.md").read_text().splitlines() == paper
@@ -314,7 +317,7 @@ def test_report_and_run_errors(tmp_path, capsys):
     with pytest.raises(ConfigError, match="unknown experiment 'recipe'"):
         run_experiment("recipe", "smoke", tmp_path / "r")
     with pytest.raises(ConfigError, match="does not plan recipe experiments"):
-        get_kind("recipe").plan(get_preset("smoke"), tmp_path / "r", ("rm",))
+        get_kind("recipe").plan(get_preset("smoke"), tmp_path / "r", ("rm",), task=PAPER)
 
 
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():
@@ -888,8 +891,8 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
 
     preset = get_preset("paper-cpu").with_overrides(pool_n=6_000)
     assert (preset.length, preset.depth, preset.per_bin_cap) == (595, 10, 310)
-    length = get_kind("length").plan(preset, tmp_path / "length", ("rm", "cot"))
-    depth = get_kind("depth").plan(preset, tmp_path / "depth", ("rm", "cot"))
+    length = get_kind("length").plan(preset, tmp_path / "length", ("rm", "cot"), task=PAPER)
+    depth = get_kind("depth").plan(preset, tmp_path / "depth", ("rm", "cot"), task=PAPER)
     assert [j.learner for j in length] == ["rm", "cot"] and [j.name for j in depth] == ["depth-10"] * 2
     for kind, labels, edges in [
         ("length-595", ["<=0.25", "0.25-0.5", "0.5-1.0", "1.0-1.25", "1.25-1.5", "1.5-2.0", "2.0-2.5", "2.5-3.0",
@@ -897,7 +900,7 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
         ("depth-10", ["<=0.3", "0.4-0.6", "0.7-1.0", "1.1", "1.2-1.3", "1.4-1.5", "1.6-1.7", "1.8-1.9", "2.0-2.1",
                       ">=2.2"], [0, 0.35, 0.65, 1, 1.15, 1.35, 1.55, 1.75, 1.95, 2.15]),
     ]:
-        split = Split.load(tmp_path / kind.split("-")[0] / "data" / kind)
+        split = Split.load(tmp_path / kind.split("-")[0] / "data" / kind, task=PAPER)
         threshold = split.params["threshold"]
         bins = split.params["bins"]
         assert [b["label"] for b in bins] == labels

@@ -7,6 +7,9 @@ import pytest
 from rlmlab.errors import ExprError, LibraryError
 from rlmlab.task.expr import Call, evaluate, parse, to_text, tokens
 from rlmlab.task.library import PAPER_FUNCTIONS, PAPER_LIBRARY, FunctionDef, Library
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def test_library_has_the_papers_21_functions():
@@ -14,7 +17,7 @@ def test_library_has_the_papers_21_functions():
     assert len(PAPER_LIBRARY) == 21
     assert (kinds.count("primitive"), kinds.count("composite"), kinds.count("recursive")) == (11, 7, 3)
     assert PAPER_LIBRARY.bodies["sum_of_squares"] == parse("add(square(a),square(b))",
-                                                           params={"a": "int", "b": "int"})
+                                                           params={"a": "int", "b": "int"}, library=PAPER.library)
 
 
 def test_new_composite_is_one_entry():
@@ -51,15 +54,15 @@ def test_bad_bodies_fail_when_the_library_loads(body, msg):
 ])
 def test_parse_errors_name_position_and_problem(text, col, msg):
     with pytest.raises(ExprError, match=re.escape(msg)) as info:
-        parse(text)
+        PAPER.parse(text)
     assert info.value.pos == col - 1
     assert "\n" not in str(info.value)
 
 
 def test_spaces_optional_and_token_form_accepted():
-    a = parse("add(square(2),3)")
-    assert parse(" add ( square ( 2 ) , 3 ) ") == a == Call("add", (Call("square", ("2",)), "3"))
-    assert parse(" ".join(tokens(a))) == a
+    a = PAPER.parse("add(square(2),3)")
+    assert PAPER.parse(" add ( square ( 2 ) , 3 ) ") == a == Call("add", (Call("square", ("2",)), "3"))
+    assert PAPER.parse(" ".join(tokens(a))) == a
     assert to_text(a) == "add(square(2),3)"
 
 
@@ -70,4 +73,4 @@ def test_evaluator_arithmetic():
              "point_in_rect(1,1,0,0,5,5)": True, "accum_sum(9,0)": 5, "factorial(5,1)": 0,
              "fibonacci(7,0,1)": 3, "triple_add(4,5,6)": 5, "diff_of_squares(2,3)": 5}
     for text, want in cases.items():
-        assert evaluate(parse(text)) == want, text
+        assert PAPER.evaluate(PAPER.parse(text)) == want, text

@@ -21,11 +21,12 @@ from rlmlab.measuring.frame_errors import (
     training_calls,
 )
 from rlmlab.measuring.score import per_token_counts
-from rlmlab.task.expr import parse, to_text
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.expr import to_text
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 WORKED = "add(sum_of_squares(2,3),double(4))"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,23 +61,23 @@ class FrameOracle(torch.nn.Module):
 
 
 def test_frame_call_is_the_call_at_the_top_of_each_frame():
-    ex = execute(WORKED)
+    ex = PAPER.execute(WORKED)
     calls = [frame_call(f.context) for f in ex.frames]
     assert calls[0] == " ".join(ex.tokens[:ex.prompt_len])  # the root frame: the written expression
     assert "sum_of_squares ( 2 , 3 )" in calls and "add ( square ( 2 ) , square ( 3 ) )" in calls
     for f, call in zip(ex.frames, calls):
         assert f.context[0] == call.split()[0]
-        assert to_text(parse(call.replace(" ", ""))).replace(" ", "") == call.replace(" ", "")
+        assert to_text(PAPER.parse(call.replace(" ", ""))).replace(" ", "") == call.replace(" ", "")
     with pytest.raises(ValueError, match="no complete call"):
         frame_call(("add", "(", "1", ","))
 
 
 def test_errors_land_on_exactly_the_frames_a_model_gets_wrong(random_exprs):
-    exprs = [e for e in random_exprs[:300] if execute(e).trace_len <= 400][:40]
-    executions = [execute(e) for e in exprs]
+    exprs = [e for e in random_exprs[:300] if PAPER.execute(e).trace_len <= 400][:40]
+    executions = [PAPER.execute(e) for e in exprs]
     model = FrameOracle(executions, broken="square")
     train = exprs[:20]
-    seen = training_calls(train)
+    seen = training_calls(train, library=PAPER.library)
     records = frame_records(model, VOCAB, "rm", executions, seen, [{"half": i < 20} for i in range(len(exprs))])
     assert len(records) == sum(ex.n_frame_examples for ex in executions)
     assert any(r["fn"] == "square" for r in records) and any(r["fn"] != "square" for r in records)
@@ -96,7 +97,7 @@ def test_errors_land_on_exactly_the_frames_a_model_gets_wrong(random_exprs):
 
 
 def test_a_cot_model_is_scored_on_the_same_frames():
-    executions = [execute(e) for e in sample_expressions(30, 5) if execute(e).trace_len <= 200][:10]
+    executions = [PAPER.execute(e) for e in sample_expressions(30, 5) if PAPER.execute(e).trace_len <= 200][:10]
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "cot", len(VOCAB))).eval()
     records = frame_records(model, VOCAB, "cot", executions)
@@ -112,10 +113,10 @@ def test_a_cot_model_is_scored_on_the_same_frames():
 
 
 def test_summary_counts_add_up(random_exprs):
-    exprs = [e for e in random_exprs[:200] if execute(e).trace_len <= 300][:30]
-    executions = [execute(e) for e in exprs]
+    exprs = [e for e in random_exprs[:200] if PAPER.execute(e).trace_len <= 300][:30]
+    executions = [PAPER.execute(e) for e in exprs]
     records = frame_records(FrameOracle(executions, broken="add"), VOCAB, "rm", executions,
-                            training_calls(exprs[:10]), [{"ood": i >= 15} for i in range(len(exprs))])
+                            training_calls(exprs[:10], library=PAPER.library), [{"ood": i >= 15} for i in range(len(exprs))])
     rows = summarize_frames(records, "ood")
     for group in (False, True):
         mine = [r for r in records if r["ood"] == group]

@@ -24,7 +24,9 @@ from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
 from rlmlab.learning.config import SECTIONS
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.examples import ExampleSet, build_examples
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 KEYS = sorted(f"{section}.{f}" for section, cls in SECTIONS.items() for f in cls.__dataclass_fields__)
 VALUES = st.one_of(
@@ -52,7 +54,7 @@ def test_any_config_value_is_taken_or_refused_on_one_line(tmp_path, capsys, key,
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("run")
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(vocab)))
     save_checkpoint(run, "best", model, vocab=vocab, learner="rm", config={"model": {"preset": "tiny"}}, step=3,
@@ -130,7 +132,7 @@ def test_any_damage_to_checkpoint_weights_is_one_line(saved_run, tmp_path, capsy
 def view_cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cache")
     exprs = ["add(1,2)", "add(sum_of_squares(2,3),double(4))", "add(accum_sum(2,0),7)", "double(4)"]
-    fresh = build_examples(exprs, "rm", default_vocab(), cache_dir=folder)
+    fresh = build_examples(exprs, "rm", PAPER.vocab, cache_dir=folder, task=PAPER)
     (path,) = folder.glob("*.npz")
     return exprs, fresh, path.name, path.read_bytes()
 
@@ -155,7 +157,7 @@ def test_any_damage_to_a_view_cache_is_refused_on_one_line_and_rebuilt(view_cach
         assert "\n" not in str(e) and str(e).startswith(str(folder / name))
     else:  # the damage missed every array (bytes the zip format does not read back)
         assert _same(loaded, fresh)
-    assert _same(build_examples(exprs, "rm", default_vocab(), cache_dir=folder), fresh)
+    assert _same(build_examples(exprs, "rm", PAPER.vocab, cache_dir=folder, task=PAPER), fresh)
     assert _same(ExampleSet.load(folder / name), fresh)  # the damaged entry was overwritten
 
 

@@ -38,11 +38,13 @@ from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
 from rlmlab.learning.step import FiniteGuard, batch_loss, optimizer_step, step_batches
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
-from rlmlab.task.vocab import default_vocab
 from test_model import _dense_block_mask
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 CPU = torch.device("cpu")
-VOCAB = default_vocab()
+VOCAB = PAPER.vocab
 
 
 @contextlib.contextmanager
@@ -55,10 +57,10 @@ def cpu_flex():
 @pytest.fixture(scope="module")
 def examples_of():
     """Real examples of both learners (IID pool, seed 42), and a step's worth of packed rows of each."""
-    exprs = build_pool(40, 42, workers=1).column("expr").to_pylist()
+    exprs = build_pool(40, 42, workers=1, task=PAPER).column("expr").to_pylist()
     out = {}
     for learner in ("cot", "rm"):
-        data, _ = fit_to_block(build_examples(exprs, learner, VOCAB, workers=1),
+        data, _ = fit_to_block(build_examples(exprs, learner, VOCAB, workers=1, task=PAPER),
                                preset("tiny", learner, len(VOCAB)).block_size, True, "test")
         stream = RowStream(data.lengths - 1, DataSettings(learner=learner).row_length, 0)
         rows = stream.take(round(TrainConfig().batch_size * float((data.lengths - 1).mean())))
@@ -397,7 +399,7 @@ def test_decoding_with_a_cache_allocated_once_equals_the_growing_cache(learner, 
     for capacity in (None, model.cfg.block_size):
         predictor = ModelPredictor(model, capacity=capacity)
         recording = Recording(predictor)
-        gens = generate(TeacherForced(recording, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=4)
+        gens = generate(TeacherForced(recording, oracle_predictor(learner, VOCAB, library=PAPER.library)), exprs, VOCAB, learner, batch_size=4, library=PAPER.library)
         steps.append(([g.tokens for g in gens], recording.logits))
         if capacity is not None:
             assert predictor.cache.capacity == model.cfg.block_size and not predictor.cache.grow
@@ -462,8 +464,8 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_p
     import rlmlab.learning.train as training
     from rlmlab.learning.config import ModelSettings, RunConfig
 
-    exprs = build_pool(40, 7, workers=1).column("expr").to_pylist()
-    tr, va = (build_examples(e, learner, VOCAB, workers=1) for e in (exprs[:30], exprs[30:]))
+    exprs = build_pool(40, 7, workers=1, task=PAPER).column("expr").to_pylist()
+    tr, va = (build_examples(e, learner, VOCAB, workers=1, task=PAPER) for e in (exprs[:30], exprs[30:]))
     cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner=learner, cache_dir=""),
                     TrainConfig(max_steps=3, warmup_steps=1, eval_every=3, log_every=1, batch_size=4, seed=1,
                                 micro_batch_tokens=1024))
@@ -471,7 +473,7 @@ def test_the_trainer_on_the_cuda_path_logs_what_the_cpu_path_logs(learner, tmp_p
     for kind in ("blocks", "flex"):
         monkeypatch.setattr(training, "attention_kind", lambda device, cfg, kind=kind: kind)
         with cpu_flex():
-            training.train(cfg, tr, va, tmp_path / kind, progress=False, echo=lambda s: None)
+            training.train(cfg, tr, va, tmp_path / kind, task=PAPER, progress=False, echo=lambda s: None)
         logs[kind] = read_metrics(tmp_path / kind)
     a, b = ([(r["kind"], r.get("loss"), r.get("token_acc")) for r in logs[k] if r["kind"] in ("train", "val")]
             for k in ("blocks", "flex"))
@@ -492,8 +494,8 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     from rlmlab.learning.checkpoint import load_run
     from rlmlab.learning.config import ModelSettings, RunConfig
 
-    exprs = build_pool(60, 7, workers=1).column("expr").to_pylist()
-    tr, va = (build_examples(e, "rm", VOCAB, workers=1) for e in (exprs[:50], exprs[50:]))
+    exprs = build_pool(60, 7, workers=1, task=PAPER).column("expr").to_pylist()
+    tr, va = (build_examples(e, "rm", VOCAB, workers=1, task=PAPER) for e in (exprs[:50], exprs[50:]))
     cfg = RunConfig(ModelSettings(preset="tiny"), DataSettings(learner="rm", cache_dir=""),
                     TrainConfig(max_steps=12, warmup_steps=1, eval_every=4, log_every=100, batch_size=8, seed=1))
     calls, poison = itertools.count(1), {"on": False}
@@ -513,7 +515,7 @@ def test_a_non_finite_step_between_log_points_never_reaches_a_checkpoint(tmp_pat
     monkeypatch.setattr(training, "train_step", step)
     monkeypatch.setattr(stepping, "batch_loss", loss)
     with pytest.raises(TrainingDiverged, match="at step 7"):
-        training.train(cfg, tr, va, tmp_path, progress=False, echo=lambda s: None)
+        training.train(cfg, tr, va, tmp_path, task=PAPER, progress=False, echo=lambda s: None)
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records if r["kind"] == "val"] == [4]  # none at step 8
     assert [r["step"] for r in records if r["kind"] == "diverged"] == [6]  # the last good step

@@ -28,7 +28,9 @@ from rlmlab.measuring.result_files import read_results, write_results
 from rlmlab.measuring.score import read_expressions
 from rlmlab.safeio import MAX_DEPTH, parse_json
 from rlmlab.task.pool import read_pool
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 RELEASED = ck.Path(__file__).resolve().parent.parent / "rlmlab" / "released" / "paper-cpu-length-595"
 
@@ -146,7 +148,7 @@ def test_parquet_vocabulary_metadata_deep_or_not_utf8_is_one_error(tmp_path):
     for raw, message in ((DEEP.encode(), "nested too deeply"), (b'{"tokens": ["\xff"]}', "not UTF-8")):
         pq.write_table(table.replace_schema_metadata({b"rlmlab.task.vocab": raw}), tmp_path / "p.parquet")
         with pytest.raises(DataError, match=message):
-            read_pool(tmp_path / "p.parquet")
+            read_pool(tmp_path / "p.parquet", task=PAPER)
 
 
 def test_a_config_read_by_extend_nested_deeply_is_one_error(tmp_path):
@@ -161,7 +163,7 @@ def test_a_config_read_by_extend_nested_deeply_is_one_error(tmp_path):
 def test_id_columns_binary_refused_nan_written_as_null(tmp_path, capsys):
     pq.write_table(pa.table({"expr": ["add(1,2)"], "id": pa.array([b"\x00\xff"], pa.binary())}), tmp_path / "b.parquet")
     with pytest.raises(DataError, match="'id' column holds binary"):
-        read_expressions(tmp_path / "b.parquet")
+        read_expressions(tmp_path / "b.parquet", task=PAPER)
     pq.write_table(pa.table({"expr": ["add(1,2)", "double(3)"], "id": [float("nan"), 2.0]}), tmp_path / "n.parquet")
     assert main(["eval", "--oracle", "rm", "--data", str(tmp_path / "n.parquet"), "--quiet",
                  "--out", str(tmp_path / "o")]) == 0
@@ -186,7 +188,7 @@ def test_parse_json_bounds_depth_without_recursion():
     "2-D offsets", "offsets as floats"])
 def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
     exprs = ["add(1,2)", "double(3)", "square(triple_add(1,2,3))"]
-    fresh = build_examples(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+    fresh = build_examples(exprs, "rm", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     (path,) = tmp_path.glob("*.npz")
     offsets = np.load(path)["offsets"]
     if poison == "2-D offsets":
@@ -196,7 +198,7 @@ def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
     reseal_examples_cache(path, **poison)
     with pytest.raises(DataError, match="wrong shape or type"):
         ExampleSet.load(path)
-    again = build_examples(exprs, "rm", default_vocab(), cache_dir=tmp_path)
+    again = build_examples(exprs, "rm", PAPER.vocab, cache_dir=tmp_path, task=PAPER)
     assert np.array_equal(again.ids, fresh.ids) and np.array_equal(again.offsets, fresh.offsets)
 
 
@@ -204,7 +206,7 @@ def test_poisoned_view_caches_are_refused_and_rebuilt(tmp_path, poison):
 
 def _saved(tmp_path) -> ck.Path:
     run = tmp_path / "run"
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     torch.manual_seed(0)
     ck.save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))), vocab=vocab, learner="rm",
                        config={"model": {"preset": "tiny"}}, step=3, metrics={})
@@ -434,8 +436,6 @@ def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatc
     """Tokens the oracle compares, per trace token: a per-step cost proportional to the frame
     (the root frame holds the whole written expression) would grow ~3x per level here."""
     from rlmlab.decoding import driver, oracle
-    from rlmlab.task.expr import parse
-    from rlmlab.task.trace import trace_stats
 
     touched = [0]
     init, extend = oracle._Match.__init__, oracle._Match.extend
@@ -451,13 +451,13 @@ def test_oracle_decoding_touches_each_token_a_bounded_number_of_times(monkeypatc
     monkeypatch.setattr(oracle._Match, "__init__", counted_init)
     monkeypatch.setattr(oracle._Match, "extend", counted_extend)
     per_token = {}
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     for height in (4, 5, 6):
         touched[0] = 0
-        expr = parse(_tree(height))
-        (g,) = driver.generate(oracle.oracle_predictor(learner, vocab), [expr], vocab, learner)
+        expr = PAPER.parse(_tree(height))
+        (g,) = driver.generate(oracle.oracle_predictor(learner, vocab, PAPER.library), [expr], vocab, learner, library=PAPER.library)
         assert g.valid
-        per_token[height] = touched[0] / trace_stats(expr).trace_len
+        per_token[height] = touched[0] / PAPER.trace_stats(expr).trace_len
     assert per_token[6] < 16 and per_token[6] < 1.3 * per_token[4], per_token
 
 

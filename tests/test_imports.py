@@ -182,10 +182,22 @@ def test_function_level_imports_are_counted(tmp_path):
 @pytest.mark.parametrize("module", ["rlmlab.task.expr", "rlmlab.experiments.kinds.base", "rlmlab.experiments.folder",
                                     "rlmlab.experiments.job", "rlmlab.experiments.cluster"])
 def test_each_module_imports_first_on_its_own(module):
-    # Without cycles any module can be the first one imported; the paper's library is then the default.
+    # Without cycles any module can be the first one imported, and the task it then loads works.
     import subprocess
     import sys
 
-    code = (f"import {module}\nfrom rlmlab.task.expr import evaluate, parse\n"
-            "assert evaluate(parse('add(square(2),3)')) == 7")
+    code = (f"import {module}\nfrom rlmlab.task.taskfile import load_task\n"
+            "task = load_task('paper')\nassert task.evaluate(task.parse('add(square(2),3)')) == 7")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_importing_the_task_package_sets_nothing_up():
+    # No module-level state chooses a task: importing the package loads none of its modules, and
+    # the expression functions have no library of their own to fall back on.
+    import subprocess
+    import sys
+
+    code = ("import sys, rlmlab.task\nassert not [m for m in sys.modules if m.startswith('rlmlab.task.')]\n"
+            "import rlmlab.task.expr as e\nassert not hasattr(e, 'default_library')\n"
+            "try:\n    e.parse('add(2,3)')\nexcept TypeError:\n    pass\nelse:\n    raise SystemExit(1)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

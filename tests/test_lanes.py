@@ -10,10 +10,11 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.simulate import lane_tensors
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.frames import active_frame
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 
 
 def _model(seed=0):
@@ -22,8 +23,8 @@ def _model(seed=0):
 
 
 def _traces(n, seed):
-    exs = [execute("add(sum_of_squares(2,3),double(4))"), execute("fibonacci(9,accum_sum(9,3),factorial(9,1))")]
-    return exs + [execute(e) for e in sample_expressions(n, seed)]
+    exs = [PAPER.execute("add(sum_of_squares(2,3),double(4))"), PAPER.execute("fibonacci(9,accum_sum(9,3),factorial(9,1))")]
+    return exs + [PAPER.execute(e) for e in sample_expressions(n, seed)]
 
 
 def test_lane_targets_are_the_frame_examples_targets():
@@ -80,7 +81,7 @@ def test_simulator_equals_rm_on_the_active_frame_of_every_prefix():
 
 def test_simulator_on_a_prefix_that_stops_inside_a_call_block():
     model = _model(2)
-    ex = execute("add(sum_of_squares(2,3),double(4))")
+    ex = PAPER.execute("add(sum_of_squares(2,3),double(4))")
     cut = ex.tokens.index("square") + 2  # ... <call> add ( square (
     got = simulate_rm(model, VOCAB, ex.tokens[:cut], ex.prompt_len)
     with torch.no_grad():

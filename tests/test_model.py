@@ -11,11 +11,13 @@ from conftest import draw_packed_layout
 from rlmlab.attention.backends import Blocks, Dense
 from rlmlab.attention.layout import Layout
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def test_paper_preset_parameter_count():
-    V = len(default_vocab())
+    V = len(PAPER.vocab)
     m = Transformer(preset("paper", "rm", V))
     # Counted like the paper (~10.65M): distinct weights, tied embedding once, positional table excluded.
     assert 10.6e6 < m.num_params(include_positions=False) < 10.7e6

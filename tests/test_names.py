@@ -16,6 +16,9 @@ from rlmlab.learning import checkpoint as ck
 from rlmlab.runlog import read_metrics
 from rlmlab.learning.config import RunConfig, apply_overrides, apply_settings, load_config_file
 from rlmlab.task.pool import build_pool, write_pool
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASED = ROOT / "rlmlab" / "released" / "paper-cpu-length-595"
@@ -93,7 +96,7 @@ def test_a_run_saved_under_the_old_names_resumes_and_is_saved_under_the_new(tmp_
     monkeypatch.setattr(rlmlab.measuring.score, "answer_accuracy_fn",
                         lambda exprs, **kw: lambda model, vocab, learner: {"answer_acc": 0.5, "answer_valid": 1.0})
     pool = tmp_path / "pool.parquet"
-    write_pool(build_pool(120, 5, workers=1), pool)
+    write_pool(build_pool(120, 5, workers=1, task=PAPER), pool)
     out = tmp_path / "run"
     assert main(["train", "--data.view=cot", "--preset", "tiny", "--data", str(pool), "--out", str(out),
                  "--max-steps", "2", "--data.val_size=20", "--data.cache_dir=", "--train.eval_every=2",

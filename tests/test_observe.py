@@ -26,10 +26,11 @@ from rlmlab.learning.observe import (
 )
 from rlmlab.learning.examples import build_examples, get_packing
 from rlmlab.task.frames import active_frame
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 WORKED = "add(sum_of_squares(2,3),double(4))"
 NAMES = ["cot", "rm", "window:1", "window:7", "window:64", "reduce"]
 
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def executions():
     """180 random traces of at most 400 tokens (the O(n^2) references stay fast)."""
-    exs = [execute(e) for e in sample_expressions(400, 31)]
+    exs = [PAPER.execute(e) for e in sample_expressions(400, 31)]
     return [ex for ex in exs if ex.trace_len <= 400][:180]
 
 
@@ -85,7 +86,7 @@ def test_training_views_of_observations_match_the_registered_packings(executions
 
 
 def test_reduction_by_hand_and_its_active_frame_is_pi_rec(executions):
-    ex = execute(WORKED)
+    ex = PAPER.execute(WORKED)
     # After square(2) returned inside add(square(2),square(3)): its block is the value 4.
     t = ex.tokens.index("</return>") + 1
     assert " ".join(reduce_calls(ex.tokens[:t])) == (
@@ -99,7 +100,7 @@ def test_reduction_by_hand_and_its_active_frame_is_pi_rec(executions):
 
 
 def test_window_examples_cost_k_tokens_per_target_once_the_window_slides():
-    ex = execute(WORKED)  # 100 tokens, 14 of them the written expression
+    ex = PAPER.execute(WORKED)  # 100 tokens, 14 of them the written expression
     got = Window(20).examples(ex.tokens, ex.prompt_len)
     assert got[0] == (ex.tokens[:21], 14)  # points 14..20 read the whole prefix
     assert len(got) == 1 + (100 - 21) and all(len(toks) == 21 and m == 20 for toks, m in got[1:])
@@ -117,7 +118,7 @@ class Canonical:
     block_size = None
 
     def __init__(self, exprs, name):
-        self.exs = [execute(e) for e in exprs]
+        self.exs = [PAPER.execute(e) for e in exprs]
         self.obs = observer(name)
         self.checked = 0
 
@@ -152,9 +153,9 @@ class Canonical:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_driver_shows_observe_of_the_trace_and_reproduces_it(name):
-    exprs = [WORKED] + [e for e in sample_expressions(120, 32) if execute(e).trace_len <= 600][:40]
+    exprs = [WORKED] + [e for e in sample_expressions(120, 32) if PAPER.execute(e).trace_len <= 600][:40]
     guide = Canonical(exprs, name)
-    gens = generate(guide, exprs, VOCAB, name, batch_size=6, longest_first=False)
+    gens = generate(guide, exprs, VOCAB, name, batch_size=6, longest_first=False, library=PAPER.library)
     for g, ex in zip(gens, guide.exs):
         assert g.valid and tuple(g.tokens) == ex.tokens and g.answer == ex.value_token
     assert guide.checked == sum(ex.trace_len - ex.prompt_len for ex in guide.exs)
@@ -162,9 +163,9 @@ def test_driver_shows_observe_of_the_trace_and_reproduces_it(name):
 
 @pytest.mark.parametrize("name", ["reduce", "window:4096"])
 def test_oracle_reproduces_canonical_traces_through_the_driver(name, random_exprs):
-    gens = generate(oracle_predictor(name, VOCAB), random_exprs[:300], VOCAB, name, batch_size=64)
+    gens = generate(oracle_predictor(name, VOCAB, library=PAPER.library), random_exprs[:300], VOCAB, name, batch_size=64, library=PAPER.library)
     for g, e in zip(gens, random_exprs[:300]):
-        ex = execute(e)
+        ex = PAPER.execute(e)
         assert g.valid and tuple(g.tokens) == ex.tokens
 
 
@@ -176,12 +177,12 @@ def _model(name, seed=0):
 @pytest.mark.parametrize("name", ["reduce", "window:24"])
 def test_cached_logits_equal_recomputed_and_the_model_on_observe_alone(name):
     model = _model(name)
-    exprs = [WORKED] + [e for e in sample_expressions(60, 33) if execute(e).trace_len <= 200][:10]
+    exprs = [WORKED] + [e for e in sample_expressions(60, 33) if PAPER.execute(e).trace_len <= 200][:10]
     logs = []
     for use_cache in (True, False):
         rec = Recorder(ModelPredictor(model, use_cache=use_cache))
         guide = Canonical(exprs, name)
-        gens = generate(TeacherForced(rec, guide), exprs, VOCAB, name, batch_size=4, longest_first=False)
+        gens = generate(TeacherForced(rec, guide), exprs, VOCAB, name, batch_size=4, longest_first=False, library=PAPER.library)
         assert all(g.valid for g in gens)
         logs.append(rec.log)
     worst = 0.0
@@ -211,7 +212,7 @@ def test_a_reduction_keeps_the_cache_prefix_on_return():
             keeps.append((feeds[0].keep, len(feeds[0].seq)))
             return guide(feeds)
 
-    generate(Spy(), [WORKED], VOCAB, "reduce", batch_size=1)
+    generate(Spy(), [WORKED], VOCAB, "reduce", batch_size=1, library=PAPER.library)
     # Never a fresh prefill after the first step: a return cuts back to where <call> stood.
     assert all(keep > 0 for keep, _ in keeps[1:])
     assert any(n - keep == 1 and n < prev for (keep, n), (_, prev) in zip(keeps[1:], keeps))
@@ -243,9 +244,9 @@ def test_names_parameters_and_settings(tmp_path):
     assert preset("small", "reduce", len(VOCAB)).block_size == preset("small", "cot", len(VOCAB)).block_size
     texts = ["add(sum_of_squares(2,3),double(4))", "square(double(3))"]
     for name in ("window:8", "reduce"):
-        data = build_examples(texts, name, VOCAB, cache_dir=tmp_path)
-        assert data.learner == name and data.n_targets == sum(execute(t).trace_len - execute(t).prompt_len for t in texts)
-        assert build_examples(texts, name, VOCAB, cache_dir=tmp_path).n_tokens == data.n_tokens
+        data = build_examples(texts, name, VOCAB, cache_dir=tmp_path, task=PAPER)
+        assert data.learner == name and data.n_targets == sum(PAPER.execute(t).trace_len - PAPER.execute(t).prompt_len for t in texts)
+        assert build_examples(texts, name, VOCAB, cache_dir=tmp_path, task=PAPER).n_tokens == data.n_tokens
 
 
 def test_train_and_eval_cli_take_parameterised_views(tmp_path, capsys):
@@ -265,5 +266,5 @@ def test_train_and_eval_cli_take_parameterised_views(tmp_path, capsys):
 
 
 def test_generation_limits_still_apply_with_windows():
-    g = generate(oracle_predictor("window:4", VOCAB), [WORKED], VOCAB, "window:4", Limits(max_new_tokens=50))[0]
+    g = generate(oracle_predictor("window:4", VOCAB, library=PAPER.library), [WORKED], VOCAB, "window:4", Limits(max_new_tokens=50), library=PAPER.library)[0]
     assert not g.valid and g.reason  # g* o Pi_rec of four tokens is not the true rule

@@ -18,11 +18,13 @@ from rlmlab.learning.packing import (
 )
 from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def _data(random_exprs, learner, n=300):
-    return build_examples([to_text(e) for e in random_exprs[:n]], learner, default_vocab())
+    return build_examples([to_text(e) for e in random_exprs[:n]], learner, PAPER.vocab, task=PAPER)
 
 
 def test_long_examples_get_rows_of_their_own():
@@ -166,8 +168,8 @@ def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(random_exprs, fast):
     with the lanes' block attention (rows of 512) as with their dense mask."""
     torch.manual_seed(0)
     texts = [to_text(e) for e in random_exprs[:60]]
-    lanes = build_examples(texts, "rm", default_vocab())
-    frames = build_examples(texts, "rm-frames", default_vocab())
+    lanes = build_examples(texts, "rm", PAPER.vocab, task=PAPER)
+    frames = build_examples(texts, "rm-frames", PAPER.vocab, task=PAPER)
     assert lanes.n_targets == frames.n_targets and lanes.n_tokens < 0.7 * frames.n_tokens
     model = Transformer(preset("tiny", "rm", len(lanes.vocab)))
     loss_l, n_l, grad_l = _step_loss_and_grads(model, lanes, 512, fast)

@@ -9,23 +9,24 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import DataError
-from rlmlab.task.expr import parse
 from rlmlab.task.pool import build_pool, read_pool, write_pool
-from rlmlab.task.trace import execute
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def test_pool_is_the_same_for_any_number_of_workers():
-    a = build_pool(9000, 7, workers=1)
-    b = build_pool(9000, 7, workers=2)
+    a = build_pool(9000, 7, workers=1, task=PAPER)
+    b = build_pool(9000, 7, workers=2, task=PAPER)
     assert a.equals(b)
-    assert not a.equals(build_pool(9000, 8, workers=1))
+    assert not a.equals(build_pool(9000, 8, workers=1, task=PAPER))
 
 
 def test_pool_rows_match_the_executor():
-    pool = build_pool(500, 3, workers=1).to_pylist()
+    pool = build_pool(500, 3, workers=1, task=PAPER).to_pylist()
     assert [r["id"] for r in pool] == list(range(500))
     for row in pool[:200]:
-        ex = execute(row["expr"])
+        ex = PAPER.execute(row["expr"])
         assert row["value"] == ex.value_token and row["root"] == ex.expr.fn
         assert (row["trace_len"], row["max_depth"], row["max_frame_width"], row["n_frame_examples"]) == \
                (ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frame_examples)
@@ -33,12 +34,12 @@ def test_pool_rows_match_the_executor():
 
 
 def test_generator_respects_nesting_depth_and_root_uniformity():
-    pool = build_pool(20000, 42, workers=2).to_pylist()
+    pool = build_pool(20000, 42, workers=2, task=PAPER).to_pylist()
 
     def level(e):
         return 0 if isinstance(e, str) else 1 + max(level(a) for a in e.args)
 
-    assert max(level(parse(r["expr"])) for r in pool) == 3
+    assert max(level(PAPER.parse(r["expr"])) for r in pool) == 3
     roots = {}
     for r in pool:
         roots[r["root"]] = roots.get(r["root"], 0) + 1
@@ -47,23 +48,23 @@ def test_generator_respects_nesting_depth_and_root_uniformity():
 
 def test_pool_file_roundtrip_and_bad_files(tmp_path):
     path = tmp_path / "p.parquet"
-    write_pool(build_pool(100, 1, workers=1), path)
-    assert read_pool(path).num_rows == 100
+    write_pool(build_pool(100, 1, workers=1, task=PAPER), path)
+    assert read_pool(path, task=PAPER).num_rows == 100
     with pytest.raises(DataError, match="no such file"):
-        read_pool(tmp_path / "missing.parquet")
+        read_pool(tmp_path / "missing.parquet", task=PAPER)
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="not a readable parquet"):
-        read_pool(tmp_path / "junk.parquet")
+        read_pool(tmp_path / "junk.parquet", task=PAPER)
     import pyarrow as pa
     pq.write_table(pa.table({"expr": ["add(1,2)", "add(1,"]}), tmp_path / "bad.parquet")
     with pytest.raises(DataError, match="row 1"):
-        read_pool(tmp_path / "bad.parquet")
+        read_pool(tmp_path / "bad.parquet", task=PAPER)
 
 
 def test_cli_pool(tmp_path, capsys):
     out = tmp_path / "pool.parquet"
     assert main(["data", "pool", "--n", "300", "--seed", "5", "--out", str(out), "--quiet"]) == 0
-    assert pq.read_table(out).equals(build_pool(300, 5, workers=1).replace_schema_metadata(
+    assert pq.read_table(out).equals(build_pool(300, 5, workers=1, task=PAPER).replace_schema_metadata(
         pq.read_table(out).schema.metadata))
 
 
@@ -106,9 +107,9 @@ def test_sampler_restricts_roots_and_rejects_unknown_ones():
     from rlmlab.errors import ConfigError
     from rlmlab.task.sampler import ExpressionSampler
 
-    sampler, rng = ExpressionSampler(roots=["factorial", "clamp"]), random.Random(3)
+    sampler, rng = ExpressionSampler(roots=["factorial", "clamp"], library=PAPER.library), random.Random(3)
     roots = [sampler.sample(rng).fn for _ in range(400)]
     assert set(roots) == {"factorial", "clamp"} and 150 < roots.count("clamp") < 250
     for bad in (["no_such_fn"], []):
         with pytest.raises(ConfigError, match="roots: unknown function"):
-            ExpressionSampler(roots=bad)
+            ExpressionSampler(roots=bad, library=PAPER.library)

@@ -25,10 +25,11 @@ from rlmlab.learning.packing import Row, collate
 from rlmlab.measuring.score import per_token_hits
 from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.task.expr import to_text
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # `rlmlab trace "add(square(2),3)"`:
@@ -38,7 +39,7 @@ SMALL = "add(square(2),3)"
 
 
 def test_frame_index_of_a_hand_written_trace():
-    ex = execute(SMALL)
+    ex = PAPER.execute(SMALL)
     # The root frame counts from the prompt's first token; the child's body follows its payload
     # (RM's child frame is `square ( 2 ) x := ...`); after the return the caller goes on at its
     # `<call>`'s place (11) plus the value's length (1): RM's `add ( ... ) x := 4 y ...`.
@@ -46,7 +47,7 @@ def test_frame_index_of_a_hand_written_trace():
 
 
 def test_trace_index_of_a_hand_written_trace():
-    ex = execute(SMALL)
+    ex = PAPER.execute(SMALL)
     assert trace_places_of_frames(ex.tokens, ex.prompt_len) == [
         list(range(17)),                                      # the root up to its </call>
         [12, 13, 14, 15, *range(17, 24)],                     # payload where the caller wrote it
@@ -60,7 +61,7 @@ def test_trace_index_of_a_hand_written_trace():
 
 @pytest.fixture(scope="module")
 def executions():
-    return [execute(e) for e in sample_expressions(300, 41)]
+    return [PAPER.execute(e) for e in sample_expressions(300, 41)]
 
 
 def test_cot_targets_sit_where_rm_predicts_them(executions):
@@ -100,10 +101,10 @@ def test_each_learner_at_its_own_index_is_unchanged(executions):
 
 def test_training_rows_carry_the_index_and_stay_plain_causal():
     exprs = [to_text(e) for e in sample_expressions(40, 42)]
-    data = build_examples(exprs, "cot", VOCAB, position_index="frame")
-    plain = build_examples(exprs, "cot", VOCAB)
+    data = build_examples(exprs, "cot", VOCAB, position_index="frame", task=PAPER)
+    plain = build_examples(exprs, "cot", VOCAB, task=PAPER)
     assert np.array_equal(data.ids, plain.ids) and np.array_equal(data.loss, plain.loss)
-    first = execute(exprs[0])
+    first = PAPER.execute(exprs[0])
     assert data.layout[data.offsets[0]:data.offsets[1], 0].tolist() == frame_positions(first.tokens, first.prompt_len)
     rows = [Row(int(data.lengths[i]) - 1, (i,)) for i in range(3)]
     for r in rows:
@@ -111,8 +112,8 @@ def test_training_rows_carry_the_index_and_stay_plain_causal():
         assert batch.frame is None  # no lanes: plain causal attention with these positions
         i = r.examples[0]
         assert batch.pos[0].tolist() == data.layout[data.offsets[i]:data.offsets[i + 1] - 1, 0].tolist()
-    rm = build_examples(exprs, "rm", VOCAB, position_index="trace")
-    longest = max(execute(e).trace_len for e in exprs)
+    rm = build_examples(exprs, "rm", VOCAB, position_index="trace", task=PAPER)
+    longest = max(PAPER.execute(e).trace_len for e in exprs)
     assert int(rm.positions_needed.max()) == longest  # the root's last lane ends at the trace's last place
 
 
@@ -144,13 +145,13 @@ class _Feeds:
 
 @pytest.mark.parametrize("learner, index", [("cot", "frame"), ("rm", "trace")])
 def test_the_decoder_places_tokens_as_training_does(learner, index):
-    exprs = [WORKED] + [e for e in sample_expressions(80, 43) if execute(e).trace_len <= 200][:6]
+    exprs = [WORKED] + [e for e in sample_expressions(80, 43) if PAPER.execute(e).trace_len <= 200][:6]
     rec = _Feeds(ModelPredictor(_model(learner, "learned", index, 1)))
     for e in exprs:
         rec.fed.clear()
-        gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB)), [e], VOCAB, learner, batch_size=1)
+        gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB, library=PAPER.library)), [e], VOCAB, learner, batch_size=1, library=PAPER.library)
         _assert_canonical(gens, [e])
-        ex = execute(e)
+        ex = PAPER.execute(e)
         obs = observer(learner)
         for (toks, m), at in zip(obs.examples(ex.tokens, ex.prompt_len),
                                  example_positions(learner, index, ex.tokens, ex.prompt_len)):
@@ -163,31 +164,31 @@ def test_the_decoder_places_tokens_as_training_does(learner, index):
 def test_cached_logits_equal_recomputed(learner, index, positions):
     """Past the training length too: the model is untrained, and the traces run to 300 tokens."""
     model = _model(learner, positions, index, 2)
-    exprs = [WORKED] + [e for e in sample_expressions(80, 44) if execute(e).trace_len <= 300][:8]
+    exprs = [WORKED] + [e for e in sample_expressions(80, 44) if PAPER.execute(e).trace_len <= 300][:8]
     logs = []
     for use_cache in (True, False):
         rec = Recorder(ModelPredictor(model, use_cache=use_cache))
-        gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=4)
+        gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB, library=PAPER.library)), exprs, VOCAB, learner, batch_size=4, library=PAPER.library)
         _assert_canonical(gens, exprs)
         logs.append(rec.log)
     _assert_same_logits(*logs)
     free = [generate(ModelPredictor(model, use_cache=c), exprs, VOCAB, learner, Limits(max_new_tokens=60),
-                     batch_size=4) for c in (True, False)]
+                     batch_size=4, library=PAPER.library) for c in (True, False)]
     assert [g.tokens for g in free[0]] == [g.tokens for g in free[1]]
 
 
 def test_a_row_placed_beyond_the_table_stops_as_invalid():
     model = _model("rm", "learned", "trace", 3, block_size=64)
-    long = next(e for e in sample_expressions(200, 45) if execute(e).trace_len > 80)
-    (g,) = generate(TeacherForced(ModelPredictor(model), oracle_predictor("rm", VOCAB)), [long], VOCAB, "rm",
-                    batch_size=1)
+    long = next(e for e in sample_expressions(200, 45) if PAPER.execute(e).trace_len > 80)
+    (g,) = generate(TeacherForced(ModelPredictor(model), oracle_predictor("rm", VOCAB, library=PAPER.library)), [long], VOCAB, "rm",
+                    batch_size=1, library=PAPER.library)
     assert not g.valid and "beyond the model's block size 64" in g.reason
 
 
 @pytest.mark.parametrize("learner, index", [("cot", "frame"), ("rm", "trace")])
 def test_teacher_forced_scores_read_each_example_at_its_places(learner, index):
     model = _model(learner, "learned", index, 4)
-    exs = [execute(e) for e in [WORKED] + sample_expressions(12, 46)]
+    exs = [PAPER.execute(e) for e in [WORKED] + sample_expressions(12, 46)]
     hits = per_token_hits(model, VOCAB, learner, exs)
     obs = observer(learner)
     for ex, h in zip(exs, hits):
@@ -222,9 +223,9 @@ def test_refusals(capsys):
     with pytest.raises(ConfigError, match="cannot be combined with model.positions=alibi"):
         ModelConfig(positions="alibi", position_index="frame")
     with pytest.raises(ConfigError, match="applies to the cot and rm learners only"):
-        build_examples(["add(1,2)"], "window:8", VOCAB, position_index="frame")
+        build_examples(["add(1,2)"], "window:8", VOCAB, position_index="frame", task=PAPER)
     with pytest.raises(ConfigError, match="not implemented for the 'rm-frames' packing"):
-        build_examples(["add(1,2)"], "rm-frames", VOCAB, position_index="trace")
+        build_examples(["add(1,2)"], "rm-frames", VOCAB, position_index="trace", task=PAPER)
     err = one_line_error(capsys, ["train", "--learner", "cot", "--model.position_index=middle", "--out", "/nonexistent/x"],
                          from_command=False)
     assert "position_index" in err
@@ -235,4 +236,4 @@ def test_the_invariance_probe_refuses_another_index():
 
     model = _model("cot", "learned", "frame", 6)
     with pytest.raises(ConfigError, match="invariance probe reads models at their learner's own positions"):
-        forced_predictions(ModelPredictor(model), [(VOCAB.encode(execute(SMALL).tokens), 9)])
+        forced_predictions(ModelPredictor(model), [(VOCAB.encode(PAPER.execute(SMALL).tokens), 9)])

@@ -30,10 +30,11 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.simulate import simulate_rm
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import active_frame
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 ENCODINGS = ["learned", "none", "rope", "alibi"]
 OTHERS = ["none", "rope", "alibi"]  # the learned table's paths are tested in test_model/test_infer/test_packing
 
@@ -138,7 +139,7 @@ def test_packed_training_gradients_equal_one_by_one(positions):
     """Gradients through the biased/rotated block attention equal those of the dense mask."""
     torch.manual_seed(0)
     texts = [to_text(e) for e in sample_expressions(12, 31)]
-    data = build_examples(texts, "cot", VOCAB)
+    data = build_examples(texts, "cot", VOCAB, task=PAPER)
     data = data.select(data.lengths - 1 <= 600)
     m = _model("cot", positions, 2, scale=0.5)
     loss_d, n_d, grad_d = _step_loss_and_grads(m, data, 256, fast=False)
@@ -155,8 +156,8 @@ def test_lane_packed_rm_equals_per_frame_rm_loss_and_update(positions, fast):
     gradient (test_packing holds the learned table to the same)."""
     torch.manual_seed(0)
     texts = [WORKED] + [to_text(e) for e in sample_expressions(30, 32)]
-    lanes = build_examples(texts, "rm", VOCAB)
-    frames = build_examples(texts, "rm-frames", VOCAB)
+    lanes = build_examples(texts, "rm", VOCAB, task=PAPER)
+    frames = build_examples(texts, "rm-frames", VOCAB, task=PAPER)
     m = _model("rm", positions, 3, scale=0.5)
     loss_l, n_l, grad_l = _step_loss_and_grads(m, lanes, 512, fast)
     loss_f, n_f, grad_f = _step_loss_and_grads(m, frames, 128)
@@ -172,7 +173,7 @@ def test_cot_simulates_rm_under_every_encoding(positions):
     a statement about one Transformer given those inputs; a CoT model reading the flattened
     trace with positions 0..n-1 is not the simulating model under any encoding."""
     m = _model("rm", positions, 4)
-    for ex in [execute(WORKED)] + [execute(e) for e in sample_expressions(4, 33)]:
+    for ex in [PAPER.execute(WORKED)] + [PAPER.execute(e) for e in sample_expressions(4, 33)]:
         got = simulate_rm(m, VOCAB, ex.tokens, ex.prompt_len)
         frames = [VOCAB.encode(active_frame(ex.tokens[:t])) for t in range(ex.prompt_len, ex.trace_len + 1)]
         with torch.no_grad():
@@ -184,7 +185,7 @@ def test_cot_simulates_rm_under_every_encoding(positions):
 
 def _forced(model, learner, exprs, use_cache, batch_size):
     rec = Recorder(ModelPredictor(model, use_cache=use_cache))
-    gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB)), exprs, VOCAB, learner, batch_size=batch_size)
+    gens = generate(TeacherForced(rec, oracle_predictor(learner, VOCAB, library=PAPER.library)), exprs, VOCAB, learner, batch_size=batch_size, library=PAPER.library)
     _assert_canonical(gens, exprs)
     return rec.log
 
@@ -193,9 +194,9 @@ def _forced(model, learner, exprs, use_cache, batch_size):
 def test_rm_driver_cached_logits_and_greedy_tokens_equal_recomputed(positions):
     model = _model("rm", positions, 5)
     exprs = [WORKED, "fibonacci(4,accum_sum(3,2),factorial(2,1))"]
-    exprs += [e for e in sample_expressions(60, 21) if execute(e).trace_len <= 300][:10]
+    exprs += [e for e in sample_expressions(60, 21) if PAPER.execute(e).trace_len <= 300][:10]
     _assert_same_logits(_forced(model, "rm", exprs, True, 5), _forced(model, "rm", exprs, False, 5))
-    free = [generate(ModelPredictor(model, use_cache=c), exprs, VOCAB, "rm", Limits(max_new_tokens=80), batch_size=5)
+    free = [generate(ModelPredictor(model, use_cache=c), exprs, VOCAB, "rm", Limits(max_new_tokens=80), batch_size=5, library=PAPER.library)
             for c in (True, False)]
     assert [g.tokens for g in free[0]] == [g.tokens for g in free[1]]
 
@@ -203,9 +204,9 @@ def test_rm_driver_cached_logits_and_greedy_tokens_equal_recomputed(positions):
 @pytest.mark.parametrize("positions", OTHERS)
 def test_cot_decoder_cached_logits_and_greedy_tokens_equal_recomputed(positions):
     model = _model("cot", positions, 6)
-    exprs = [e for e in sample_expressions(200, 22) if execute(e).trace_len <= 160][:10]
+    exprs = [e for e in sample_expressions(200, 22) if PAPER.execute(e).trace_len <= 160][:10]
     _assert_same_logits(_forced(model, "cot", exprs, True, 4), _forced(model, "cot", exprs, False, 4))
-    free = [generate(ModelPredictor(model, use_cache=c), exprs, VOCAB, "cot", Limits(max_new_tokens=80), batch_size=4)
+    free = [generate(ModelPredictor(model, use_cache=c), exprs, VOCAB, "cot", Limits(max_new_tokens=80), batch_size=4, library=PAPER.library)
             for c in (True, False)]
     assert [g.tokens for g in free[0]] == [g.tokens for g in free[1]]
 
@@ -218,7 +219,7 @@ def test_a_multi_token_return_payload_reads_the_parent_back_under_every_encoding
     logs = []
     for use_cache in (True, False):
         rec = Recorder(ModelPredictor(model, use_cache=use_cache))
-        g = generate(TeacherForced(rec, Script(script)), ["square(2)"], VOCAB, "rm", batch_size=1)[0]
+        g = generate(TeacherForced(rec, Script(script)), ["square(2)"], VOCAB, "rm", batch_size=1, library=PAPER.library)[0]
         assert g.valid and g.answer == "5"
         logs.append(rec.log)
     _assert_same_logits(*logs)
@@ -227,18 +228,18 @@ def test_a_multi_token_return_payload_reads_the_parent_back_under_every_encoding
 # --- the context limit belongs to the learned table only ------------------------------------------
 
 def test_only_the_learned_table_limits_decoding_and_training():
-    long = next(e for e in sample_expressions(200, 34) if execute(e).trace_len > 40)
-    guide = lambda: oracle_predictor("cot", VOCAB)  # noqa: E731
+    long = next(e for e in sample_expressions(200, 34) if PAPER.execute(e).trace_len > 40)
+    guide = lambda: oracle_predictor("cot", VOCAB, library=PAPER.library)  # noqa: E731
     for enc in ENCODINGS:
         m = _model("cot", enc, 8, block_size=32)
         predictor = ModelPredictor(m)
         assert predictor.block_size == (32 if enc == "learned" else None)
-        g = generate(TeacherForced(predictor, guide()), [long], VOCAB, "cot")[0]
+        g = generate(TeacherForced(predictor, guide()), [long], VOCAB, "cot", library=PAPER.library)[0]
         if enc == "learned":
             assert g.reason == "trace of 33 tokens exceeds the model's block size 32"
         else:
-            assert g.valid and len(g.tokens) == execute(long).trace_len
-    data = build_examples([to_text(e) for e in sample_expressions(20, 35)], "cot", VOCAB)
+            assert g.valid and len(g.tokens) == PAPER.execute(long).trace_len
+    data = build_examples([to_text(e) for e in sample_expressions(20, 35)], "cot", VOCAB, task=PAPER)
     assert fit_to_block(data, 64, True, "x")[1] > 0
     kept, dropped = fit_to_block(data, None, True, "x")
     assert dropped == 0 and len(kept) == len(data)
@@ -316,7 +317,7 @@ def test_weights_that_do_not_fit_the_recorded_encoding_are_refused_in_one_line(t
 
 def test_cross_entropy_of_an_alibi_model_is_finite_on_fully_padded_rows():
     """Row padding attends to earlier padding at position 0: the bias never makes a row empty."""
-    data = build_examples([to_text(e) for e in sample_expressions(8, 36)], "rm", VOCAB)
+    data = build_examples([to_text(e) for e in sample_expressions(8, 36)], "rm", VOCAB, task=PAPER)
     m = _model("rm", "alibi", 10)
     loss, n, grads = _step_loss_and_grads(m, data, 128, fast=False)
     assert n > 0 and torch.isfinite(torch.tensor(loss)) and torch.isfinite(grads).all()

@@ -24,10 +24,11 @@ from rlmlab.measuring.probe import (
     summarize_probe,
 )
 from rlmlab.task.frames import active_frame
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 WORKED = "add(sum_of_squares(2,3),double(4))"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -41,7 +42,7 @@ class SquareAlone:
     block_size = None
 
     def __init__(self):
-        self.oracle = Oracle(VOCAB)
+        self.oracle = Oracle(VOCAB, library=PAPER.library)
 
     def reset(self, n_slots):
         pass
@@ -62,11 +63,11 @@ class SquareAlone:
 
 def test_oracle_cot_predictor_is_invariant(random_exprs):
     exprs = random_exprs[:120]
-    rows = probe(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB)
+    rows = probe(oracle_predictor("cot", VOCAB, library=PAPER.library), "cot", exprs, VOCAB, library=PAPER.library)
     s = probe_summary(rows)
-    assert s["positions"] == sum(execute(e).trace_len - execute(e).prompt_len for e in exprs)
+    assert s["positions"] == sum(PAPER.execute(e).trace_len - PAPER.execute(e).prompt_len for e in exprs)
     assert s["position_non_invariant"] == 0 and s["position_correct"] == s["positions"]
-    assert s["subproblems"] == sum(execute(e).tokens.count("</call>") for e in exprs)  # every call completes
+    assert s["subproblems"] == sum(PAPER.execute(e).tokens.count("</call>") for e in exprs)  # every call completes
     assert s["answer_non_invariant"] == 0 and s["unparsed"] == 0 and s["subproblems"] > 300
     assert s["position_ci95"][0] == 0.0 and s["answer_ci95"][0] == 0.0
 
@@ -75,14 +76,14 @@ def test_a_predictor_reading_outside_the_frame_scores_the_rate_computed_by_hand(
     # The worked example: 86 prediction points; square(2) and square(3) are the only square
     # calls, both below the root; 5 completed subproblems (sum_of_squares, the inner add,
     # square(2), square(3), double(4)).
-    (row,) = probe(SquareAlone(), "cot", [WORKED], VOCAB)
+    (row,) = probe(SquareAlone(), "cot", [WORKED], VOCAB, library=PAPER.library)
     assert (row["positions"], row["position_differ"], row["witnesses"]) == (86, 2, 2)
     assert (row["subproblems"], row["answer_differ"], row["in_context_correct"], row["alone_correct"]) == (5, 2, 5, 3)
     # On random traces: one point per square call below the root; every square subproblem.
-    exprs = [e for e in random_exprs[:400] if execute(e).trace_len <= 250][:100]  # SquareAlone is O(n^2)
-    rows = probe(SquareAlone(), "cot", exprs, VOCAB)
+    exprs = [e for e in random_exprs[:400] if PAPER.execute(e).trace_len <= 250][:100]  # SquareAlone is O(n^2)
+    rows = probe(SquareAlone(), "cot", exprs, VOCAB, library=PAPER.library)
     for e, r in zip(exprs, rows):
-        ex = execute(e)
+        ex = PAPER.execute(e)
         square = [f for f in ex.frames if f.tokens[0] == "square" and f.tokens[-1] == "</return>"]
         literal = [f for f in square if f.tokens[3] == ")"]  # square(d): nothing but its frame, alone
         root_literal = ex.tokens[0] == "square" and ex.prompt_len == 4  # alone in both readings
@@ -99,12 +100,12 @@ def test_rm_models_are_invariant_by_construction():
     torch.manual_seed(0)
     model = Transformer(preset("tiny", "rm", len(VOCAB))).eval()
     exprs = sample_expressions(40, 41)
-    s = probe_summary(probe(ModelPredictor(model), "rm", exprs, VOCAB))
+    s = probe_summary(probe(ModelPredictor(model), "rm", exprs, VOCAB, library=PAPER.library))
     assert s["positions"] > 1000 and s["position_non_invariant"] == 0
     assert s["answer_non_invariant"] == 0
     # A frame-local predictor that is wrong is still answer-invariant in the RM driver: here
     # every square subproblem is answered wrongly in context and alone alike.
-    rows = probe(SquareAlone(), "rm", [WORKED, "add(square(2),3)"], VOCAB)
+    rows = probe(SquareAlone(), "rm", [WORKED, "add(square(2),3)"], VOCAB, library=PAPER.library)
     s = probe_summary(rows)
     assert s["position_non_invariant"] == 0 and s["subproblems"] >= 2 and s["answer_non_invariant"] == 0
     assert s["in_context_correct"] < s["subproblems"]
@@ -113,7 +114,7 @@ def test_rm_models_are_invariant_by_construction():
 def test_teacher_forced_model_predictions_equal_walking_the_predictor():
     torch.manual_seed(1)
     model = Transformer(preset("tiny", "cot", len(VOCAB))).eval()
-    exs = [execute(e) for e in sample_expressions(30, 42)[:12]]
+    exs = [PAPER.execute(e) for e in sample_expressions(30, 42)[:12]]
     rows = [(VOCAB.encode(ex.tokens), ex.prompt_len) for ex in exs]
     rows += [(VOCAB.encode(f.tokens), f.m) for ex in exs[:4] for f in ex.frames]
 
@@ -132,13 +133,13 @@ def test_teacher_forced_model_predictions_equal_walking_the_predictor():
 
 
 def test_completed_calls_and_grouping():
-    ex = execute(WORKED)
+    ex = PAPER.execute(WORKED)
     calls = completed_calls(list(ex.tokens), ex.prompt_len)
     assert [(q, a) for q, a, _ in calls] == [("square ( 2 )", "4"), ("square ( 3 )", "9"),
                                              ("add ( square ( 2 ) , square ( 3 ) )", "3"),
                                              ("sum_of_squares ( 2 , 3 )", "3"), ("double ( 4 )", "8")]
     rows = probe(SquareAlone(), "cot", [WORKED, "add(square(2),3)", "double(4)"], VOCAB,
-                 extra=[{"bin": 1}, {"bin": 0}, {"bin": 1}])
+                 extra=[{"bin": 1}, {"bin": 0}, {"bin": 1}], library=PAPER.library)
     groups = summarize_probe(rows, by=["bin"])
     assert [(g["group_by"], g["group"], g["n_expressions"]) for g in groups] == [(None, None, 3), ("bin", 1, 2), ("bin", 0, 1)]
     assert groups[2]["answer_non_invariant"] == 1 and groups[1]["answer_non_invariant"] == 2
@@ -209,7 +210,7 @@ def test_progress_counts_every_item_of_every_pass():
 
         return update
 
-    probe(ModelPredictor(model), "cot", exprs, VOCAB, stage=stage)
+    probe(ModelPredictor(model), "cot", exprs, VOCAB, stage=stage, library=PAPER.library)
     assert [n for n, _, _ in opened][:3] == ["probe: in context", "probe: frames alone", "probe: greedy traces"]
     assert opened[0][1] == len(exprs) and opened[2] == ("probe: greedy traces", len(exprs), "expr")
     assert all(done[name] == total for name, total, _ in opened)  # every bar ends full

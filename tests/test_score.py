@@ -23,10 +23,11 @@ from rlmlab.measuring.stats import (
     summarize,
     wilson,
 )
-from rlmlab.task.trace import execute, trace_stats
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
 
-VOCAB = default_vocab()
+PAPER = load_task("paper")
+
+VOCAB = PAPER.vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,7 +63,7 @@ def _model(learner, seed=0):
 
 
 def test_per_token_hits_equal_a_direct_computation_in_trace_order():
-    exs = [ex for ex in map(execute, sample_expressions(40, 31)) if ex.trace_len <= 300][:12]
+    exs = [ex for ex in map(PAPER.execute, sample_expressions(40, 31)) if ex.trace_len <= 300][:12]
     for learner in ("cot", "rm"):
         model = _model(learner, 1)
         hits = per_token_hits(model, VOCAB, learner, exs, max_tokens=600)
@@ -82,7 +83,7 @@ def test_per_token_hits_equal_a_direct_computation_in_trace_order():
 
 
 def test_per_token_counts_positions_beyond_the_block_as_wrong():
-    ex = execute("fibonacci(9,accum_sum(9,3),factorial(9,1))")
+    ex = PAPER.execute("fibonacci(9,accum_sum(9,3),factorial(9,1))")
     torch.manual_seed(0)
     short = Transformer(preset("tiny", "cot", len(VOCAB), block_size=64)).eval()
     (right, total), = per_token_counts(short, VOCAB, "cot", [ex])
@@ -96,8 +97,8 @@ def test_per_token_counts_positions_beyond_the_block_as_wrong():
 
 def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
     exprs = sample_expressions(40, 32)
-    exs = [execute(e) for e in exprs]
-    gens = generate(oracle_predictor("rm", VOCAB), exprs, VOCAB, "rm")
+    exs = [PAPER.execute(e) for e in exprs]
+    gens = generate(oracle_predictor("rm", VOCAB, library=PAPER.library), exprs, VOCAB, "rm", library=PAPER.library)
     # Spoil two: a wrong answer and an invalid trace.
     gens[0] = Generation(gens[0].expr, gens[0].tokens[:-2] + ["X", "</return>"], gens[0].prompt_len, "X", True,
                          None, gens[0].max_depth, gens[0].n_frame_examples, gens[0].fed)
@@ -124,17 +125,17 @@ def test_results_are_flat_and_every_summary_is_recomputable(tmp_path):
 
 def test_evaluate_with_the_oracle_is_perfect_and_with_a_model_counts_tokens():
     exprs = sample_expressions(30, 33)
-    results, s = decode_and_score(oracle_predictor("cot", VOCAB), "cot", exprs, VOCAB, batch_size=7)
+    results, s = decode_and_score(oracle_predictor("cot", VOCAB, library=PAPER.library), "cot", exprs, VOCAB, batch_size=7, task=PAPER)
     assert s["accuracy"] == 1.0 and s["trace_exact"] == 1.0 and s["valid"] == 1.0
-    assert [r["expr"] for r in results] == [execute(e).text for e in exprs]  # input order kept
+    assert [r["expr"] for r in results] == [PAPER.execute(e).text for e in exprs]  # input order kept
     model = _model("rm")
-    results, s = decode_and_score(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16)
-    assert s["per_token_positions"] == sum(execute(e).trace_len - execute(e).prompt_len for e in exprs)
+    results, s = decode_and_score(ModelPredictor(model), "rm", exprs, VOCAB, model=model, batch_size=16, task=PAPER)
+    assert s["per_token_positions"] == sum(PAPER.execute(e).trace_len - PAPER.execute(e).prompt_len for e in exprs)
     assert 0.0 <= s["per_token_ci95"][0] <= s["per_token"] <= s["per_token_ci95"][1] <= 1.0
 
 
 def test_answer_accuracy_fn_is_a_train_validate_hook():
-    exprs = [e for e in sample_expressions(60, 34) if trace_stats(e).trace_len <= 100][:20]
-    validate = answer_accuracy_fn(exprs, batch_size=8)  # rows stop after 200 tokens
+    exprs = [e for e in sample_expressions(60, 34) if PAPER.trace_stats(e).trace_len <= 100][:20]
+    validate = answer_accuracy_fn(exprs, batch_size=8, task=PAPER)  # rows stop after 200 tokens
     got = validate(_model("cot"), VOCAB, "cot")
     assert set(got) == {"answer_acc", "answer_valid"} and 0.0 <= got["answer_acc"] <= got["answer_valid"] <= 1.0

@@ -27,8 +27,10 @@ from rlmlab.shortcuts import (
     shortcut_rate,
     shortcut_summary,
 )
-from rlmlab.task.expr import evaluate, parse, to_text
-from rlmlab.task.trace import execute
+from rlmlab.task.expr import to_text
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 CONFIG = ShortcutConfig()
 SIZES = dict(n_train=120, n_val=20, n_iid=30, n_ood=80, config=CONFIG)
@@ -55,7 +57,7 @@ def rows(table):
 # --- reading the trace ---------------------------------------------------------------
 
 def test_frame_tree_and_internal_returns_on_a_small_trace():
-    ex = execute("add(accum_sum(2,0),7)")
+    ex = PAPER.execute("add(accum_sum(2,0),7)")
     tree = frame_tree(ex.tokens, ex.prompt_len)
     assert tree.value == "0" and (tree.start, tree.end) == (11, len(ex.tokens))
     z = child(tree, 0)
@@ -68,17 +70,17 @@ def test_frame_tree_and_internal_returns_on_a_small_trace():
     assert signals == {"long_range_aggregate": "3",          # 1 + 2 + 0
                        "near_answer_aggregate": "6",         # 0 + 3 + 3
                        "position_weighted_aggregate": "9"}   # 229 mod 10
-    par = execute("is_even(add(accum_sum(2,0),7))")
+    par = PAPER.execute("is_even(add(accum_sum(2,0),7))")
     assert CONSTRUCTIONS["position_parity"].signal(par.tokens, par.prompt_len) == \
         ("True" if (len(par.tokens) - 2) % 2 == 0 else "False")
 
 
 def test_frame_tree_matches_every_frame_value_of_random_traces(random_exprs):
     for e in random_exprs[:200]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
 
         def walk(frame):
-            assert frame.value == str(evaluate(parse(" ".join(frame.call))))
+            assert frame.value == str(PAPER.evaluate(PAPER.parse(" ".join(frame.call))))
             assert ex.tokens[frame.end - 1] == "</return>"
             for c in frame.children:
                 assert frame.start <= c.start < c.end <= frame.end
@@ -96,7 +98,7 @@ def test_signal_equals_answer_in_training_and_never_in_ood(datasets, name):
     assert (ds.train.num_rows, ds.val.num_rows, ds.iid.num_rows, ds.ood.num_rows) == (120, 20, 30, 80)
     for table, coupled in ((ds.train, True), (ds.val, True), (ds.iid, True), (ds.ood, False)):
         for r in rows(table):
-            ex = execute(r["expr"])
+            ex = PAPER.execute(r["expr"])
             assert r["signal"] == c.signal(ex.tokens, ex.prompt_len)  # stored S is the trace's S
             assert r["value"] == ex.value_token
             assert (r["signal"] == r["value"]) == coupled, r
@@ -111,11 +113,11 @@ def test_ood_only_resamples_the_compensating_argument(datasets, name):
     """Putting the training value of Y back into an OOD example makes S equal the answer again."""
     c = get_construction(name)
     for r in rows(datasets[name].ood):
-        e = parse(r["expr"])
-        ex = execute(e)
+        e = PAPER.parse(r["expr"])
+        ex = PAPER.execute(e)
         fixed = None
         for y in map(str, range(10)):
-            trial = execute(e._replace(args=(e.args[0], y)))
+            trial = PAPER.execute(e._replace(args=(e.args[0], y)))
             if c.signal(trial.tokens, trial.prompt_len) == trial.value_token:
                 fixed = trial
         assert fixed is not None and c.signal(fixed.tokens, fixed.prompt_len) == r["signal"]
@@ -124,8 +126,8 @@ def test_ood_only_resamples_the_compensating_argument(datasets, name):
 
 def test_case1_signal_is_the_deep_return_and_train_y_compensates(datasets):
     for r in rows(datasets["copy_deep_return"].train):
-        e = parse(r["expr"])
-        z = evaluate(e.args[0].args[0].args[0])
+        e = PAPER.parse(r["expr"])
+        z = PAPER.evaluate(e.args[0].args[0].args[0])
         assert e.fn == "add" and e.args[0].fn == e.args[0].args[0].fn == "square"
         assert e.args[0].args[0].args[0].fn in ("accum_sum", "factorial", "fibonacci")
         assert r["signal"] == str(z) != "0" and e.args[1] == str((z - z ** 4) % 10)
@@ -135,12 +137,12 @@ def test_parity_relationship_is_flipped_on_every_ood_example(datasets):
     ds = datasets["position_parity"]
     for table, flipped in ((ds.train, False), (ds.ood, True)):
         for r in rows(table):
-            ex = execute(r["expr"])
+            ex = PAPER.execute(r["expr"])
             even = (len(ex.tokens) - 2) % 2 == 0
             assert ((r["value"] == "True") != even) == flipped
             # the answer position does not depend on the digit Y: only Z fixes S
             e = ex.expr
-            other = execute(e._replace(args=(e.args[0]._replace(args=(e.args[0].args[0], "5")),)))
+            other = PAPER.execute(e._replace(args=(e.args[0]._replace(args=(e.args[0].args[0], "5")),)))
             assert other.trace_len == ex.trace_len
     vals = [r["value"] for r in rows(ds.ood)]
     assert 0.3 < vals.count("True") / len(vals) < 0.7
@@ -151,15 +153,15 @@ def test_hidden_literal_is_hidden_from_the_root(datasets, name, helper_at):
     ds = datasets[name]
     for table in (ds.train, ds.ood):
         for r in rows(table):
-            e = parse(r["expr"])
+            e = PAPER.parse(r["expr"])
             assert e.args[0].fn == "max" and e.args[0].args[helper_at].fn == "multiply"
             helper = e.args[0].args[helper_at].args[0]
             w = helper.args[1]  # the accumulator argument
             assert helper.fn in ("accum_sum", "factorial", "fibonacci") and not isinstance(w, str)
-            k = str(evaluate(w))
+            k = str(PAPER.evaluate(w))
             assert r["signal"] == k and k not in to_text(w)  # computed, not copied from a literal
-            assert e.args[1] != k and evaluate(e.args[0]) not in (0, int(k))  # Y and v are not k
-            ex = execute(e)
+            assert e.args[1] != k and PAPER.evaluate(e.args[0]) not in (0, int(k))  # Y and v are not k
+            ex = PAPER.execute(e)
             root = root_frame(ex, k)
             assert k not in root.payload  # neither v nor Y shows k to the root frame
             assert k in ex.tokens[ex.prompt_len:]  # but the flat trace does
@@ -316,14 +318,13 @@ class CopiesHiddenLiteral:
 def test_readout_tells_the_root_rule_from_the_hidden_literal(datasets, name):
     from rlmlab.decoding.oracle import oracle_predictor
     from rlmlab.shortcuts.readout import readout, readout_summary, split_parts
-    from rlmlab.task.vocab import default_vocab
 
-    vocab, c = default_vocab(), get_construction(name)
+    vocab, c = PAPER.vocab, get_construction(name)
     ds = datasets[name]
     for part, table in (("iid", ds.iid), ("ood", ds.ood)):
         rs = rows(table)
         for learner in ("cot", "rm"):  # the true rule through either observation keeps the answer
-            out = readout(oracle_predictor(learner, vocab), learner, c, rs, vocab)
+            out = readout(oracle_predictor(learner, vocab, library=PAPER.library), learner, c, rs, vocab)
             s = readout_summary(out)
             swapped = [r for r in out if r["swap_expr"] is not None]
             assert len(swapped) >= len(rs) - 2
@@ -332,10 +333,10 @@ def test_readout_tells_the_root_rule_from_the_hidden_literal(datasets, name):
             assert s["swapped_new_signal"]["k"] == 0
             assert s["in_context_signal"]["k"] == (len(rs) if part == "iid" else 0)
             for r in swapped:  # only the helper moved: same V and Y, another k, the same value
-                a, b = split_parts(c, parse(r["expr"])), split_parts(c, parse(r["swap_expr"]))
+                a, b = split_parts(c, PAPER.parse(r["expr"])), split_parts(c, PAPER.parse(r["swap_expr"]))
                 assert a[1:] == b[1:] and a[0] != b[0]
                 assert r["swap_signal"] not in (r["signal"], r["value"])
-                assert str(evaluate(parse(r["swap_expr"]))) == r["value"]
+                assert str(PAPER.evaluate(PAPER.parse(r["swap_expr"]))) == r["value"]
         out = readout(CopiesHiddenLiteral(c, vocab), "cot", c, rs, vocab)
         s = readout_summary(out)
         assert s["in_context_signal"]["k"] == len(rs)
@@ -347,9 +348,8 @@ def test_readout_tells_the_root_rule_from_the_hidden_literal(datasets, name):
 def test_readout_refuses_an_expression_of_another_construction(datasets):
     from rlmlab.decoding.oracle import oracle_predictor
     from rlmlab.shortcuts.readout import readout
-    from rlmlab.task.vocab import default_vocab
 
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     rs = rows(datasets["long_range_aggregate"].ood)[:3]
     with pytest.raises(DataError, match="not a hidden_literal expression"):
-        readout(oracle_predictor("cot", vocab), "cot", get_construction("hidden_literal"), rs, vocab)
+        readout(oracle_predictor("cot", vocab, library=PAPER.library), "cot", get_construction("hidden_literal"), rs, vocab)

@@ -22,11 +22,14 @@ from rlmlab.experiments.splits import (
     threshold_split,
 )
 from rlmlab.task.pool import build_pool
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 @pytest.fixture(scope="module")
 def pool():
-    return build_pool(12_000, 5, workers=1)
+    return build_pool(12_000, 5, workers=1, task=PAPER)
 
 
 def texts(table):
@@ -190,36 +193,36 @@ def test_threshold_split_training_prefix_and_refusals(pool):
 def test_splits_save_and_load(pool, tmp_path):
     for s in (iid_split(pool, n_test=200, n_val=100), depth_split(pool, 7, n_val=200, per_bin_cap=40)):
         folder = s.save(tmp_path / s.name)
-        t = Split.load(folder)
+        t = Split.load(folder, task=PAPER)
         assert (t.name, t.kind, t.params) == (s.name, s.kind, json.loads(json.dumps(s.params)))
         for name, table in s.tables().items():
             assert t.tables()[name].equals(table), name
         assert [b.label for b in t.bins] == [b.label for b in s.bins]
-    assert Split.load(tmp_path / "iid").train_subset(50).equals(iid_split(pool, n_test=200, n_val=100).train_subset(50))
+    assert Split.load(tmp_path / "iid", task=PAPER).train_subset(50).equals(iid_split(pool, n_test=200, n_val=100).train_subset(50))
 
 
 def test_load_refuses_incomplete_or_foreign_folders(pool, tmp_path):
     with pytest.raises(DataError, match="no split.json"):
-        Split.load(tmp_path / "nothing")
+        Split.load(tmp_path / "nothing", task=PAPER)
     folder = iid_split(pool, n_test=100, n_val=100).save(tmp_path / "s")
     meta = json.loads((folder / "split.json").read_text())
     meta["tables"]["train"]["rows"] += 1
     (folder / "split.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="rows"):
-        Split.load(folder)
+        Split.load(folder, task=PAPER)
     (folder / "split.json").write_text(json.dumps({"format": "something/9"}))
     with pytest.raises(DataError, match="format"):
-        Split.load(folder)
+        Split.load(folder, task=PAPER)
     (folder / "split.json").write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
-        Split.load(folder)
+        Split.load(folder, task=PAPER)
 
 
 @pytest.mark.slow
 def test_every_paper_threshold_on_a_large_pool():
     from rlmlab.experiments.splits import paper_splits
 
-    pool = build_pool(100_000, 42, workers=2)
+    pool = build_pool(100_000, 42, workers=2, task=PAPER)
     splits = paper_splits(pool, n_val=1000, per_bin_cap=310)
     assert len(splits) == len(LENGTH_THRESHOLDS) + len(DEPTH_THRESHOLDS)
     for s in splits.values():

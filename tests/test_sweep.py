@@ -22,19 +22,19 @@ from rlmlab.learning.examples import build_examples, rm_lanes_packing
 from rlmlab.measuring.result_files import has_results, read_results, write_rows
 from rlmlab.records import write_records
 from rlmlab.runlog import read_metrics
-from rlmlab.task.expr import default_library
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import Vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([0.2, 0.4, 0.6]))
 def test_lane_statistics_are_those_of_the_lane_view(seed, p_lit):
-    expr = ExpressionSampler(default_library(), GeneratorConfig(p_lit=p_lit)).sample(random.Random(seed))
-    ex = execute(expr)
+    expr = ExpressionSampler(PAPER.library, GeneratorConfig(p_lit=p_lit)).sample(random.Random(seed))
+    ex = PAPER.execute(expr)
     lanes = rm_lanes_packing(ex)
-    s = lane_stats(expr)
+    s = lane_stats(expr, library=PAPER.library)
     assert s.tokens == sum(len(x.tokens) for x in lanes)
     assert s.frames == len(lanes)
     assert s.longest == max(len(x.tokens) for x in lanes)
@@ -202,10 +202,10 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
     from rlmlab.task.pool import build_pool
 
     p = get_preset("smoke")
-    pool = build_pool(p.pool_n, p.pool_seed)
+    pool = build_pool(p.pool_n, p.pool_seed, task=PAPER)
     cols = {"trace_len": np.asarray(pool.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(pool.column("max_frame_width").to_numpy(), dtype=np.int64),
-            **pool_lane_columns(pool.column("expr").to_pylist())}
+            **pool_lane_columns(pool.column("expr").to_pylist(), library=PAPER.library)}
     split = threshold_split(pool, "length", 96, n_val=p.n_val, per_bin_cap=p.per_bin_cap)
     ids = {i: k for k, i in enumerate(pool.column("id").to_pylist())}
     rows = {t: np.array([ids[i] for i in getattr(split, t).column("id").to_pylist()]) for t in ("train", "val", "eval")}
@@ -213,7 +213,7 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
     sized = size_threshold(cols, rows, p, ("rm", "cot"), "length", 96)
     train = split.train.column("expr").to_pylist()
     for learner in ("rm", "cot"):
-        data = build_examples(train, learner, Vocab.from_library())
+        data = build_examples(train, learner, PAPER.vocab, task=PAPER)
         lv = sized["learners"][learner]
         built = (len(data), data.n_tokens, int((data.lengths - 1).sum()))
         assert (lv["examples"], lv["tokens"], lv["positions"]) == built
@@ -225,7 +225,7 @@ def test_plan_counts_are_those_of_the_built_views(tmp_path, capsys):
             {k: v for k, v in sized["learners"][base].items() if k != "steps"}
     with pytest.raises(ConfigError, match="not 'reduce'"):
         size_threshold(cols, rows, p, ("reduce",), "length", 96)
-    generated = sum(len(execute(e).tokens) - execute(e).prompt_len for e in split.eval.column("expr").to_pylist())
+    generated = sum(len(PAPER.execute(e).tokens) - PAPER.execute(e).prompt_len for e in split.eval.column("expr").to_pylist())
     assert sized["eval_generated"] == generated
 
     # The command prints the plan and writes nothing.

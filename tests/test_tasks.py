@@ -31,6 +31,8 @@ from rlmlab.task.sampler import GeneratorConfig
 from rlmlab.task.taskfile import TASKS_DIR, load_task, paper_task, task_from_dict, task_from_toml
 from rlmlab.task.trace import execute, trace_stats
 
+PAPER = load_task("paper")
+
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "paper_task.json").read_text())
 PAPER_FILE = TASKS_DIR / "paper.toml"
 TASKS = ["paper", "mod7"]
@@ -122,6 +124,20 @@ def test_trace_grammar_values_frames_and_vocabulary(name):
         assert check_prefix(ex.tokens) is None and set(ex.tokens) <= vocab
         assert cut_examples(ex.tokens, ex.prompt_len) == list(ex.frames)
         assert ex.value_token in task.library.literals
+
+
+def test_a_task_parses_and_executes_with_its_own_library_only():
+    mod7 = load_task("mod7")
+    for task in (PAPER, mod7):
+        for e in _exprs(task, 50, 2):
+            text = to_text(e)
+            assert task.parse(text) == parse(text, task.library) == e
+            assert task.execute(text).tokens == execute(e, task.library).tokens
+            assert task.evaluate(e) == evaluate(e, task.library) == task.execute(e).value
+            assert task.trace_stats(e) == trace_stats(e, task.library)
+    assert PAPER.evaluate(PAPER.parse("add(8,1)")) == 9
+    with pytest.raises(RlmlabError, match="literal 8"):
+        mod7.parse("add(8,1)")
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -407,7 +423,7 @@ def test_train_and_eval_on_a_task_file(tmp_path, capsys, one_torch_thread):
     pool, paper_pool = tmp_path / "pool.parquet", tmp_path / "paper.parquet"
     assert main(["data", "pool", "--task", str(task_file), "--n", "300", "--seed", "1", "--out", str(pool),
                  "--quiet", "--workers", "1"]) == 0
-    write_pool(build_pool(300, 1, workers=1), paper_pool)
+    write_pool(build_pool(300, 1, workers=1, task=PAPER), paper_pool)
     run = tmp_path / "run"
     common = ["train", "--learner", "rm", "--preset", "tiny", "--out", str(run), "--max-steps", "2", "--quiet",
               "--data.val_size=50", "--train.answer_eval=0", "--data.cache_dir="]

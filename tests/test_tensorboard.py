@@ -13,6 +13,9 @@ from rlmlab.cli import main
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, scalars
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool, write_pool
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 class RecordingWriter:
@@ -57,7 +60,7 @@ def recorded(monkeypatch):
 def _train_args(tmp_path, *extra):
     pool = tmp_path / "pool.parquet"
     if not pool.exists():
-        write_pool(build_pool(120, 5, workers=1), pool)
+        write_pool(build_pool(120, 5, workers=1, task=PAPER), pool)
     return ["train", "--learner", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(tmp_path / "run"),
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
             "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--quiet", *extra]

@@ -29,15 +29,17 @@ from rlmlab.task.events import (
 from rlmlab.task.expr import DIGITS, tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.sampler import ExpressionSampler
-from rlmlab.task.trace import execute
 from rlmlab.task.vocab import ASSIGN, CALL, CONTROL, END_CALL, END_RETURN, RETURN, SPECIALS
+from rlmlab.task.taskfile import load_task
 
-SAMPLER = ExpressionSampler()
+PAPER = load_task("paper")
+
+SAMPLER = ExpressionSampler(library=PAPER.library)
 _ALPHABET = list(CONTROL) + list(SPECIALS) + ["add", "(", ")", "2", "x", ":=", "return"]
 
 
 def sampled(seed: int):
-    return execute(SAMPLER.sample(random.Random(seed)))
+    return PAPER.execute(SAMPLER.sample(random.Random(seed)))
 
 
 def corrupted(ex, rng: random.Random) -> list[str]:
@@ -165,7 +167,7 @@ def test_events_write_the_trace_back(seed):
 
 def test_events_agree_with_the_executor(random_exprs):
     for e in random_exprs:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         evs = list(events(ex.tokens, ex.prompt_len))
         assert write(evs) == list(ex.tokens)
         pushes = [p for p in evs if type(p) is Push]
@@ -194,7 +196,7 @@ def test_events_agree_with_the_executor(random_exprs):
 
 def test_a_prefix_gives_the_events_completed_in_it(random_exprs):
     for e in random_exprs[:80]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         full = list(events(ex.tokens, ex.prompt_len))
         for n in range(ex.prompt_len, ex.trace_len, 7):
             part = list(events(ex.tokens[:n], ex.prompt_len))
@@ -203,7 +205,7 @@ def test_a_prefix_gives_the_events_completed_in_it(random_exprs):
 
 
 def test_an_illegal_trace_raises_or_stops_where_it_goes_wrong():
-    ex = execute("add(square(2),3)")
+    ex = PAPER.execute("add(square(2),3)")
     bad = list(ex.tokens)
     k = bad.index(END_CALL)
     bad[k] = RETURN
@@ -219,7 +221,7 @@ def test_an_illegal_trace_raises_or_stops_where_it_goes_wrong():
 
 
 def test_reader_modes():
-    ex = execute("add(square(2),3)")
+    ex = PAPER.execute("add(square(2),3)")
     r = TraceReader(ex.tokens[:ex.prompt_len])
     got = [r.feed(t) for t in ex.tokens[ex.prompt_len:]]
     assert [g for g in got if g] == [PUSH, POP, DONE] and r.answer == r.value == ["7"] and r.n_cuts == 3
@@ -266,7 +268,7 @@ def test_readers_on_random_and_corrupted_traces_are_the_replaced_ones(seed):
 
 def test_shortcut_readers_are_the_replaced_ones(random_exprs):
     for e in random_exprs:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         assert root_payload(ex.frames, ex.prompt_len) == old_root_payload(ex)
         tree = frame_tree(ex.tokens, ex.prompt_len)
         for f in [tree, *descendants(tree)]:

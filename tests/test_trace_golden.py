@@ -1,7 +1,9 @@
 """Golden traces: the spec's worked examples, token for token."""
 
 from rlmlab.task.frames import cut_examples
-from rlmlab.task.trace import execute, trace_stats
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 WORKED = ("add ( sum_of_squares ( 2 , 3 ) , double ( 4 ) ) x := <call> sum_of_squares ( 2 , 3 ) </call> "
           "a := 2 b := 3 return <return> <call> add ( square ( 2 ) , square ( 3 ) ) </call> "
@@ -26,27 +28,27 @@ WORKED_FRAMES = [  # (depth, m, context | targets) as printed in the spec
 
 
 def test_worked_example_trace():
-    ex = execute("add(sum_of_squares(2,3),double(4))")
+    ex = PAPER.execute("add(sum_of_squares(2,3),double(4))")
     assert list(ex.tokens) == WORKED
     assert ex.trace_len == 100 and ex.value == 1 and ex.max_depth == 4 and ex.n_frame_examples == 11
     assert ex.prompt_len == 14
 
 
 def test_worked_example_frames():
-    ex = execute("add(sum_of_squares(2,3),double(4))")
+    ex = PAPER.execute("add(sum_of_squares(2,3),double(4))")
     got = [(f.depth, f.m, " ".join(f.context) + " | " + " ".join(f.targets)) for f in ex.frames]
     assert got == WORKED_FRAMES
     assert cut_examples(ex.tokens, ex.prompt_len) == list(ex.frames)
 
 
 def test_worked_example_stats_fast_path():
-    ex = execute("add(sum_of_squares(2,3),double(4))")
-    s = trace_stats(ex.expr)
+    ex = PAPER.execute("add(sum_of_squares(2,3),double(4))")
+    s = PAPER.trace_stats(ex.expr)
     assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frame_examples) == (1, 100, 4, 28, 11)
 
 
 def test_figure1_example():
-    ex = execute("add(square(double(2)),1)")
+    ex = PAPER.execute("add(square(double(2)),1)")
     assert ex.value == 7
     assert " ".join(ex.tokens) == (
         "add ( square ( double ( 2 ) ) , 1 ) x := <call> square ( double ( 2 ) ) </call> "
@@ -57,7 +59,7 @@ def test_figure1_example():
 
 
 def test_accum_sum_prefix():
-    ex = execute("accum_sum(1,0)")
+    ex = PAPER.execute("accum_sum(1,0)")
     want = ("accum_sum ( 1 , 0 ) n := 1 acc := 0 return <return> <call> if_then_else ( less ( 1 , 1 ) , 0 , "
             "accum_sum ( sub ( 1 , 1 ) , add ( 0 , 1 ) ) ) </call> c := <call> less ( 1 , 1 ) </call> "
             "x := 1 y := 1 return <return> False </return> return <return> <call> accum_sum ( sub ( 1 , 1 ) , "
@@ -67,7 +69,7 @@ def test_accum_sum_prefix():
 
 
 def test_if_then_else_literal_branch_returns_directly():
-    ex = execute("if_then_else(less(1,2),5,square(3))")
+    ex = PAPER.execute("if_then_else(less(1,2),5,square(3))")
     assert " ".join(ex.tokens[ex.prompt_len:]) == (
         "c := <call> less ( 1 , 2 ) </call> x := 1 y := 2 return <return> True </return> "
         "return <return> 5 </return>")

@@ -3,16 +3,18 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlmlab.task.expr import evaluate, parse, to_text, tokens
+from rlmlab.task.expr import to_text, tokens
 from rlmlab.task.frames import StackReplay, active_frame, check_prefix, cut_examples
-from rlmlab.task.trace import execute, trace_stats
-from rlmlab.task.vocab import CONTROL, default_vocab
+from rlmlab.task.vocab import CONTROL
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 def test_trace_value_equals_direct_evaluation(random_exprs):
     for e in random_exprs:
-        ex = execute(e)
-        assert ex.value == evaluate(e)
+        ex = PAPER.execute(e)
+        assert ex.value == PAPER.evaluate(e)
         r = StackReplay()
         for t in ex.tokens:
             r.feed(t)
@@ -21,20 +23,20 @@ def test_trace_value_equals_direct_evaluation(random_exprs):
 
 def test_parse_print_roundtrip(random_exprs):
     for e in random_exprs:
-        assert parse(to_text(e)) == e
-        assert parse(" ".join(tokens(e))) == e
+        assert PAPER.parse(to_text(e)) == e
+        assert PAPER.parse(" ".join(tokens(e))) == e
 
 
 def test_fast_stats_equal_executed_stats(random_exprs):
     for e in random_exprs:
-        ex, s = execute(e), trace_stats(e)
+        ex, s = PAPER.execute(e), PAPER.trace_stats(e)
         assert (s.value, s.trace_len, s.max_depth, s.max_frame_width, s.n_frame_examples) == \
                (ex.value, ex.trace_len, ex.max_depth, ex.max_frame_width, ex.n_frame_examples)
 
 
 def test_replay_cuts_the_executors_frames(random_exprs):
     for e in random_exprs[:300]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         assert cut_examples(ex.tokens, ex.prompt_len) == list(ex.frames)
         assert check_prefix(ex.tokens) is None
 
@@ -42,7 +44,7 @@ def test_replay_cuts_the_executors_frames(random_exprs):
 def test_every_prefix_shows_the_executors_active_frame(random_exprs):
     """Replaying any prefix of a trace yields the frame the executor had active there."""
     for e in random_exprs[:60]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         pos = ex.prompt_len
         for f in ex.frames:
             for k in range(len(f.targets)):
@@ -54,7 +56,7 @@ def test_every_prefix_shows_the_executors_active_frame(random_exprs):
 
 def test_incremental_replay_matches_paper_map(random_exprs):
     for e in random_exprs[:50]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         r = StackReplay()
         for i, t in enumerate(ex.tokens):
             r.feed(t)
@@ -63,7 +65,7 @@ def test_incremental_replay_matches_paper_map(random_exprs):
 
 def test_active_frame_idempotent_on_trace_prefixes(random_exprs):
     for e in random_exprs[:100]:
-        ex = execute(e)
+        ex = PAPER.execute(e)
         for i in range(0, ex.trace_len, 3):
             f = active_frame(ex.tokens[:i])
             assert active_frame(f) == f
@@ -101,6 +103,6 @@ def test_illegal_prefixes_are_named():
 
 
 def test_every_trace_token_is_in_the_vocabulary(random_exprs):
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     for e in random_exprs[:200]:
-        vocab.encode(execute(e).tokens)
+        vocab.encode(PAPER.execute(e).tokens)

@@ -19,18 +19,19 @@ from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.sampler import ExpressionSampler
-from rlmlab.task.trace import trace_stats
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 
 @pytest.fixture(scope="module")
 def data():
     """Short expressions (trace <= 150 tokens), both learners, 30 held out."""
-    sampler, rng = ExpressionSampler(), random.Random(11)
-    exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if trace_stats(e).trace_len <= 150]
+    sampler, rng = ExpressionSampler(library=PAPER.library), random.Random(11)
+    exprs = [to_text(e) for e in (sampler.sample(rng) for _ in range(600)) if PAPER.trace_stats(e).trace_len <= 150]
     train_exprs, val_exprs = exprs[:-30], exprs[-30:]
-    vocab = default_vocab()
-    return {v: (build_examples(train_exprs, v, vocab), build_examples(val_exprs, v, vocab)) for v in ("rm", "cot")}
+    vocab = PAPER.vocab
+    return {v: (build_examples(train_exprs, v, vocab, task=PAPER), build_examples(val_exprs, v, vocab, task=PAPER)) for v in ("rm", "cot")}
 
 
 def config(learner="rm", dropout=None, **train) -> RunConfig:
@@ -68,18 +69,18 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
     # A clock that advances 20 ms per reading: the limit falls mid-run whatever the machine's load.
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    full = train(config(dropout=0.1), tr, va, tmp_path / "a", **quiet)
+    full = train(config(dropout=0.1), tr, va, tmp_path / "a", **quiet, task=PAPER)
     ticks = itertools.count()
     with monkeypatch.context() as m:
         m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
-        stopped = train(config(dropout=0.1, max_minutes=0.005), tr, va, tmp_path / "b", **quiet)
+        stopped = train(config(dropout=0.1, max_minutes=0.005), tr, va, tmp_path / "b", **quiet, task=PAPER)
     assert stopped.stop_reason == "time_limit" and 0 < stopped.step < 16
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [(r["step"], r["lr"]) for r in b] == [(r["step"], r["lr"]) for r in a[:stopped.step]]
     assert all(r["step"] % 8 == 0 for r in records(tmp_path / "b", "val"))  # no validation off the grid
     assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == stopped.step
     # Lifting the limit continues the very same run.
-    resumed = train(config(dropout=0.1), tr, va, tmp_path / "b", resume=True, **quiet)
+    resumed = train(config(dropout=0.1), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert (resumed.step, resumed.stop_reason, resumed.best_step) == (16, "max_steps", full.best_step)
     b = records(tmp_path / "b", "train")
     assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
@@ -88,7 +89,7 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
     # Without a step budget, the time limit is the run's end and the rate stays at its peak.
     with monkeypatch.context() as m:
         m.setattr(time, "perf_counter", lambda: 0.02 * next(ticks))
-        timed = train(config(max_steps=None, max_minutes=0.01, warmup_steps=2), tr, va, tmp_path / "t", **quiet)
+        timed = train(config(max_steps=None, max_minutes=0.01, warmup_steps=2), tr, va, tmp_path / "t", **quiet, task=PAPER)
     assert timed.stop_reason == "max_minutes"
     assert {r["lr"] for r in records(tmp_path / "t", "train") if r["step"] > 2} == {TrainConfig.lr}
 
@@ -96,8 +97,8 @@ def test_a_wall_clock_limit_stops_the_run_and_never_changes_its_schedule(data, t
 def test_a_larger_step_budget_keeps_the_schedule_fixed_at_the_start(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=8), tr, va, tmp_path / "a", **quiet)
-    train(config(max_steps=12), tr, va, tmp_path / "a", resume=True, **quiet)
+    train(config(max_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config(max_steps=12), tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER)
     lrs = {r["step"]: r["lr"] for r in records(tmp_path / "a", "train")}
     floor = TrainConfig.lr * TrainConfig.min_lr_ratio
     # (a record's rate is that of the step it ends: step 9 runs at the floor the cosine reached)
@@ -110,7 +111,7 @@ def test_another_thread_count_trains_the_same_steps_at_the_same_rates(data, tmp_
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
     for threads in (1, 2):
-        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet)
+        train(config(max_steps=10, threads=threads), tr, va, tmp_path / str(threads), **quiet, task=PAPER)
     one, two = records(tmp_path / "1", "train"), records(tmp_path / "2", "train")
     assert [(r["step"], r["lr"], r["tokens"]) for r in one] == [(r["step"], r["lr"], r["tokens"]) for r in two]
     assert [r["step"] for r in one] == list(range(1, 11))
@@ -120,7 +121,7 @@ def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
     tr, va = data["cot"]
     quiet = dict(progress=False, echo=lambda s: None)
     for name in ("a", "b"):
-        train(config("cot", dropout=0.1, max_steps=6, eval_every=3), tr, va, tmp_path / name, **quiet)
+        train(config("cot", dropout=0.1, max_steps=6, eval_every=3), tr, va, tmp_path / name, **quiet, task=PAPER)
     for which in ("last", "best"):
         wa, wb = load_run(tmp_path / "a", which).model, load_run(tmp_path / "b", which).model
         assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
@@ -129,7 +130,7 @@ def test_two_runs_of_one_config_give_identical_weights(data, tmp_path):
 def test_a_tiny_model_learns(data, tmp_path):
     tr, va = data["rm"]
     result = train(config(max_steps=40, lr=1e-2, warmup_steps=5, eval_every=20, batch_size=64), tr, va,
-                   tmp_path, progress=False, echo=lambda s: None)
+                   tmp_path, progress=False, echo=lambda s: None, task=PAPER)
     losses = [r["loss"] for r in records(tmp_path, "train")]
     assert len(losses) == 40 and result.stop_reason == "max_steps"
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
@@ -140,19 +141,19 @@ def test_a_tiny_model_learns(data, tmp_path):
 def test_resume_equals_uninterrupted(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "a", **quiet)
-    train(config(dropout=0.1, max_steps=8, decay_steps=16), tr, va, tmp_path / "b", **quiet)
+    train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config(dropout=0.1, max_steps=8, decay_steps=16), tr, va, tmp_path / "b", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="--resume cannot change train.lr"):
-        train(config(dropout=0.1, max_steps=16, decay_steps=16, lr=5e-4), tr, va, tmp_path / "b", resume=True, **quiet)
-    result = train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "b", resume=True, **quiet)
+        train(config(dropout=0.1, max_steps=16, decay_steps=16, lr=5e-4), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
+    result = train(config(dropout=0.1, max_steps=16, decay_steps=16), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert result.step == 16
     a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
     assert [r["step"] for r in b] == list(range(1, 17))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # exactly, not approximately
     # Logged every 3 steps, a record after the resume at step 8 still averages steps 7-9.
-    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "c", **quiet)
-    train(config(max_steps=8, decay_steps=16, log_every=3), tr, va, tmp_path / "d", **quiet)
-    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "d", resume=True, **quiet)
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "c", **quiet, task=PAPER)
+    train(config(max_steps=8, decay_steps=16, log_every=3), tr, va, tmp_path / "d", **quiet, task=PAPER)
+    train(config(max_steps=16, decay_steps=16, log_every=3), tr, va, tmp_path / "d", resume=True, **quiet, task=PAPER)
     c, d = records(tmp_path / "c", "train"), records(tmp_path / "d", "train")
     assert [r["step"] for r in d] == [3, 6, 9, 12, 15]
     assert [r["loss"] for r in c] == [r["loss"] for r in d]
@@ -171,7 +172,7 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     wa, wb = load_run(tmp_path / "a", "last").model, load_run(tmp_path / "b", "last").model
     assert all(torch.equal(x, y) for x, y in zip(wa.state_dict().values(), wb.state_dict().values()))
     with pytest.raises(ConfigError, match="already holds a run"):
-        train(config(), tr, va, tmp_path / "a", **quiet)
+        train(config(), tr, va, tmp_path / "a", **quiet, task=PAPER)
 
 
 def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp_path):
@@ -191,12 +192,12 @@ def test_a_run_saved_by_an_earlier_commit_resumes_as_if_it_had_never_stopped(tmp
     fixture = Path(__file__).parent / "fixtures" / "resume-8cb4743"
     expected = json.loads((fixture / "expected.json").read_text())
     exprs = json.loads((fixture / "exprs.json").read_text())
-    tr, va = (build_examples(exprs[k], "rm", default_vocab(), workers=1) for k in ("train", "val"))
+    tr, va = (build_examples(exprs[k], "rm", PAPER.vocab, workers=1, task=PAPER) for k in ("train", "val"))
     run = tmp_path / "run"
     shutil.copytree(fixture / "run", run)
     saved = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
     cfg = dataclasses.replace(saved, train=dataclasses.replace(saved.train, max_steps=expected["end"]))
-    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None)
+    result = train(cfg, tr, va, run, resume=True, progress=False, echo=lambda s: None, task=PAPER)
     assert (result.step, result.best_step) == (expected["end"], expected["best_step"])
     losses = {kind: {str(r["step"]): r["loss"] for r in records(run, kind) if r["step"] > expected["stop"]}
               for kind in ("train", "val")}
@@ -224,20 +225,20 @@ def test_a_run_resumes_only_on_the_training_examples_it_started_on(data, tmp_pat
 
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
     saved = json.loads((tmp_path / "a" / "last" / "checkpoint.json").read_text())["trainer"]
     assert saved["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
     keep = np.ones(len(tr), dtype=bool)
     keep[-1] = False  # one example fewer: the same rows would be cut at other places
     with pytest.raises(DataError, match="other train examples"):
-        train(config(max_steps=8, decay_steps=8), tr.select(keep), va, tmp_path / "a", resume=True, **quiet)
+        train(config(max_steps=8, decay_steps=8), tr.select(keep), va, tmp_path / "a", resume=True, **quiet, task=PAPER)
     with pytest.raises(DataError, match="other val examples"):
-        train(config(max_steps=8, decay_steps=8), tr, va.select(np.arange(len(va)) > 0), tmp_path / "a", resume=True, **quiet)
+        train(config(max_steps=8, decay_steps=8), tr, va.select(np.arange(len(va)) > 0), tmp_path / "a", resume=True, **quiet, task=PAPER)
     # The data's files may move (another machine, another --out): their contents are what counts.
     cfg = config(max_steps=8, decay_steps=8)
     moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet",
                                                               val="elsewhere/val.parquet"))
-    assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+    assert train(moved, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER).step == 8
     # Each session names the machine it ran on.
     sessions = records(tmp_path / "a", "start") + records(tmp_path / "a", "resume")
     assert [r["step"] for r in sessions] == [0, 4]
@@ -252,7 +253,7 @@ def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_t
 
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet)
+    train(config(max_steps=4, decay_steps=8), tr, va, tmp_path / "a", **quiet, task=PAPER)
     path = tmp_path / "a" / "last" / "checkpoint.json"
     meta = json.loads(path.read_text())
     del meta["trainer"]["data_sha256"]  # as a checkpoint saved before they were recorded
@@ -261,8 +262,8 @@ def test_a_run_saved_without_data_digests_resumes_on_its_own_files_and_records_t
     cfg = config(max_steps=8, decay_steps=8)
     moved = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="elsewhere/train.parquet"))
     with pytest.raises(ConfigError, match="--resume cannot change data.train"):
-        train(moved, tr, va, tmp_path / "a", resume=True, **quiet)
-    assert train(cfg, tr, va, tmp_path / "a", resume=True, **quiet).step == 8
+        train(moved, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER)
+    assert train(cfg, tr, va, tmp_path / "a", resume=True, **quiet, task=PAPER).step == 8
     assert json.loads(path.read_text())["trainer"]["data_sha256"] == {"train": tr.digest(), "val": va.digest()}
 
 
@@ -275,7 +276,7 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
     cfg = config(dropout=0.1, max_steps=16, decay_steps=16, eval_every=4)
-    uninterrupted = train(cfg, tr, va, tmp_path / "a", **quiet)
+    uninterrupted = train(cfg, tr, va, tmp_path / "a", **quiet, task=PAPER)
     step = training.train_step
     calls = itertools.count(1)
 
@@ -287,12 +288,12 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(data, tmp
     before = signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as m:
         m.setattr(training, "train_step", terminated_during_step_6)
-        stopped = train(cfg, tr, va, tmp_path / "b", **quiet)
+        stopped = train(cfg, tr, va, tmp_path / "b", **quiet, task=PAPER)
     assert signal.getsignal(signal.SIGTERM) == before  # restored after the run
     assert (stopped.step, stopped.stop_reason) == (6, "interrupted")
     assert json.loads((tmp_path / "b" / "last" / "checkpoint.json").read_text())["step"] == 6
     assert [r["step"] for r in records(tmp_path / "b", "val")] == [4]  # no validation off the grid
-    resumed = train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+    resumed = train(cfg, tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     a, b = records(tmp_path / "a", "val"), records(tmp_path / "b", "val")
     assert [r["step"] for r in b] == [4, 8, 12, 16]
     assert [(r["loss"], r["best"]) for r in a] == [(r["loss"], r["best"]) for r in b]
@@ -312,9 +313,9 @@ def test_validate_fn_selects_the_best_checkpoint_without_touching_training(data,
 
     quiet = dict(progress=False, echo=lambda s: None)
     small = dict(dropout=0.1, max_steps=6, eval_every=2, batch_size=8)
-    result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet)
-    train(config("cot", **small), tr, va, tmp_path / "n", **quiet)
-    assert seen == [("cot", False, len(default_vocab()))] * 3
+    result = train(config("cot", **small), tr, va, tmp_path / "h", validate_fn=validate, **quiet, task=PAPER)
+    train(config("cot", **small), tr, va, tmp_path / "n", **quiet, task=PAPER)
+    assert seen == [("cot", False, len(PAPER.vocab))] * 3
     assert (result.select_metric, result.best_score, result.best_step) == ("answer_acc", 0.6, 4)
     best = load_run(tmp_path / "h")
     assert best.step == 4 and best.metrics["val/answer_acc"] == 0.6 and best.learner == "cot"
@@ -330,7 +331,7 @@ def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
         return {"answer_acc": 0.5}
 
     train(config(max_steps=6, eval_every=2, log_every=2), tr, va, tmp_path / "v", validate_fn=slow_validate,
-          progress=False, echo=lambda s: None)
+          progress=False, echo=lambda s: None, task=PAPER)
     logged = records(tmp_path / "v", "train")
     assert [r["step"] for r in logged] == [2, 4, 6]
     for before, after in itertools.pairwise(logged):
@@ -342,15 +343,15 @@ def test_tokens_per_second_leave_out_the_time_spent_validating(data, tmp_path):
 def test_stopping_rules(data, tmp_path):
     tr, va = data["rm"]
     quiet = dict(progress=False, echo=lambda s: None)
-    r = train(config(max_steps=None, patience=2, min_delta=10.0, eval_every=2), tr, va, tmp_path / "p", **quiet)
+    r = train(config(max_steps=None, patience=2, min_delta=10.0, eval_every=2), tr, va, tmp_path / "p", **quiet, task=PAPER)
     assert (r.stop_reason, r.step) == ("plateau", 6)  # best still follows any improvement
-    r = train(config(max_steps=None, max_minutes=1e-6), tr, va, tmp_path / "m", **quiet)
+    r = train(config(max_steps=None, max_minutes=1e-6), tr, va, tmp_path / "m", **quiet, task=PAPER)
     assert r.stop_reason == "max_minutes" and r.step <= 1
     assert load_run(tmp_path / "m", "last").step == r.step
     with pytest.raises(ConfigError, match="no stopping rule"):
-        train(config(max_steps=None), tr, va, tmp_path / "x", **quiet)
+        train(config(max_steps=None), tr, va, tmp_path / "x", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="select_metric='bleu'"):
-        train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet)
+        train(config(max_steps=2, select_metric="bleu"), tr, va, tmp_path / "s", **quiet, task=PAPER)
 
 
 def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
@@ -364,7 +365,7 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(rlmlab.measuring.score, "answer_accuracy_fn", fake_answer_accuracy_fn)
     pool = tmp_path / "pool.parquet"
-    write_pool(build_pool(150, 5, workers=1), pool)
+    write_pool(build_pool(150, 5, workers=1, task=PAPER), pool)
     out = tmp_path / "run"
     args = ["train", "--learner", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
@@ -412,7 +413,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data
 
     monkeypatch.setattr(step_mod, "batch_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="non-finite training loss"):
-        train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None)
+        train(config(max_steps=16, eval_every=4), tr, va, tmp_path, progress=False, echo=lambda s: None, task=PAPER)
     # (validations call batch_loss too, so the poisoned step is the 9th here)
     diverged = records(tmp_path, "diverged")[0]["step"]
     last = load_run(tmp_path, "last")
@@ -427,13 +428,13 @@ def test_start_offsets_train_table_rows_beyond_the_examples_and_resume_exactly(d
     with pytest.raises(ConfigError, match="train.start_offset"):
         TrainConfig(start_offset=-1)
     cfg = config("cot", max_steps=8, decay_steps=8, start_offset=2048)
-    train(cfg, tr, va, tmp_path / "a", **quiet)
-    train(config("cot", max_steps=4, decay_steps=8, start_offset=2048), tr, va, tmp_path / "b", **quiet)
+    train(cfg, tr, va, tmp_path / "a", **quiet, task=PAPER)
+    train(config("cot", max_steps=4, decay_steps=8, start_offset=2048), tr, va, tmp_path / "b", **quiet, task=PAPER)
     with pytest.raises(ConfigError, match="--resume cannot change train.start_offset"):
-        train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "b", resume=True, **quiet)
-    train(cfg, tr, va, tmp_path / "b", resume=True, **quiet)
+        train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
+    train(cfg, tr, va, tmp_path / "b", resume=True, **quiet, task=PAPER)
     assert [r["loss"] for r in records(tmp_path / "a", "train")] == [r["loss"] for r in records(tmp_path / "b", "train")]
-    train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "c", **quiet)
+    train(config("cot", max_steps=8, decay_steps=8), tr, va, tmp_path / "c", **quiet, task=PAPER)
     # The tiny CoT's table has 2,048 rows. Without offsets, rows past the longest example get no
     # gradient: AdamW's decay only shrinks them towards 0. With offsets they are trained.
     from rlmlab.learning.model import Transformer

@@ -22,8 +22,9 @@ from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.task.expr import to_text
 from rlmlab.task.frames import StackReplay, active_frame
-from rlmlab.task.trace import execute
-from rlmlab.task.vocab import default_vocab
+from rlmlab.task.taskfile import load_task
+
+PAPER = load_task("paper")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -65,7 +66,7 @@ def first_difference(a, b):
 def as_produced(row: dict, produced: list[str]) -> dict:
     """`row` as if the model had written `produced`: validity, reason and answer from a replay of
     it, as the decoder would record them (it stops at the first illegal token)."""
-    ex = execute(row["expr"])
+    ex = PAPER.execute(row["expr"])
     replay = StackReplay(produced[:ex.prompt_len])
     for t in produced[ex.prompt_len:]:
         if replay.feed(t) == "error":
@@ -96,7 +97,7 @@ def oracle_eval(tmp_path_factory):
     """An oracle evaluation (`rlmlab eval --oracle rm --traces`) of 30 expressions, with
     bins, and four rows corrupted into the failures a model makes."""
     tmp = tmp_path_factory.mktemp("viewer")
-    exprs = sorted(sample_expressions(60, 5), key=lambda e: -execute(e).max_depth)[:30]
+    exprs = sorted(sample_expressions(60, 5), key=lambda e: -PAPER.execute(e).max_depth)[:30]
     data = tmp / "exprs.txt"
     data.write_text("\n".join(to_text(e) for e in exprs) + "\n")
     out = tmp / "oracle"
@@ -109,7 +110,7 @@ def oracle_eval(tmp_path_factory):
     # A number-valued expression first: its last returned digit is the answer.
     first = next(i for i, r in enumerate(rows) if r["value"].isdigit())
     rows[0], rows[first] = rows[first], rows[0]
-    golds = [execute(r["expr"]).tokens for r in rows]
+    golds = [PAPER.execute(r["expr"]).tokens for r in rows]
     # 0: a wrong answer on a valid trace; 1: a digit changed two thirds in, deep in the stack;
     # 2: a stray </call> in the middle (invalid); 3: stopped early.
     g = list(golds[0])
@@ -140,7 +141,7 @@ def test_divergence_and_the_frames_there_match_the_executor_and_the_active_frame
     rows = decoded_rows(embedded_data(page))
     assert len(rows) == len(results) == 30
     for r, res in zip(rows, results):
-        ex = execute(res["expr"])
+        ex = PAPER.execute(res["expr"])
         assert tuple(r["gold"]) == ex.tokens and r["prompt_len"] == ex.prompt_len and r["expr"] == res["expr"]
         assert r["produced"] == produced_tokens(res["trace"])
         assert r["diverge_at"] == first_difference(r["gold"], r["produced"]) == res["diverge_at"]
@@ -328,7 +329,7 @@ def test_the_viewer_does_not_import_torch():
 
 
 def test_eval_keeps_the_traces_that_are_not_exact(tmp_path):
-    vocab = default_vocab()
+    vocab = PAPER.vocab
     torch.manual_seed(0)
     run = tmp_path / "run"
     save_checkpoint(run, "best", Transformer(preset("tiny", "rm", len(vocab))).eval(), vocab=vocab, learner="rm",

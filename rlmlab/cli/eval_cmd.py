@@ -101,7 +101,7 @@ def run(args) -> int:
     if not args.oracle:  # the run's own task (or the one asked for, which must be the run's)
         run_ = load_run(args.run_dir, which=args.which, task=task)
         task = run_.task
-    exprs, extra = read_expressions(args.data, args.limit, task)
+    exprs, extra = read_expressions(args.data, args.limit, task=task)
     if args.by is not None and args.by not in RESULT_FIELDS + tuple(extra[0]):
         raise ConfigError(f"--by {args.by}: no such result field (have: {', '.join(RESULT_FIELDS + tuple(extra[0]))})")
     stem = Path(args.data).stem

@@ -138,11 +138,11 @@ def run(args) -> int:
     seeds = _integers("--seeds", args.seeds, least=0)
     settings = {k[len(PRESET_SETTING):]: v for k, v in vars(args).items() if k.startswith(PRESET_SETTING)}
     preset = get_preset(args.preset).with_settings(settings)
-    task = None  # read once, here, and passed down: the plan, its data and every job use this object
-    if args.task is not None:
-        from rlmlab.task.taskfile import load_task
+    from rlmlab.task.taskfile import load_task
 
-        task = load_task(args.task)
+    # read once, here, and passed down: the plan, its data and every job use this object
+    task = load_task(args.task if args.task is not None else preset.task)
+    if args.task is not None:
         preset = preset.with_overrides(task=task.spec)  # checked before anything is written
     train = dict(preset.train)
     if args.ray_gpus_per_job is not None:

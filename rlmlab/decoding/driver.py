@@ -32,6 +32,7 @@ from rlmlab.learning.observe import Tracker, observer
 from rlmlab.task.events import DONE, ERROR, PUSH, TraceReader
 from rlmlab.task.expr import Call, parse, to_text
 from rlmlab.task.expr import tokens as expr_tokens
+from rlmlab.task.library import Library
 from rlmlab.task.trace import trace_stats
 from rlmlab.task.vocab import Vocab
 
@@ -62,7 +63,7 @@ class Limits:
                 or self.runaway_factor < 1:
             raise ConfigError(f"runaway_factor must be a positive integer, got {self.runaway_factor!r}")
 
-    def row_cap(self, expr: Call, prompt_len: int, library=None) -> int:
+    def row_cap(self, expr: Call, prompt_len: int, library: Library) -> int:
         """The most trace tokens a row of `expr` may generate."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
@@ -95,7 +96,7 @@ class Generation:
 class _Row:
     __slots__ = ("i", "slot", "text", "replay", "prompt", "out", "obs", "fed", "cap")
 
-    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, limits: Limits, library=None,
+    def __init__(self, i: int, slot: int, expr: Call, vocab: Vocab, obs, limits: Limits, library: Library,
                  index: str | None = None):
         prompt = expr_tokens(expr)
         self.i, self.slot, self.text = i, slot, to_text(expr)
@@ -111,11 +112,11 @@ class _Row:
 def generate(predictor: Predictor, exprs: Sequence[str | Call], vocab: Vocab, learner: str,
              limits: Limits = Limits(), batch_size: int | None = None,
              progress: Callable[[int], None] | None = None, longest_first: bool = True,
-             library=None) -> list[Generation]:
+             *, library: Library) -> list[Generation]:
     """Greedy-decode every expression as `learner` reads it, `batch_size` rows at a time (default: the
     predictor's `default_slots`, 256 for a model on CUDA, else 64); results in input order.
 
-    `exprs` are written expressions (text or parsed) of `library`'s task (default: the paper's);
+    `exprs` are written expressions (text or parsed) of `library`'s task;
     `progress(k)` is called as k rows finish.
     With `longest_first` the expressions with the longest canonical traces enter the slots
     first: rows are independent, so this changes no result, only shortens the run's tail (a

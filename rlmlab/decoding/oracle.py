@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from rlmlab.decoding.predictor import NO_TOKEN, Feed, Predictor
 from rlmlab.learning.observe import NEW, POP, PUSH, observer
 from rlmlab.task.events import TraceReader
-from rlmlab.task.expr import default_library, parse
+from rlmlab.task.expr import parse
 from rlmlab.task.frames import active_frame
+from rlmlab.task.library import Library
 from rlmlab.task.trace import execute
 from rlmlab.task.vocab import Vocab
 
@@ -54,7 +55,7 @@ class Oracle:
 
     block_size = None
 
-    def __init__(self, vocab: Vocab, library=None, max_calls: int = 200_000):
+    def __init__(self, vocab: Vocab, library: Library, max_calls: int = 200_000):
         self.vocab = vocab
         self.library = library
         self.max_calls = max_calls
@@ -62,7 +63,6 @@ class Oracle:
         # A written call has only function names, literals, parentheses and commas, and its
         # frame continues with a parameter name or `return`: with byte-sized ids the call's
         # extent is one C-level regex match rather than a Python loop over it every step.
-        library = self.library or default_library()
         call_ids = [i for i, t in enumerate(vocab.tokens)
                     if t in ("(", ")", ",") or t in library.literals or t in library]
         self.call_re = re.compile(b"[" + re.escape(bytes(call_ids)) + b"]*") if len(vocab) <= 256 else None
@@ -224,7 +224,7 @@ class _EachFrame:
         return [self.fn(tuple(f.seq)) for f in feeds]
 
 
-def oracle_predictor(learner: str, vocab: Vocab, library=None) -> Predictor:
+def oracle_predictor(learner: str, vocab: Vocab, library: Library) -> Predictor:
     """The oracle for a learner: g* on the active frame (RM), or g* o Pi_rec of whatever the learner
     shows (CoT, reduction: Pi_rec of the observation is Pi_rec of the trace, so it reproduces
     canonical traces; a window shorter than the trace hides the frame's start, so there it is

@@ -24,8 +24,9 @@ import numpy as np
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.learner import get_learner
-from rlmlab.task.expr import Call, default_library, parse, size
+from rlmlab.task.expr import Call, parse, size
 from rlmlab.task.library import Library
+from rlmlab.task.taskfile import Task
 from rlmlab.task.trace import trace_stats
 
 # --- per-expression statistics ---------------------------------------------------------------
@@ -44,17 +45,14 @@ class LaneStats:
     """Tokens of the written expression."""
 
 
-def lane_stats(expr: Call | str, library: Library | None = None) -> LaneStats:
-    library = library or default_library()
+def lane_stats(expr: Call | str, library: Library) -> LaneStats:
     q = parse(expr, library) if isinstance(expr, str) else expr
     s = trace_stats(q, library)
     return LaneStats(s.lane_tokens, s.n_frame_instances, s.longest_lane, size(q))
 
 
-def pool_lane_columns(texts: list[str], progress: bool = False, library: Library | None = None
-                      ) -> dict[str, np.ndarray]:
+def pool_lane_columns(texts: list[str], library: Library, progress: bool = False) -> dict[str, np.ndarray]:
     """`lane_stats` of every expression, as arrays (lane tokens, frames, longest lane, prompt)."""
-    library = library or default_library()
     out = {k: np.zeros(len(texts), dtype=np.int64) for k in ("lane_tokens", "frames", "longest_lane", "prompt")}
     it = enumerate(texts)
     if progress:
@@ -226,19 +224,17 @@ def load_plan_pool(preset, out: Path, pool: str | None, progress: bool, task):
 
 
 def size_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False, task=None) -> list[dict]:
+               progress: bool = False, *, task: Task) -> list[dict]:
     """The sized rows of every threshold asked for (default: the paper's), with CPU estimates;
-    `task` is the preset's, as the command resolved it (None: resolved here)."""
-    from rlmlab.experiments.kinds.base import preset_task
+    `task` is the preset's, as the command resolved it."""
     from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS
 
     if lengths is None and depths is None:
         lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS
-    task = preset_task(preset, task)
     table = load_plan_pool(preset, Path(out), pool, progress, task)
     cols = {"trace_len": np.asarray(table.column("trace_len").to_numpy(), dtype=np.int64),
             "max_frame_width": np.asarray(table.column("max_frame_width").to_numpy(), dtype=np.int64)}
-    cols.update(pool_lane_columns(table.column("expr").to_pylist(), progress, task.library))
+    cols.update(pool_lane_columns(table.column("expr").to_pylist(), task.library, progress))
     ref_kind, ref_t = REFERENCE["rm"]["threshold"]
     wanted = [("length", t) for t in dict.fromkeys(lengths or ())] + [("depth", t) for t in dict.fromkeys(depths or ())]
     ids = {int(i): k for k, i in enumerate(table.column("id").to_pylist())}
@@ -287,6 +283,6 @@ def plan_table(rows: list[dict], preset) -> str:
 
 
 def plan_sweep(preset, out: Path, learners, lengths=None, depths=None, pool: str | None = None,
-               progress: bool = False, task=None) -> str:
+               progress: bool = False, *, task: Task) -> str:
     """`rlmlab run sweep --plan`: the sizing table of the thresholds a run would train."""
-    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task), preset)
+    return plan_table(size_sweep(preset, out, learners, lengths, depths, pool, progress, task=task), preset)

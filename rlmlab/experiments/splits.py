@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.safeio import parse_json
 from rlmlab.task.pool import read_table_folder, write_table_folder
+from rlmlab.task.taskfile import Task
 
 IID_SIZES: tuple[int, ...] = (100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000,
                               50_000, 100_000, 200_000, 300_000, 450_000)
@@ -233,8 +234,8 @@ class Split:
                                   self.tables())
 
     @classmethod
-    def load(cls, folder: str | Path, task=None) -> "Split":
-        """A saved split of `task`'s expressions (default: the paper's; another task's is refused)."""
+    def load(cls, folder: str | Path, task: Task) -> "Split":
+        """A saved split of `task`'s expressions (another task's is refused)."""
         meta, tables = read_table_folder(folder, "split.json", FORMAT, task)
         try:
             name, kind, params = meta["name"], meta["kind"], meta["params"]

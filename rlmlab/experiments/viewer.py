@@ -36,7 +36,7 @@ from rlmlab.experiments.viewer_data import (
     read_experiment,
 )
 from rlmlab.measuring.result_files import RESULTS, results_file, run_of_eval_dir, summary_learner
-from rlmlab.task.taskfile import load_task
+from rlmlab.task.taskfile import PAPER, load_task
 from rlmlab.task.trace import Execution
 
 
@@ -224,7 +224,8 @@ def experiment_index(folder: str | Path, out: str | Path, limit: int | None = No
     folder, out = Path(folder), Path(out)
     meta = read_experiment(folder)
     preset = meta.get("preset")
-    task = load_task(preset.get("task") if isinstance(preset, dict) and isinstance(preset.get("task"), str) else None)
+    # a folder from before tasks were recorded holds the paper's
+    task = load_task(preset.get("task") if isinstance(preset, dict) and isinstance(preset.get("task"), str) else PAPER)
     executions: dict[str, Execution] = {}  # the learners of a job share their expressions
     pages, rows = [], []
     for job, name, set_name, set_dir in eval_sets(folder):

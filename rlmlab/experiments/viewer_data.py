@@ -18,7 +18,7 @@ from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.result_files import RESULTS, evaluated_sets, read_results, results_file, summary_learner
 from rlmlab.safeio import parse_json, read_json, regular_file
 from rlmlab.task.frames import StackReplay
-from rlmlab.task.taskfile import load_task
+from rlmlab.task.taskfile import PAPER, load_task
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
@@ -261,7 +261,7 @@ def _bins(results: Sequence[dict]) -> list[str]:
 def page_data(es: EvalSet, executions: dict[str, Execution] | None = None, progress=None, task=None) -> dict:
     """The JSON a page embeds: the token table, bins, categories and one row per expression
     (`COLUMNS`; traces coded one `width` characters per token). `progress(1)` per expression.
-    The expressions are `task`'s (default: the one the summary records, else the paper's)."""
+    The expressions are `task`'s (default: the one the summary records)."""
     executions = {} if executions is None else executions
     task = load_task(task if task is not None else eval_set_task(es))
     table = _TokenTable(task.vocab)
@@ -317,10 +317,10 @@ def _driver(name: str) -> str:
 
 # --- an experiment's evaluation sets ---------------------------------------------------------
 
-def eval_set_task(es: EvalSet) -> str | None:
-    """How to load the task an evaluation summary records (None: the paper's)."""
+def eval_set_task(es: EvalSet) -> str:
+    """How to load the task an evaluation summary records (a paper summary records none)."""
     rec = es.summary.get("task") if isinstance(es.summary, dict) else None
-    return rec.get("spec") if isinstance(rec, dict) and isinstance(rec.get("spec"), str) else None
+    return rec.get("spec") if isinstance(rec, dict) and isinstance(rec.get("spec"), str) else PAPER
 
 
 def eval_sets(folder: str | Path) -> list[tuple[str, str, str, Path]]:

@@ -49,7 +49,7 @@ from rlmlab.safeio import read_json, shorten
 from rlmlab.learning.config import RunConfig, apply_dict
 from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import ModelConfig, Transformer
-from rlmlab.task.taskfile import Task, check_same_task, load_task
+from rlmlab.task.taskfile import Task, check_same_task, load_task, paper_task
 from rlmlab.task.vocab import Vocab
 
 FORMAT = "rlmlab-checkpoint/3"
@@ -495,7 +495,7 @@ def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:
         check_same_task(recorded, task, f"{ckpt}")
         return task
     if recorded is None:
-        return load_task(None)
+        return paper_task()
     if not isinstance(recorded, dict) or not isinstance(recorded.get("spec"), str):
         raise CheckpointError(f"{ckpt}: {META_FILE}: malformed 'task' record")
     try:

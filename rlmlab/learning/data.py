@@ -16,7 +16,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.learning.config import DataSettings
 from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.pool import read_pool
-from rlmlab.task.taskfile import Task, load_task
+from rlmlab.task.taskfile import Task
 
 @dataclass
 class DataSplit:
@@ -28,19 +28,18 @@ class DataSplit:
     val_exprs: list[str]
 
 
-def read_expr_column(path: str | Path, task=None) -> list[str]:
-    """The `expr` column of a pool or expression-set parquet of `task` (default: the paper's)."""
+def read_expr_column(path: str | Path, task: Task) -> list[str]:
+    """The `expr` column of a pool or expression-set parquet of `task`."""
     return read_pool(path, task=task).column("expr").to_pylist()
 
 
-def prepare_data(data: DataSettings, task: Task | None = None, position_index: str | None = None) -> DataSplit:
+def prepare_data(data: DataSettings, task: Task, position_index: str | None = None) -> DataSplit:
     """Read the expressions, split off validation unless a file gives it, and build the
     configured learner's training and validation examples (cached, see `build_examples`).
-    `task` is `data.task` as the command resolved it (None: resolved here); `position_index`
-    is the model's (`model.position_index`)."""
+    `task` is `data.task` as the command resolved it; `position_index` is the model's
+    (`model.position_index`)."""
     if data.train is None:
         raise ConfigError("data.train: no training data given (--data pool.parquet)")
-    task = task if task is not None else load_task(data.task)
     vocab = task.vocab
     exprs = read_expr_column(data.train, task)
     rows = [f"{data.train}: row {i}" for i in range(len(exprs))]  # for errors: rows of the user's files

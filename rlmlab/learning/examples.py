@@ -46,7 +46,7 @@ from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
 from rlmlab.safeio import parse_json
 from rlmlab.task.library import Library
-from rlmlab.task.taskfile import Task, load_task
+from rlmlab.task.taskfile import Task
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
@@ -325,7 +325,7 @@ class ExampleSet:
 MAX_ECHO = 160  # characters of a user's expression quoted in an error
 
 
-def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library | None,
+def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence[str] | None, Library,
                              str | None]) -> tuple[np.ndarray, ...]:
     """Execute and encode a chunk of expressions; runs in worker processes."""
     name, vocab_tokens, first, texts, where, library, index = args
@@ -355,10 +355,10 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
             np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
-def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task | None = None,
+def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task,
               position_index: str | None = None) -> str:
     key = {"format": EXAMPLES_FORMAT, "learner": learner, "vocab": list(vocab.tokens)}
-    if task is not None and not task.is_paper:  # the paper's keys stay those written before tasks existed
+    if not task.is_paper:  # the paper's keys stay those written before tasks existed
         key["task"] = task.digest
     if position_index is not None:  # likewise the keys of every learner at its own index
         key["position_index"] = position_index
@@ -383,9 +383,9 @@ def _check_cache_path(path: Path) -> None:
 
 def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
-                    where: Sequence[str] | None = None, task: Task | str | None = None,
+                    where: Sequence[str] | None = None, *, task: Task,
                     position_index: str | None = None) -> ExampleSet:
-    """Execute every expression of `task` (default: the paper's) and return the training
+    """Execute every expression of `task` and return the training
     examples of `learner` (a name without encoding: "rm", "cot", "window:64") as one `ExampleSet`. `where` names each expression's place in the user's file for errors
     (default: its index in `exprs`). `position_index` places the tokens at another index than the
     learner's own (`model.position_index`, `indexed_packing`).
@@ -395,7 +395,6 @@ def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: in
     """
     indexed_packing(learner, position_index)  # an unknown learner or index: one line, before any work
     position_index = other_index(observer(learner).name, position_index)  # its own index keys as None
-    task = load_task(task)
     if len(vocab) > np.iinfo(np.uint16).max:
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)

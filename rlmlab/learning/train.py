@@ -60,7 +60,7 @@ from rlmlab.learning.step import (
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.machine import machine_facts
 from rlmlab.runlog import UNFINISHED, MetricsLog
-from rlmlab.task.taskfile import Task, load_task
+from rlmlab.task.taskfile import Task
 from rlmlab.task.vocab import Vocab
 
 ValidateFn = Callable[[Transformer, Vocab, str], dict[str, float]]
@@ -111,10 +111,10 @@ def _better(score: float, best: float | None, metric: str, margin: float = 0.0) 
 
 
 def train(cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-          task: Task | None = None, resume: bool = False, validate_fn: ValidateFn | None = None,
+          task: Task, resume: bool = False, validate_fn: ValidateFn | None = None,
           progress: bool = True, echo: Callable[[str], None] = print) -> TrainResult:
     """Train (or with `resume`, continue) a run in `run_dir`; see the module docstring. `task` is
-    `cfg.data.task` as the command resolved it (None: resolved here)."""
+    `cfg.data.task` as the command resolved it."""
     return Trainer(cfg, train_data, val_data, run_dir, task=task, resume=resume, validate_fn=validate_fn,
                    progress=progress, echo=echo).run()
 
@@ -123,7 +123,7 @@ class Trainer:
     """One run: model, optimizer, data stream and bookkeeping. `run()` trains until a stop rule fires."""
 
     def __init__(self, cfg: RunConfig, train_data: ExampleSet, val_data: ExampleSet, run_dir: str | Path, *,
-                 task: Task | None, resume: bool, validate_fn: ValidateFn | None, progress: bool,
+                 task: Task, resume: bool, validate_fn: ValidateFn | None, progress: bool,
                  echo: Callable[[str], None]):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, Path(run_dir)
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
@@ -134,7 +134,7 @@ class Trainer:
         self.vocab, self.learner = train_data.vocab, get_learner(train_data.learner)
         if (val_data.vocab, val_data.learner) != (self.vocab, self.learner.name):
             raise DataError("training and validation examples differ in learner or vocabulary")
-        self.task = task if task is not None else load_task(cfg.data.task)
+        self.task = task
         if self.vocab != self.task.vocab:
             raise DataError(f"the examples' vocabulary is not that of {self.task.describe()} (data.task)")
         if self.learner.name != cfg.data.learner:

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from rlmlab.measuring.stats import share
+from rlmlab.task.library import Library
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
 
@@ -37,7 +38,7 @@ def frame_call(context: Sequence[str]) -> str:
     raise ValueError(f"not a frame: no complete call at the top of {' '.join(context[:20])!r}")
 
 
-def training_calls(exprs: Iterable, library=None) -> set[str]:
+def training_calls(exprs: Iterable, library: Library) -> set[str]:
     """The calls of every frame of these expressions' traces (what the training split showed)."""
     return {frame_call(f.context) for e in exprs for f in execute(e, library).frames}
 

@@ -39,6 +39,7 @@ from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
 from rlmlab.task.expr import Call, parse, to_text, value_token
 from rlmlab.task.events import Pop, Push, events
+from rlmlab.task.library import Library
 from rlmlab.task.trace import execute, trace_stats
 from rlmlab.task.vocab import Vocab
 
@@ -119,7 +120,7 @@ def _walked_predictions(predictor: Predictor, rows: Sequence[Row], batch_size: i
 
 
 def position_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], vocab: Vocab,
-                   batch_size: int = 64, stage: Stage | None = None, library=None) -> list[dict]:
+                   batch_size: int = 64, stage: Stage | None = None, *, library: Library) -> list[dict]:
     """Per expression: prediction points, how many are non-invariant, how many of those are
     witnesses (right in context), and how many are right in context."""
     obs = observer(learner)
@@ -168,7 +169,7 @@ def completed_calls(tokens: Sequence[str], prompt_len: int) -> list[tuple[str, s
 
 def answer_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], vocab: Vocab,
                  limits: Limits = Limits(), batch_size: int = 64, stage: Stage | None = None,
-                 library=None) -> list[dict]:
+                 *, library: Library) -> list[dict]:
     """Per expression: completed subproblems of the predictor's greedy trace, how many return
     another value when posed alone, how many payloads did not parse, and how often the value
     was right in context and alone."""
@@ -205,17 +206,18 @@ def answer_probe(predictor: Predictor, learner: str, exprs: Sequence[Call], voca
 
 def probe(predictor: Predictor, learner: str, exprs: Sequence[Call | str], vocab: Vocab,
           extra: Sequence[dict] | None = None, limits: Limits = Limits(), batch_size: int = 64,
-          position_level: bool = True, answers: bool = True, stage: Stage | None = None, library=None) -> list[dict]:
+          position_level: bool = True, answers: bool = True, stage: Stage | None = None,
+          *, library: Library) -> list[dict]:
     """Both levels of the probe, one dict per expression (with `extra`'s columns, e.g. a pool's
     `bin`, `split`, `construction`, for grouping). `stage(name, total, unit)` opens a progress report
     for each of its four passes and returns the callback that counts items done."""
     calls = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     rows = [{"expr": to_text(e), **(extra[i] if extra else {})} for i, e in enumerate(calls)]
     if position_level:
-        for row, p in zip(rows, position_probe(predictor, learner, calls, vocab, batch_size, stage, library)):
+        for row, p in zip(rows, position_probe(predictor, learner, calls, vocab, batch_size, stage, library=library)):
             row.update(p)
     if answers:
-        for row, a in zip(rows, answer_probe(predictor, learner, calls, vocab, limits, batch_size, stage, library)):
+        for row, a in zip(rows, answer_probe(predictor, learner, calls, vocab, limits, batch_size, stage, library=library)):
             row.update(a)
     return rows
 

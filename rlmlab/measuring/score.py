@@ -35,7 +35,7 @@ from rlmlab.measuring.teacher import teacher_forced_argmax
 from rlmlab.safeio import json_safe, read_bytes, regular_file
 from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.task.pool import read_pool
-from rlmlab.task.taskfile import load_task
+from rlmlab.task.taskfile import Task
 from rlmlab.task.trace import Execution, execute, trace_stats
 from rlmlab.task.vocab import Vocab
 
@@ -120,12 +120,11 @@ def expression_results(gens: Sequence[Generation], executions: Sequence[Executio
     return out
 
 
-def read_expressions(path: str | Path, limit: int | None = None, task=None) -> tuple[list[Call], list[dict]]:
-    """Expressions of `task` (default: the paper's) to evaluate: a parquet file with an `expr`
+def read_expressions(path: str | Path, limit: int | None = None, *, task: Task) -> tuple[list[Call], list[dict]]:
+    """Expressions of `task` to evaluate: a parquet file with an `expr`
     column (a pool: its `id` column is kept with each result; a pool of another task is
     refused) or a text file with one written expression per line (blank lines and lines
     starting with # are skipped). Returns (parsed calls, per-expression extras)."""
-    task = load_task(task)
     path = regular_file(path, DataError, "data file")  # a FIFO or a device would block or never end
     if path.suffix == ".parquet":
         table = read_pool(path, task=task)
@@ -152,7 +151,7 @@ def read_expressions(path: str | Path, limit: int | None = None, task=None) -> t
     exprs = []
     for text, w in zip(texts, where):
         try:
-            e = parse(text, task.library)
+            e = task.parse(text)
         except RlmlabError as err:
             raise DataError(f"{path}: {w}: {err}") from None
         if not isinstance(e, Call):
@@ -178,12 +177,12 @@ def data_columns(path: str | Path, n: int) -> list[dict]:
 
 
 def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, default_by: Sequence[str],
-                 per_group: int | None = None, task=None) -> tuple[list[Call], list[dict], list[str]]:
+                 per_group: int | None = None, *, task: Task) -> tuple[list[Call], list[dict], list[str]]:
     """Expressions with their data columns, for a command that groups its figures by columns:
     `by` (default: those of `default_by` the data has) is checked against the data, and with
     `per_group` only the first that many expressions of each group of the first column are kept.
     Returns (expressions, their columns, the grouping columns)."""
-    exprs, _ = read_expressions(path, limit, task)
+    exprs, _ = read_expressions(path, limit, task=task)
     extra = data_columns(path, len(exprs))
     by = list(by) if by is not None else [c for c in default_by if c in extra[0]]
     for c in by:
@@ -206,11 +205,11 @@ def read_grouped(path: str | Path, limit: int | None, by: Sequence[str] | None, 
 def decode_and_score(predictor, learner: str, exprs: Sequence[Call], vocab: Vocab, limits: Limits | None = None,
                      batch_size: int | None = None, model=None, extra: Sequence[dict] | None = None,
                      traces: bool | str = False, progress=None, n_boot: int = 2000,
-                     task=None) -> tuple[list[dict], dict]:
-    """Greedy-decode `exprs` (of `task`, default the paper's) with `predictor` as `learner` reads them and score
+                     *, task: Task) -> tuple[list[dict], dict]:
+    """Greedy-decode `exprs` (of `task`) with `predictor` as `learner` reads them and score
     them; with `model`, add teacher-forced per-token accuracy. Returns (per-expression results in
     input order, summary)."""
-    library = load_task(task).library
+    library = task.library
     executions = [execute(e, library) for e in exprs]
     t0 = time.perf_counter()
     who = as_learner(learner)  # a learner with its own encoding ("cot@rope") reads as its base learner
@@ -227,15 +226,14 @@ def decode_and_score(predictor, learner: str, exprs: Sequence[Call], vocab: Voca
 def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path, vocab: Vocab, *,
                   model=None, limits: Limits | None = None, batch_size: int | None = None, limit: int | None = None,
                   columns: Sequence[str] = (), traces: bool | str = "inexact", progress=None,
-                  header: dict | None = None, task=None) -> tuple[list[dict], dict]:
+                  header: dict | None = None, task: Task) -> tuple[list[dict], dict]:
     """Decode and score the expressions of a data file and write `results.parquet` and
     `summary.json` to `out_dir`: the one evaluation path of `rlmlab eval` and `rlmlab run`.
 
     Each result carries the expression's pool `id`, or, when the data file has any of `columns`
     (bins, OOD flags, signals), those columns instead. With `model`, teacher-forced per-token
     accuracy is added. The summary holds `header`, the data path, the scores and the limits."""
-    task = load_task(task)
-    exprs, extra = read_expressions(data, limit, task)
+    exprs, extra = read_expressions(data, limit, task=task)
     if columns:
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]
         extra = picked if any(picked) else extra
@@ -252,12 +250,12 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
 
 
 def answer_accuracy_fn(exprs: Sequence[Call | str], batch_size: int | None = None, limits: Limits | None = None,
-                       task=None):
+                       *, task: Task):
     """A `validate_fn` for `rlmlab.learning.train`: greedy final-answer accuracy on `exprs` ("answer_acc",
     the metric "auto" checkpoint selection picks) and the share of valid traces ("answer_valid").
     By default a row may generate twice the set's longest canonical trace, so that an untrained
     model's runaway rows do not make early validations slow."""
-    library = load_task(task).library
+    library = task.library
     exprs = [e if isinstance(e, Call) else parse(e, library) for e in exprs]
     stats = [trace_stats(e, library) for e in exprs]
     values = [value_token(s.value) for s in stats]

@@ -17,7 +17,7 @@ Recursive sub-expressions. "Z" is a call of a tail-recursive function (a functio
 the candidates and balances the construction's strata.
 
 Every template is written with the paper's library functions only, so the paper's task
-(`paper_task()`, its vocabulary) serves every construction; they run on no other task.
+(`PAPER_TASK`, its vocabulary) serves every construction; they run on no other task.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Literal
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.shortcuts.root_frame import TraceFrame, child, descendants, frame_tree, internal_returns
 from rlmlab.task.expr import INT, Call
+from rlmlab.task.library import Library
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
 from rlmlab.task.taskfile import paper_task
 from rlmlab.task.trace import Execution, execute, trace_stats
@@ -93,12 +94,14 @@ def digit_literal(d: int) -> str:
 
 # --- drawing examples ----------------------------------------------------------------
 
-def tail_recursive(library=None) -> tuple[str, ...]:
+def tail_recursive(library: Library) -> tuple[str, ...]:
     """The library's tail-recursive functions, from each function's kind."""
-    return tuple(f.name for f in (library or paper_task().library) if f.kind == "recursive")
+    return tuple(f.name for f in library if f.kind == "recursive")
 
 
-TAIL_RECURSIVE = tail_recursive()
+PAPER_TASK = paper_task()
+"""The task of every construction: their templates are written in the paper's functions."""
+TAIL_RECURSIVE = tail_recursive(PAPER_TASK.library)
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class ShortcutSampler:
     def __init__(self, construction: Construction, rng: random.Random,
                  config: ShortcutConfig = ShortcutConfig()):
         self.construction, self.rng, self.config = construction, rng, config
-        self.library = paper_task().library  # the constructions are written in the paper's functions
+        self.library = PAPER_TASK.library
         self._buckets: dict[object, deque] = defaultdict(deque)
         self._z_by_value: dict[int, deque] = defaultdict(deque)
         # Z: a tail-recursive root with generator arguments.

@@ -10,14 +10,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.shortcuts.construction import Construction, ShortcutConfig, ShortcutSampler, Side
+from rlmlab.shortcuts.construction import PAPER_TASK, Construction, ShortcutConfig, ShortcutSampler, Side
 from rlmlab.shortcuts.registry import get_construction
 from rlmlab.shortcuts.root_frame import RootFrame, root_frame
 from rlmlab.shortcuts.validity import ValidityLimits, check_validity
-from rlmlab.task.expr import infer_type, to_text
+from rlmlab.task.expr import to_text
 from rlmlab.task.pool import read_table_folder, write_table_folder
-from rlmlab.task.taskfile import paper_task
-from rlmlab.task.trace import Execution, execute
+from rlmlab.task.trace import Execution
 
 FORMAT = "rlmlab.shortcut/1"
 N_IID = 300  # paper: n = 300 IID and 300 OOD evaluation expressions per construction
@@ -76,7 +75,7 @@ class ShortcutDataset:
     @classmethod
     def load(cls, folder: str | Path) -> "ShortcutDataset":
 
-        meta, tables = read_table_folder(folder, "shortcut.json", FORMAT)
+        meta, tables = read_table_folder(folder, "shortcut.json", FORMAT, PAPER_TASK)
         for t in ("train", "val", "iid", "ood"):
             if t not in tables:
                 raise DataError(f"{folder}: shortcut data set has no {t!r} table")
@@ -88,7 +87,7 @@ class ShortcutDataset:
 
 
 def _row(i: int, ex: Execution, signal: str) -> dict:
-    return {"id": i, "expr": to_text(ex.expr), "root": ex.expr.fn, "type": infer_type(ex.expr),
+    return {"id": i, "expr": to_text(ex.expr), "root": ex.expr.fn, "type": PAPER_TASK.infer_type(ex.expr),
             "value": ex.value_token, "signal": signal, "trace_len": ex.trace_len, "max_depth": ex.max_depth,
             "max_frame_width": ex.max_frame_width, "n_frame_examples": ex.n_frame_examples}
 
@@ -109,7 +108,7 @@ def _draw_set(c: Construction, split: Side, n: int, rng: random.Random, config: 
         if text in seen:
             continue
         seen.add(text)
-        ex = execute(expr)
+        ex = PAPER_TASK.execute(expr)
         sig = c.signal(ex.tokens, ex.prompt_len)
         if (sig == ex.value_token) != (split == "train"):
             raise DataError(f"{c.name}: {split} example {text} has S={sig} and answer {ex.value_token}")
@@ -150,7 +149,7 @@ def build_shortcut_dataset(name: str, *, n_train: int = 10_000, n_val: int = N_V
     ood_rows, ood_roots = _draw_set(c, "ood", n_ood, rng("ood"), config, train_texts, bar)
     bar and bar.close()
     report = check_validity(c, train_roots, ood_roots, limits)
-    meta = {b"rlmlab.task.vocab": paper_task().vocab.to_json().encode()}
+    meta = {b"rlmlab.task.vocab": PAPER_TASK.vocab.to_json().encode()}
     params = {"construction": c.name, "title": c.title, "excluded": c.excluded, "seed": seed,
               "n_train": n_train, "n_val": n_val, "n_iid": n_iid, "n_ood": n_ood,
               "config": asdict(config), "limits": asdict(limits), "validity": report.to_dict()}

@@ -19,9 +19,9 @@ variant, not one of the paper's six: `rlmlab run shortcuts --constructions hidde
 
 from __future__ import annotations
 
-from rlmlab.shortcuts.construction import Candidate, Construction, digit_literal, digits_except
+from rlmlab.shortcuts.construction import PAPER_TASK, Candidate, Construction, digit_literal, digits_except
 from rlmlab.shortcuts.root_frame import child, frame_tree, literal_paths
-from rlmlab.task.expr import Call, parse
+from rlmlab.task.expr import Call
 
 
 class HiddenLiteral(Construction):
@@ -44,7 +44,7 @@ class HiddenLiteral(Construction):
         # the value the helper binds to its second parameter (acc, or a for fibonacci): the W
         # frame is the helper's second child when its counter argument is a call, else its first
         helper = child(tree, *self.h_path)
-        counter = parse(" ".join(helper.call)).args[0]
+        counter = PAPER_TASK.parse(" ".join(helper.call)).args[0]
         return helper.children[0 if isinstance(counter, str) else 1].value
 
     def draw_candidate(self, rng, s):

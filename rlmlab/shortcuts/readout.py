@@ -28,10 +28,10 @@ from rlmlab.errors import DataError
 from rlmlab.learning.observe import observer
 from rlmlab.measuring.probe import forced_predictions
 from rlmlab.measuring.stats import wilson
+from rlmlab.shortcuts.construction import PAPER_TASK
 from rlmlab.shortcuts.hidden_literal import HiddenLiteral
 from rlmlab.shortcuts.root_frame import answer_position
-from rlmlab.task.expr import Call, parse, to_text, value_token
-from rlmlab.task.trace import execute
+from rlmlab.task.expr import Call, to_text, value_token
 from rlmlab.task.vocab import END_RETURN, Vocab
 
 
@@ -60,7 +60,7 @@ def _answer_row(obs, tokens: Sequence[str], prompt_len: int, value: str, vocab: 
 
 
 def readout(predictor, learner: str, c: HiddenLiteral, rows: Sequence[dict], vocab: Vocab, seed: int = 0,
-            max_len: int | None = None, library=None) -> list[dict]:
+            max_len: int | None = None) -> list[dict]:
     """One dict per evaluation row (`expr`, `value`, `signal`): the three predictions above as
     tokens ("" where the model could not read the row), the donor expression and its k'.
 
@@ -69,11 +69,11 @@ def readout(predictor, learner: str, c: HiddenLiteral, rows: Sequence[dict], voc
     a row with no such donor gets `swap_expr` None."""
     obs = observer(learner)
     rng = random.Random(f"rlmlab-readout:{c.name}:{seed}")
-    parsed = [parse(r["expr"]) for r in rows]
+    parsed = [PAPER_TASK.parse(r["expr"]) for r in rows]
     parts = [split_parts(c, e) for e in parsed]
     model_rows, swaps = [], []
     for i, (r, e) in enumerate(zip(rows, parsed)):
-        ex = execute(e, library)
+        ex = PAPER_TASK.execute(e)
         value = value_token(ex.value)
         if value != r["value"]:
             raise DataError(f"{r['expr']}: evaluates to {value}, the record says {r['value']}")
@@ -90,7 +90,7 @@ def readout(predictor, learner: str, c: HiddenLiteral, rows: Sequence[dict], voc
             if k2 in (r["signal"], r["value"]):
                 continue
             e2 = c.template(parts[j][0], parts[i][1], parts[i][2])
-            ex2 = execute(e2, library)
+            ex2 = PAPER_TASK.execute(e2)
             if max_len is not None and len(ex2.tokens) > max_len:
                 continue
             if ex2.value != ex.value or c.signal(ex2.tokens, ex2.prompt_len) != k2:

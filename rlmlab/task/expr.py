@@ -35,21 +35,6 @@ class Call(NamedTuple):
 Expr = Union[Call, str]
 
 
-_DEFAULT_LIBRARY: list[Library] = []
-
-
-def set_default_library(library: Library) -> None:
-    """Called once by `rlmlab.task.library` with the paper's library. It is handed over rather
-    than imported here because building it parses its bodies with this module; the package's
-    `__init__` imports that module first, so the default is set before anything here runs."""
-    _DEFAULT_LIBRARY[:] = [library]
-
-
-def default_library() -> Library:
-    """The library parsing, typing and evaluation use when given none: the paper's."""
-    return _DEFAULT_LIBRARY[0]
-
-
 def is_literal(e: Expr) -> bool:
     return isinstance(e, str) and e in LITERALS
 
@@ -125,14 +110,13 @@ def _lex(text: str) -> list[tuple[str, int]]:
     return toks
 
 
-def parse(text: str, library: Library | None = None, params: dict[str, str] | None = None,
+def parse(text: str, library: Library, params: dict[str, str] | None = None,
           check_types: bool = True) -> Expr:
     """Parse a written expression (spaces optional) and type-check it.
 
     `params` maps parameter names to types; they are allowed as leaves only when given
     (library bodies). Raises `ExprError` naming the position and the problem.
     """
-    library = library or default_library()
     toks = _lex(text)
     if not toks:
         raise ExprError("empty expression", 0, text)
@@ -226,9 +210,8 @@ def _check(e: Expr, library: Library, env: dict[str, str], text: str, toks) -> N
     walk(e)
 
 
-def infer_type(e: Expr, library: Library | None = None, env: dict[str, str] | None = None) -> str:
+def infer_type(e: Expr, library: Library, env: dict[str, str] | None = None) -> str:
     """Type of a well-formed expression ("int" or "bool")."""
-    library = library or default_library()
     if isinstance(e, str):
         if env and e in env:
             return env[e]
@@ -246,9 +229,8 @@ def substitute(e: Expr, binding: dict[str, str]) -> Expr:
     return Call(e.fn, tuple(substitute(a, binding) for a in e.args))
 
 
-def evaluate(e: Expr, library: Library | None = None) -> int | bool:
+def evaluate(e: Expr, library: Library) -> int | bool:
     """Direct (non-tracing) evaluator: the reference the executor is tested against."""
-    library = library or default_library()
     if isinstance(e, str):
         return literal_value(e)
     fn = library[e.fn]

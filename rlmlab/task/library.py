@@ -1,4 +1,4 @@
-"""A typed function library over the digits 0..M-1, as data; the paper's (M = 10) is the default.
+"""A typed function library over the digits 0..M-1, as data; the paper's (M = 10) is `PAPER_LIBRARY`.
 
 Every function is one `FunctionDef` in a `Library`. Primitives carry a rule in the rule
 language (`rlmlab.task.rules`), evaluated once per input when the library is built and kept as
@@ -21,7 +21,7 @@ from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
 from rlmlab.task.expr import (ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse,
-                              set_default_library, value_token)
+                              value_token)
 from rlmlab.task.rules import KEYWORDS, Lazy, RuleError, check_rule, eval_rule, parse_rule
 
 Kind = Literal["primitive", "composite", "recursive"]
@@ -422,4 +422,3 @@ def _with_table(fn: FunctionDef, modulus: int) -> FunctionDef:
 
 
 PAPER_LIBRARY = Library(PAPER_FUNCTIONS)
-set_default_library(PAPER_LIBRARY)

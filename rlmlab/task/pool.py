@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 
 from rlmlab.errors import ConfigError, DataError, VocabError
 from rlmlab.safeio import read_json, regular_file
-from rlmlab.task.expr import infer_type, parse, to_text, value_token
+from rlmlab.task.expr import infer_type, to_text, value_token
 from rlmlab.task.sampler import GeneratorConfig
-from rlmlab.task.taskfile import Task, check_same_task, load_task
+from rlmlab.task.taskfile import Task, check_same_task
 from rlmlab.task.trace import trace_stats
 from rlmlab.task.vocab import Vocab
 
@@ -65,10 +65,9 @@ def _build_chunk(args: tuple[int, int, int, GeneratorConfig, Task]) -> dict[str,
 
 
 def build_pool(n: int, seed: int, workers: int | None = None, config: GeneratorConfig | None = None,
-               progress: bool = False, task: Task | str | None = None) -> pa.Table:
-    """Sample `n` expressions of `task` (default: the paper's) with `seed` and return the pool as
-    an Arrow table. `config` overrides the task's generator settings."""
-    task = load_task(task)
+               progress: bool = False, *, task: Task) -> pa.Table:
+    """Sample `n` expressions of `task` with `seed` and return the pool as an Arrow table.
+    `config` overrides the task's generator settings."""
     config = config or task.generator
     if n < 1:
         raise DataError(f"pool size must be positive, got {n}")
@@ -116,16 +115,14 @@ def _saved_vocab(path: Path, raw: bytes) -> Vocab:
         raise DataError(f"{path}: vocabulary metadata: {e}") from None
 
 
-def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None) -> pa.Table:
-    """Read a pool (or any expression set with an `expr` column) of `task` (default: the
-    paper's) and validate it.
+def read_pool(path: str | Path, check: int = 64, *, task: Task) -> pa.Table:
+    """Read a pool (or any expression set with an `expr` column) of `task` and validate it.
 
     A file that records another task, or another vocabulary, is refused; one that records no
     task (written before tasks were recorded, or by hand) counts as the paper's when it records
     a vocabulary. The first `check` rows are re-parsed with the task's library so that a file
     from elsewhere fails early with a one-line error rather than deep inside training.
     """
-    task = load_task(task)
     path = regular_file(path, DataError, "data file")
     try:
         table = pq.read_table(path)
@@ -147,7 +144,7 @@ def read_pool(path: str | Path, check: int = 64, task: Task | str | None = None)
         raise DataError(f"{path}: written with a different vocabulary than {task.describe()}'s")
     for i, text in enumerate(table.column("expr").slice(0, check).to_pylist()):
         try:
-            parse(text, task.library)
+            task.parse(text)
         except Exception as e:  # noqa: BLE001
             raise DataError(f"{path}: row {i}: {e}") from None
     return table
@@ -192,9 +189,9 @@ def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
     return folder
 
 
-def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task=None) -> tuple[dict, dict[str, pa.Table]]:
+def read_table_folder(folder: str | Path, meta_file: str, fmt: str, task: Task) -> tuple[dict, dict[str, pa.Table]]:
     """Read what `write_table_folder` wrote, checking format, files, row counts and expressions
-    (of `task`, default the paper's)."""
+    (of `task`)."""
     folder = Path(folder)
     path = folder / meta_file
     if not path.exists():

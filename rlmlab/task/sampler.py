@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, default_library
+from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call
 from rlmlab.task.library import Library
 
 
@@ -36,11 +36,11 @@ class ExpressionSampler:
     """Expressions from the paper's generator; `roots` restricts the root function (uniform over
     those names; default: the whole library), as the shortcut constructions do."""
 
-    def __init__(self, library: Library | None = None, config: GeneratorConfig = GeneratorConfig(),
+    def __init__(self, library: Library, config: GeneratorConfig = GeneratorConfig(),
                  roots: list[str] | None = None, weights: list[float] | None = None):
         from rlmlab.errors import ConfigError
 
-        self.library = library or default_library()
+        self.library = library
         self.config = config
         names = [f.name for f in self.library]
         if roots is not None:

@@ -2,7 +2,11 @@
 (docs/tasks.md) or built in, with an identity (the digest of its canonical form) that data,
 run configs, checkpoints and experiment folders record.
 
-    load_task(None | "paper")          the paper's task, built in (the default everywhere)
+A command resolves its task once (`--task`, or what its data, checkpoint or experiment folder
+records) and passes the `Task` down; parsing, execution and the vocabulary are its methods, and
+nothing below falls back to the paper's task on its own.
+
+    load_task(None | "paper")          the paper's task, built in (`--task`'s default)
     load_task("mod7")                  a task shipped in rlmlab/tasks/
     load_task("my_task.toml")          a task file
 """
@@ -19,11 +23,14 @@ from pathlib import Path
 
 from rlmlab.errors import LibraryError, TaskError
 from rlmlab.task.expr import _LEX as _EXPR_LEX
+from rlmlab.task.expr import Call, Expr, evaluate, infer_type, parse
 from rlmlab.task.expr import to_text as expr_text
 from rlmlab.task.library import MAX_FUNCTIONS, PAPER_LIBRARY, FunctionDef, Library
 from rlmlab.task.rules import RuleError, parse_rule
 from rlmlab.task.rules import to_text as rule_text
 from rlmlab.task.sampler import ExpressionSampler, GeneratorConfig
+from rlmlab.task.trace import Execution, TraceStats, execute, trace_stats
+from rlmlab.task.vocab import Vocab
 
 FORMAT = "rlmlab.task/1"
 PAPER = "paper"
@@ -111,10 +118,25 @@ class Task:
         return self.digest == paper_task().digest
 
     @cached_property
-    def vocab(self):
-        from rlmlab.task.vocab import Vocab
-
+    def vocab(self) -> Vocab:
         return Vocab.from_library(self.library)
+
+    def parse(self, text: str, check_types: bool = True) -> Expr:
+        """A written expression of this task, type-checked; ExprError names what is wrong."""
+        return parse(text, self.library, check_types=check_types)
+
+    def execute(self, expr: Expr | str) -> Execution:
+        """The canonical trace of an expression (a `Call` or its written form)."""
+        return execute(expr, self.library)
+
+    def trace_stats(self, expr: Call) -> TraceStats:
+        return trace_stats(expr, self.library)
+
+    def evaluate(self, expr: Expr) -> int | bool:
+        return evaluate(expr, self.library)
+
+    def infer_type(self, expr: Expr) -> str:
+        return infer_type(expr, self.library)
 
     def sampler(self, config: GeneratorConfig | None = None, roots: list[str] | None = None) -> ExpressionSampler:
         """The task's generator (`config` overrides its literal probability and nesting bound;

@@ -32,7 +32,6 @@ from rlmlab.task.events import (
 from rlmlab.task.expr import (
     Call,
     Expr,
-    default_library,
     literal_value,
     parse,
     size,
@@ -132,9 +131,8 @@ class _Run:
         return literal_value(value)
 
 
-def execute(expr: Expr | str, library: Library | None = None) -> Execution:
+def execute(expr: Expr | str, library: Library) -> Execution:
     """Run an expression (a `Call` or its written form) and return its canonical trace."""
-    library = library or default_library()
     if isinstance(expr, str):
         expr = parse(expr, library)
     if not isinstance(expr, Call):
@@ -165,8 +163,7 @@ class TraceStats:
     """Tokens of the longest single lane."""
 
 
-def trace_stats(expr: Call, library: Library | None = None) -> TraceStats:
-    library = library or default_library()
+def trace_stats(expr: Call, library: Library) -> TraceStats:
     value, emitted, depth, width, n, lanes, frames, longest = _stats_fn(library)(expr)
     return TraceStats(value, size(expr) + emitted, depth, width, n, lanes, frames, longest)
 

@@ -32,10 +32,7 @@ class Vocab:
         self.call_id, self.end_call_id, self.return_id, self.end_return_id = (self.ids[t] for t in CONTROL)
 
     @classmethod
-    def from_library(cls, library=None) -> "Vocab":
-        from rlmlab.task.expr import default_library
-
-        library = library or default_library()
+    def from_library(cls, library) -> "Vocab":
         return cls(SPECIALS + CONTROL + SYNTAX + library.digits + BOOLS + library.param_names
                    + tuple(f.name for f in library))
 
@@ -75,7 +72,3 @@ class Vocab:
         if not isinstance(toks, list) or not all(isinstance(t, str) for t in toks):
             raise VocabError("vocabulary 'tokens' must be a list of strings")
         return cls(toks)
-
-
-def default_vocab() -> Vocab:
-    return Vocab.from_library()

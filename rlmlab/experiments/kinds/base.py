@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmlab.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from rlmlab.task.taskfile import Task
 
 
 def meta_task_digest(meta: dict) -> str:
@@ -13,13 +17,6 @@ def meta_task_digest(meta: dict) -> str:
     from rlmlab.task.taskfile import task_of_meta
 
     return task_of_meta(meta.get("task"), "experiment.json")
-
-
-def preset_task(preset, task=None):
-    """The preset's `Task`: `task` when the command has resolved it already, else read from `preset.task`."""
-    from rlmlab.task.taskfile import load_task
-
-    return task if task is not None else load_task(preset.task)
 
 
 class ExperimentKind(ABC):
@@ -47,15 +44,16 @@ class ExperimentKind(ABC):
         return {"kind": meta.get("kind"), "preset": p.get("name"), "pool": [p.get("pool_n"), p.get("pool_seed")],
                 "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, task=None, **options) -> dict:
+    def planned_identity(self, preset, task: Task, **options) -> dict:
         """`identity` of the experiment a `plan` with these arguments would write, known before
-        any data is built (`task`: the preset's, as `preset_task` takes it)."""
+        any data is built (`task`: the preset's, as the command resolved it)."""
         return {"kind": self.name, "preset": preset.name, "pool": [preset.pool_n, preset.pool_seed],
-                "task": preset_task(preset, task).digest}
+                "task": task.digest}
 
-    def plan(self, preset, out: Path, learners: tuple[str, ...], progress: bool = True, **options) -> list:
-        """Build the data under `out/data/`, write `experiment.json`, and return the jobs (`task`
-        among `options`: the preset's, as `preset_task` takes it)."""
+    def plan(self, preset, out: Path, learners: tuple[str, ...], progress: bool = True, *, task: Task,
+             **options) -> list:
+        """Build the data under `out/data/`, write `experiment.json`, and return the jobs of `task`
+        (the preset's, as the command resolved it)."""
         raise ConfigError(f"`rlmlab run` does not plan {self.name} experiments")
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

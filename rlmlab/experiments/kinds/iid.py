@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
+from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset, budget_settings
 from rlmlab.experiments.tables import (
     eval_results,
@@ -26,6 +27,9 @@ from rlmlab.experiments.tables import (
 )
 from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
+
+if TYPE_CHECKING:
+    from rlmlab.task.taskfile import Task
 
 
 def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
@@ -168,7 +172,7 @@ class IIDSweep(ExperimentKind):
         """Folder of the run at training-set size `n` and seed index `seed` (read back by `iid_runs`)."""
         return f"iid-N{n}-s{seed}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, sizes=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, *, task: Task, sizes=None,
              seeds=None) -> list[Job]:
         """Jobs of the IID sweep over `sizes` (default: the preset's) and the seed indices `seeds`
         (default: every seed of each size; a size with fewer seeds runs those it has). Runs on
@@ -179,7 +183,6 @@ class IIDSweep(ExperimentKind):
         from rlmlab.experiments.splits import Split, iid_split
 
         p = preset
-        task = preset_task(p, task)
         wanted = sorted(set(sizes or p.iid_sizes))
         if any(not isinstance(n, int) or n < 1 for n in wanted):
             raise ConfigError(f"IID sizes must be positive integers, got {sizes!r}")

@@ -4,11 +4,12 @@ set, tested in domain and where the planted signal stops agreeing with the answe
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_saved, ensure_data, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
+from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
@@ -18,6 +19,9 @@ from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fi
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, share
 from rlmlab.shortcuts.metric import shortcut_rate
+
+if TYPE_CHECKING:
+    from rlmlab.task.taskfile import Task
 
 
 # The paper's Table 3: IID RM, IID CoT, OOD RM, OOD CoT accuracy and CoT shortcut rate (%).
@@ -264,7 +268,7 @@ class ShortcutSuite(ExperimentKind):
     def job_name(self, construction: str) -> str:
         return f"shortcut-{construction}"
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, *, task: Task,
              constructions=None, seeds=None) -> list[Job]:
         """Jobs of `constructions` (default: the paper's six) and training seed indices `seeds` (default:
         seed 0; a seed k > 0 trains in `shortcut-<construction>-s<k>/`). Runs on subsets share the
@@ -276,7 +280,6 @@ class ShortcutSuite(ExperimentKind):
 
         p = preset
         seeds = check_seeds(seeds)
-        task = preset_task(p, task)
         if not task.is_paper:
             raise ConfigError(f"the shortcut constructions are written in the paper's functions and mod-10 "
                               f"arithmetic; they do not run on {task.describe()}")

@@ -13,11 +13,12 @@ from __future__ import annotations
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_experiment_json, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest, preset_task
+from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest
 from rlmlab.experiments.kinds.threshold import report_threshold, threshold_results
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -33,6 +34,9 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.measuring.stats import accuracy
+
+if TYPE_CHECKING:
+    from rlmlab.task.taskfile import Task
 
 SPLIT_KINDS = ("length", "depth")
 UNIT = {"length": "L", "depth": "K"}
@@ -278,11 +282,11 @@ class ThresholdSweep(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {"kind": meta.get("kind"), "shared": meta.get("shared"), "task": meta_task_digest(meta)}
 
-    def planned_identity(self, preset, task=None, lengths=None, depths=None, seeds=None) -> dict:
-        return {"kind": self.name, "shared": shared(preset), "task": preset_task(preset, task).digest}
+    def planned_identity(self, preset, task: Task, lengths=None, depths=None, seeds=None) -> dict:
+        return {"kind": self.name, "shared": shared(preset), "task": task.digest}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None, lengths=None,
-             depths=None, seeds=None) -> list[Job]:
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, *, task: Task,
+             lengths=None, depths=None, seeds=None) -> list[Job]:
         """Jobs for the thresholds asked for (default: the paper's 8 lengths and 5 depths) and the
         training seed indices `seeds` (default: seed 0; `rlmlab.experiments.seeds`). Runs on
         other thresholds, seeds or learners may share the folder: its experiment.json lists the
@@ -291,7 +295,6 @@ class ThresholdSweep(ExperimentKind):
                                               without_ood)
 
         p = preset
-        task = preset_task(p, task)
         seeds = check_seeds(seeds)
         if lengths is None and depths is None:
             lengths, depths = LENGTH_THRESHOLDS, DEPTH_THRESHOLDS

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds.base import ExperimentKind, preset_task
+from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
@@ -36,6 +37,9 @@ from rlmlab.experiments.tables import (
 from rlmlab.measuring.frame_errors import render_frames
 from rlmlab.measuring.result_files import find_eval_dir, has_results, read_results, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, auc_with_interval
+
+if TYPE_CHECKING:
+    from rlmlab.task.taskfile import Task
 
 # The paper's Table 2 (representative splits L=595, K=10), for side-by-side reading.
 PAPER_TABLE2 = {
@@ -479,10 +483,10 @@ class ThresholdSplit(ExperimentKind):
     def identity(self, meta: dict) -> dict:
         return {**super().identity(meta), "threshold": meta.get("threshold")}
 
-    def planned_identity(self, preset, task=None, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
+    def planned_identity(self, preset, task: Task, threshold: int | None = None, seeds: list[int] | None = None) -> dict:
         return {**super().planned_identity(preset, task), "threshold": self.threshold(preset, threshold)}
 
-    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, task=None,
+    def plan(self, preset: ExperimentPreset, out: Path, learners, progress: bool = True, *, task: Task,
              threshold: int | None = None, seeds: list[int] | None = None) -> list[Job]:
         """One job per learner and training seed index (default: seed 0 only). Every seed trains
         on the same split and is evaluated on the same expressions; the seed sets the model's
@@ -490,7 +494,6 @@ class ThresholdSplit(ExperimentKind):
         from rlmlab.experiments.splits import Split, threshold_split, without_ood
 
         p = preset
-        task = preset_task(p, task)
         threshold = self.threshold(p, threshold)
         seeds = check_seeds(seeds)
         data = out / "data" / self.job_name(threshold)
