@@ -14,7 +14,7 @@ from rlmlab.experiments.folder import LOCK_NAME
 from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.presets import merge_learner_tables
-from rlmlab.experiments.refs import read_refs, refer_to_siblings
+from rlmlab.experiments.refs import REFS, read_refs, refer_to_siblings
 from rlmlab.experiments.report import report
 from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.records import reencode_records
@@ -31,7 +31,7 @@ RESUME_CHECKPOINT = "last"
 REBUILT = ("report", "view")  # the report is rebuilt from the copy; `rlmlab view` makes its pages on demand
 # What `rlmlab run` writes at the top of an experiment folder besides its data, report and run
 # folders; any other top-level file there (a README, notes) was written by a person.
-TOP_LEVEL_OUTPUTS = ("experiment.json", "commands.jsonl")
+TOP_LEVEL_OUTPUTS = ("experiment.json", "commands.jsonl", REFS)
 
 
 def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -> dict:
