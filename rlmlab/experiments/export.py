@@ -31,7 +31,8 @@ RESUME_CHECKPOINT = "last"
 REBUILT = ("report", "view")  # the report is rebuilt from the copy; `rlmlab view` makes its pages on demand
 # What `rlmlab run` writes at the top of an experiment folder besides its data, report and run
 # folders; any other top-level file there (a README, notes) was written by a person.
-TOP_LEVEL_OUTPUTS = ("experiment.json", "commands.jsonl", REFS)
+MERGED = ("experiment.json", "commands.jsonl")  # merged with the destination's, not copied
+TOP_LEVEL_OUTPUTS = (*MERGED, REFS)
 
 
 def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -> dict:
@@ -155,7 +156,7 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
         if any(rel.parts[:len(run.parts)] == run.parts for run in in_flight):
             continue
         if (rel.parts[0] in REBUILT or path.name == LOCK_NAME
-                or rel.parts in (("experiment.json",), ("commands.jsonl",))):
+                or (len(rel.parts) == 1 and rel.name in MERGED)):
             continue
         if len(rel.parts) == 1 and rel.name not in TOP_LEVEL_OUTPUTS and (dest / rel).is_file():
             if (dest / rel).read_bytes() != path.read_bytes():
