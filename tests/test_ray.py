@@ -28,7 +28,8 @@ from rlmlab.measuring.result_files import evaluated_sets, read_results  # noqa: 
 from rlmlab.runlog import read_metrics  # noqa: E402
 
 SMOKE = ["run", "length", "--preset", "smoke", "--threads", "1", "--quiet"]
-HEAD_START_TIMEOUT_S = 90
+HEAD_START_TIMEOUT_S = 90  # per try
+HEAD_STARTS = 3
 PATHS_AND_TIMINGS = ("run_dir", "data", "seconds", "expr_per_s", "tokens_per_s")
 
 
@@ -42,17 +43,10 @@ def _ray(*args: str) -> list[str]:
     return [sys.executable, "-m", "ray.scripts.scripts", *args]
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    """A Ray head on this machine with 2 CPUs; yields its address.
-
-    `ray start --block` stops its cluster, and only that one, when it gets SIGTERM (`ray stop`
-    would stop every Ray cluster of the machine). Ray announces the machine's own address
-    rather than 127.0.0.1, but nothing outside the machine joins. The temporary folder is short
-    because Ray puts Unix sockets in it."""
+def _start_head() -> tuple[subprocess.Popen, str, str]:
+    """`ray start --head --block` on a free port; returns the process, its temporary folder and address."""
     temp = tempfile.mkdtemp(prefix="rlmlab-ray-")
     port = _free_port()
-    address = f"127.0.0.1:{port}"
     with open(Path(temp, "head.log"), "w") as log:
         head = subprocess.Popen(
             _ray("start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
@@ -60,7 +54,32 @@ def ray_address():
                  f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
                  f"--dashboard-agent-listen-port={_free_port()}"),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return head, temp, f"127.0.0.1:{port}"
+
+
+def _stop_head(head: subprocess.Popen, temp: str) -> None:
+    head.send_signal(signal.SIGTERM)
     try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A Ray head on this machine with 2 CPUs; yields its address.
+
+    `ray start --block` stops its cluster, and only that one, when it gets SIGTERM (`ray stop`
+    would stop every Ray cluster of the machine). Ray announces the machine's own address
+    rather than 127.0.0.1, but nothing outside the machine joins. The temporary folder is short
+    because Ray puts Unix sockets in it. Ray gives its raylet a fixed 30 s to register and then
+    exits ("The current node timed out during startup"); on a loaded 2-core machine that happens,
+    so a head that exits is started again, HEAD_STARTS times in all, before the test fails."""
+    logs = []
+    for _ in range(HEAD_STARTS):
+        head, temp, address = _start_head()
         deadline = time.monotonic() + HEAD_START_TIMEOUT_S
         while True:
             status = subprocess.run(_ray("status", f"--address={address}"), check=False, capture_output=True,
@@ -68,17 +87,18 @@ def ray_address():
             if status.returncode == 0 and "CPU" in status.stdout:
                 break
             if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the Ray head did not start:\n" + Path(temp, "head.log").read_text()[-3000:])
+                break
             time.sleep(1)
+        if head.poll() is None and status.returncode == 0 and "CPU" in status.stdout:
+            break
+        logs.append(Path(temp, "head.log").read_text()[-3000:])
+        _stop_head(head, temp)
+    else:
+        pytest.fail(f"the Ray head did not start in {HEAD_STARTS} tries; the last one's log:\n" + logs[-1])
+    try:
         yield address
     finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        shutil.rmtree(temp, ignore_errors=True)
+        _stop_head(head, temp)
 
 
 def _start_rlmlab(cwd: Path, *args: str) -> subprocess.Popen:
