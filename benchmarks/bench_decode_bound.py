@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from bench_infer import L, VOCAB, expression_set  # noqa: E402
+from bench_infer import VOCAB, L, expression_set  # noqa: E402
 from machine import print_facts  # noqa: E402
 
 from rlmlab.decoding.driver import generate  # noqa: E402

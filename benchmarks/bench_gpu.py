@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch.nn.functional as F  # noqa: E402
 from bench_train import useful_flops  # noqa: E402
 from machine import print_facts  # noqa: E402
-
-import torch.nn.functional as F  # noqa: E402
 
 from rlmlab.attention.backends import Flex, attention_kind, flex_attend  # noqa: E402
 from rlmlab.attention.layout import Layout  # noqa: E402

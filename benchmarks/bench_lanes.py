@@ -20,11 +20,11 @@ import torch  # noqa: E402
 from machine import print_facts  # noqa: E402
 
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
-from rlmlab.learning.model import Transformer, preset  # noqa: E402
-from rlmlab.learning.packing import pack_rows  # noqa: E402
-from rlmlab.learning.optim import configure_optimizer  # noqa: E402
-from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.learning.examples import build_examples  # noqa: E402
+from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.optim import configure_optimizer  # noqa: E402
+from rlmlab.learning.packing import pack_rows  # noqa: E402
+from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.taskfile import load_task
 

@@ -27,6 +27,7 @@ import rlmlab  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
 from rlmlab.learning.packing import RowStream  # noqa: E402
+
 try:
     from rlmlab.learning.data import fit_to_block
     from rlmlab.learning.optim import configure_optimizer

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
-from rlmlab.experiments.run_job import train_run  # noqa: E402
 from rlmlab.experiments.presets import get_preset  # noqa: E402
+from rlmlab.experiments.run_job import train_run  # noqa: E402
 from rlmlab.experiments.splits import threshold_split  # noqa: E402
 from rlmlab.learning.config import RunConfig, apply_settings  # noqa: E402
 from rlmlab.task.pool import read_pool  # noqa: E402

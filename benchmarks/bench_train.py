@@ -38,8 +38,11 @@ from machine import print_facts  # noqa: E402
 
 from rlmlab.attention.positions import context_limit  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
+from rlmlab.learning.data import fit_to_block  # noqa: E402
+from rlmlab.learning.examples import ExampleSet, build_examples  # noqa: E402
 from rlmlab.learning.learner import get_learner  # noqa: E402
 from rlmlab.learning.model import Transformer, preset  # noqa: E402
+from rlmlab.learning.optim import configure_optimizer  # noqa: E402
 from rlmlab.learning.packing import (  # noqa: E402
     Row,
     RowStream,
@@ -47,9 +50,6 @@ from rlmlab.learning.packing import (  # noqa: E402
     micro_batches,
     padding_fraction,
 )
-from rlmlab.learning.data import fit_to_block  # noqa: E402
-from rlmlab.learning.examples import ExampleSet, build_examples  # noqa: E402
-from rlmlab.learning.optim import configure_optimizer  # noqa: E402
 from rlmlab.learning.step import train_step  # noqa: E402
 from rlmlab.task.pool import build_pool  # noqa: E402
 from rlmlab.task.taskfile import load_task

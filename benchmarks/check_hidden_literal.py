@@ -40,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_facts  # noqa: E402
 
+from rlmlab.learning.observe import observer, reference_examples  # noqa: E402
+from rlmlab.measuring.result_files import read_results  # noqa: E402
 from rlmlab.shortcuts import (  # noqa: E402
     CONSTRUCTIONS,
     ShortcutConfig,
@@ -51,12 +53,10 @@ from rlmlab.shortcuts import (  # noqa: E402
 )
 from rlmlab.shortcuts.dataset import _draw_set  # noqa: E402
 from rlmlab.shortcuts.root_frame import literal_paths  # noqa: E402
-from rlmlab.learning.observe import observer, reference_examples  # noqa: E402
-from rlmlab.measuring.result_files import read_results  # noqa: E402
 from rlmlab.task.expr import DIGITS  # noqa: E402
 from rlmlab.task.sampler import GeneratorConfig  # noqa: E402
-from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN  # noqa: E402
 from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import ASSIGN, CALL, END_CALL, END_RETURN, RETURN  # noqa: E402
 
 PAPER = load_task("paper")
 

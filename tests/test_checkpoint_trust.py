@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error, write_as_legacy
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import one_line_error, write_as_legacy
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning import checkpoint as ck

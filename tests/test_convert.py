@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import one_line_error
+
 from rlmlab.cli import main
 from rlmlab.experiments.convert import convert_folder
 from rlmlab.experiments.refs import REFS, experiment_runs, read_refs

@@ -11,10 +11,10 @@ import pytest
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.experiments.run import run_jobs
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import EXPERIMENT_PRESETS, get_preset
 from rlmlab.experiments.report import report
+from rlmlab.experiments.run import run_jobs
 from rlmlab.measuring.result_files import has_results, read_results
 from rlmlab.runlog import read_metrics
 from rlmlab.task.taskfile import load_task

@@ -11,19 +11,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 import torch
+from conftest import reseal_examples_cache
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import reseal_examples_cache
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.learning.checkpoint import meta_digest, save_checkpoint
 from rlmlab.learning.config import SECTIONS
-from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.examples import ExampleSet, build_examples
+from rlmlab.learning.model import Transformer, preset
 from rlmlab.task.taskfile import load_task
 
 PAPER = load_task("paper")

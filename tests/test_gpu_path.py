@@ -19,15 +19,15 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex
 import torch.nn.functional as F
+from conftest import draw_packed_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_model import _dense_block_mask
 from torch._dynamo.testing import CompileCounter
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import draw_packed_layout
-from rlmlab.attention.backends import Flex
-from rlmlab.attention.backends import attention_kind
+from rlmlab.attention.backends import Flex, attention_kind
 from rlmlab.attention.layout import Layout
 from rlmlab.learning.config import DataSettings, ModelConfig, TrainConfig
 from rlmlab.learning.data import fit_to_block
@@ -38,7 +38,6 @@ from rlmlab.learning.packing import RowStream, collate, flat_micro_batches
 from rlmlab.learning.step import FiniteGuard, batch_loss, optimizer_step, step_batches
 from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool
-from test_model import _dense_block_mask
 from rlmlab.task.taskfile import load_task
 
 PAPER = load_task("paper")

@@ -15,15 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import one_line_error as conftest_one_line_error
 from conftest import reseal_examples_cache, write_as_legacy
+
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, DataError
 from rlmlab.learning import checkpoint as ck
+from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.resume import TrainerState
-from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.measuring.result_files import read_results, write_results
 from rlmlab.measuring.score import read_expressions
 from rlmlab.safeio import MAX_DEPTH, parse_json

@@ -7,8 +7,7 @@ from rlmlab.attention.backends import Dense
 from rlmlab.attention.layout import Layout
 from rlmlab.learning.lanes import IGNORE, lane_pack
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.simulate import lane_tensors
-from rlmlab.measuring.simulate import simulate_rm
+from rlmlab.measuring.simulate import lane_tensors, simulate_rm
 from rlmlab.task.frames import active_frame
 from rlmlab.task.taskfile import load_task
 

@@ -4,10 +4,10 @@ block-diagonal attention path against the dense mask."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import draw_packed_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_packed_layout
 from rlmlab.attention.backends import Blocks, Dense
 from rlmlab.attention.layout import Layout
 from rlmlab.learning.model import Transformer, preset

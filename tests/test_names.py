@@ -8,13 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import one_line_error
+
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.learning import checkpoint as ck
-from rlmlab.runlog import read_metrics
 from rlmlab.learning.config import RunConfig, apply_overrides, apply_settings, load_config_file
+from rlmlab.runlog import read_metrics
 from rlmlab.task.pool import build_pool, write_pool
 from rlmlab.task.taskfile import load_task
 

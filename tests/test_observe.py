@@ -12,7 +12,9 @@ from rlmlab.decoding.oracle import oracle_predictor
 from rlmlab.decoding.predictor import TeacherForced
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import DataSettings
-from rlmlab.learning.learner import as_learner, get_learner as learner
+from rlmlab.learning.examples import build_examples, get_packing
+from rlmlab.learning.learner import as_learner
+from rlmlab.learning.learner import get_learner as learner
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.observe import (
     NEW,
@@ -24,7 +26,6 @@ from rlmlab.learning.observe import (
     reduce_calls,
     reference_examples,
 )
-from rlmlab.learning.examples import build_examples, get_packing
 from rlmlab.task.frames import active_frame
 from rlmlab.task.taskfile import load_task
 

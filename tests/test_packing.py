@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlmlab.learning.examples import build_examples
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.learning.packing import (
     IGNORE,
@@ -16,7 +17,6 @@ from rlmlab.learning.packing import (
     padding_fraction,
     row_length_for,
 )
-from rlmlab.learning.examples import build_examples
 from rlmlab.task.expr import to_text
 from rlmlab.task.taskfile import load_task
 

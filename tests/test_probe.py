@@ -15,7 +15,6 @@ from rlmlab.decoding.oracle import Oracle, oracle_predictor
 from rlmlab.decoding.predictor import NO_TOKEN
 from rlmlab.learning.checkpoint import save_checkpoint
 from rlmlab.learning.model import Transformer, preset
-from rlmlab.measuring.result_files import read_results
 from rlmlab.measuring.probe import (
     completed_calls,
     forced_predictions,
@@ -23,6 +22,7 @@ from rlmlab.measuring.probe import (
     probe_summary,
     summarize_probe,
 )
+from rlmlab.measuring.result_files import read_results
 from rlmlab.task.frames import active_frame
 from rlmlab.task.taskfile import load_task
 

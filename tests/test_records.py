@@ -12,16 +12,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import one_line_error
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_report import assert_report_regenerates
 
-from conftest import one_line_error
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.measuring.result_files import has_results, read_results, results_file, write_results, write_rows
 from rlmlab.records import read_records, records_to_table, reencode_records, table_to_records, write_records
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
-from test_report import assert_report_regenerates
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 SMALL = "length-197-small"  # a small committed folder: two runs, their evaluations and probes

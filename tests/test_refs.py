@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import one_line_error
+
 from rlmlab.cli import main
 from rlmlab.errors import DataError
 from rlmlab.experiments.convert import convert_folder

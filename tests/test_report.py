@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import one_line_error
 
 from rlmlab.errors import NoResultsError
 from rlmlab.experiments.kinds.iid import iid_points
@@ -14,7 +15,6 @@ from rlmlab.experiments.report import report
 from rlmlab.measuring.result_files import write_rows
 from rlmlab.measuring.stats import wilson
 from rlmlab.records import write_records
-from conftest import one_line_error
 
 # Hand-made folders in both forms a report reads: legacy JSON lines and Parquet.
 FORMS = ["jsonl", "parquet"]

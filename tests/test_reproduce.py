@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlmlab.cli import main
-from rlmlab.experiments.reproduce import compare, compare_training_logs, rerun_command, stored_commands
 from rlmlab.experiments.convert import convert_folder
+from rlmlab.experiments.reproduce import compare, compare_training_logs, rerun_command, stored_commands
 from rlmlab.measuring.result_files import find_eval_dir, read_results
 from rlmlab.runlog import convert_metrics, read_metrics
 

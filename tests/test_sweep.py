@@ -1,11 +1,9 @@
 """The threshold sweep: one folder of length and depth thresholds, its report, importing a
 single-threshold experiment into it, and the sizing plan (`rlmlab run sweep --plan`)."""
 
+import functools
 import json
 import random
-from fractions import Fraction
-
-import functools
 
 import numpy as np
 import pytest

@@ -22,8 +22,7 @@ from rlmlab.learning.checkpoint import load_run, meta_digest
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.model import Transformer, preset
 from rlmlab.measuring.result_files import read_results
-from rlmlab.measuring.simulate import lane_tensors
-from rlmlab.measuring.simulate import simulate_rm
+from rlmlab.measuring.simulate import lane_tensors, simulate_rm
 from rlmlab.task.expr import evaluate, parse, to_text
 from rlmlab.task.frames import active_frame, check_prefix, cut_examples
 from rlmlab.task.pool import build_pool, read_pool, write_pool

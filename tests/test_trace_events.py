@@ -29,8 +29,8 @@ from rlmlab.task.events import (
 from rlmlab.task.expr import DIGITS, tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.sampler import ExpressionSampler
-from rlmlab.task.vocab import ASSIGN, CALL, CONTROL, END_CALL, END_RETURN, RETURN, SPECIALS
 from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import ASSIGN, CALL, CONTROL, END_CALL, END_RETURN, RETURN, SPECIALS
 
 PAPER = load_task("paper")
 

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 from rlmlab.task.expr import to_text, tokens
 from rlmlab.task.frames import StackReplay, active_frame, check_prefix, cut_examples
-from rlmlab.task.vocab import CONTROL
 from rlmlab.task.taskfile import load_task
+from rlmlab.task.vocab import CONTROL
 
 PAPER = load_task("paper")
 

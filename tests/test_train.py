@@ -12,9 +12,9 @@ from rlmlab.cli import main
 from rlmlab.errors import ConfigError
 from rlmlab.learning.checkpoint import load_run
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig
+from rlmlab.learning.examples import build_examples
 from rlmlab.learning.optim import describe_schedule, lr_at
 from rlmlab.learning.train import train
-from rlmlab.learning.examples import build_examples
 from rlmlab.runlog import convert_metrics, read_metrics
 from rlmlab.task.expr import to_text
 from rlmlab.task.pool import build_pool, write_pool

@@ -20,7 +20,6 @@ from rlmlab.learning.config import MAX_THREADS, field_docs
 from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.safeio import refuse_other_folder
 
-
 PRESET_SETTING = "preset:"
 # Options that narrow what an experiment runs (or, --pool, what --plan sizes): comma-separated,
 # default None, each read by the kinds it names.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from rlmlab.errors import ConfigError
 from rlmlab.learning.config import (
     MODEL_PRESETS,
     OLD_KEYS,
@@ -27,7 +28,6 @@ from rlmlab.learning.config import (
     load_config_file,
 )
 from rlmlab.learning.examples import PACKINGS
-from rlmlab.errors import ConfigError
 from rlmlab.safeio import refuse_other_folder
 
 OVERRIDE = "override:"

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.refs import read_refs, refer_to_siblings
-from rlmlab.journal import JOURNAL, LEFTOVERS as STAGED_LEFTOVERS, commit, recover, staged
+from rlmlab.journal import JOURNAL, commit, recover, staged
+from rlmlab.journal import LEFTOVERS as STAGED_LEFTOVERS
 from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, attach_traces, split_traces
 from rlmlab.records import read_records, reencode_records, write_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics

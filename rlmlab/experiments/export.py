@@ -11,11 +11,11 @@ from pathlib import Path
 from rlmlab.errors import CheckpointError, DataError, NoResultsError, RlmlabError
 from rlmlab.experiments.convert import convert_results
 from rlmlab.experiments.folder import LOCK_NAME
-from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import REFS, read_refs, refer_to_siblings
 from rlmlab.experiments.report import report
+from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished

@@ -24,7 +24,6 @@ from pathlib import Path
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.presets import ExperimentPreset, merge_learner_tables, preset_record
 
-
 # Lock files (empty, held with flock while a run plans or trains; `rlmlab export` leaves them out).
 LOCK_NAME = ".lock"
 

@@ -6,8 +6,8 @@ import typing
 from dataclasses import dataclass, field, replace
 
 from rlmlab.errors import ConfigError
-from rlmlab.safeio import check_fits
 from rlmlab.experiments.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
+from rlmlab.safeio import check_fits
 
 
 @dataclass(frozen=True)

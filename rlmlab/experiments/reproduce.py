@@ -23,10 +23,10 @@ from rlmlab.decoding.driver import Limits
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
+from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.splits import first_per_bin
 from rlmlab.measuring.result_files import eval_dir, evaluated_sets, read_results

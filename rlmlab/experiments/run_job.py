@@ -15,7 +15,6 @@ from rlmlab.errors import DataError
 from rlmlab.experiments.job import Job
 from rlmlab.safeio import read_json
 
-
 # Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
 RESULT_COLUMNS = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "signal")
 

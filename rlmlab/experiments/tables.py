@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
-from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.experiments.refs import job_runs, run_path
+from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.measuring.result_files import find_eval_dir, has_results, read_results
 from rlmlab.measuring.stats import accuracy
 from rlmlab.runlog import has_metrics, read_metrics

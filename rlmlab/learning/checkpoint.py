@@ -45,10 +45,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
-from rlmlab.safeio import read_json, shorten
 from rlmlab.learning.config import RunConfig, apply_dict
 from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import ModelConfig, Transformer
+from rlmlab.safeio import read_json, shorten
 from rlmlab.task.taskfile import Task, check_same_task, load_task, paper_task
 from rlmlab.task.vocab import Vocab
 

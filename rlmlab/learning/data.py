@@ -18,6 +18,7 @@ from rlmlab.learning.examples import ExampleSet, build_examples
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import Task
 
+
 @dataclass
 class DataSplit:
     """A learner's training and validation examples, and the validation expressions themselves

@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 
 from rlmlab.attention.backends import Dense, attend
-from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 from rlmlab.attention.positions import Positions
+from rlmlab.learning.config import MODEL_PRESETS, ModelConfig, preset  # noqa: F401 (the model's sizes, importable from here too)
 
 
 class CausalSelfAttention(nn.Module):

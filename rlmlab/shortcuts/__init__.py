@@ -23,15 +23,37 @@ The experiment that trains and evaluates both learners on these sets is
 `rlmlab.experiments.kinds.shortcuts`.
 """
 
-from rlmlab.shortcuts.construction import (TAIL_RECURSIVE, Candidate, Construction, ShortcutConfig, ShortcutSampler,
-                                           tail_recursive)
+from rlmlab.shortcuts.construction import (
+                                           TAIL_RECURSIVE,
+                                           Candidate,
+                                           Construction,
+                                           ShortcutConfig,
+                                           ShortcutSampler,
+                                           tail_recursive,
+)
 from rlmlab.shortcuts.dataset import N_IID, N_OOD, N_VAL, ShortcutDataset, build_shortcut_dataset
 from rlmlab.shortcuts.metric import shortcut_rate, shortcut_summary
 from rlmlab.shortcuts.registry import ABLATIONS, CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, VARIANTS, get_construction
-from rlmlab.shortcuts.root_frame import (RootFrame, TraceFrame, answer_position, child, frame_tree, internal_returns,
-                                         root_frame, root_payload)
-from rlmlab.shortcuts.validity import (CheckResult, ValidityLimits, ValidityReport, ambiguity, check_identifiable,
-                                       check_no_static_literal, check_not_one_to_one, check_validity)
+from rlmlab.shortcuts.root_frame import (
+                                           RootFrame,
+                                           TraceFrame,
+                                           answer_position,
+                                           child,
+                                           frame_tree,
+                                           internal_returns,
+                                           root_frame,
+                                           root_payload,
+)
+from rlmlab.shortcuts.validity import (
+                                           CheckResult,
+                                           ValidityLimits,
+                                           ValidityReport,
+                                           ambiguity,
+                                           check_identifiable,
+                                           check_no_static_literal,
+                                           check_not_one_to_one,
+                                           check_validity,
+)
 
 __all__ = ["CONSTRUCTIONS", "VARIANTS", "EXPERIMENT_CONSTRUCTIONS", "ABLATIONS", "TAIL_RECURSIVE", "tail_recursive", "Construction", "Candidate", "ShortcutSampler",
            "ShortcutConfig", "ValidityLimits", "TraceFrame", "frame_tree", "internal_returns", "child",

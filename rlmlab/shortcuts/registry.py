@@ -4,8 +4,7 @@ run, and the two excluded ablations."""
 from __future__ import annotations
 
 from rlmlab.errors import ConfigError
-from rlmlab.shortcuts.aggregates import (LongRangeAggregate, NearAnswerAggregate, PositionWeightedAggregate,
-                                         SiblingCopy)
+from rlmlab.shortcuts.aggregates import LongRangeAggregate, NearAnswerAggregate, PositionWeightedAggregate, SiblingCopy
 from rlmlab.shortcuts.construction import Construction
 from rlmlab.shortcuts.copy_deep_return import CopyDeepReturn, OneToOneWrapper
 from rlmlab.shortcuts.hidden_literal import HiddenLiteral, HiddenLiteralLate

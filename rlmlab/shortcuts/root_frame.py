@@ -19,7 +19,6 @@ from rlmlab.task.expr import DIGITS, Expr
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.trace import Execution
 
-
 # --- frames of the flattened trace ---------------------------------------------------
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
 from rlmlab.errors import LibraryError
-from rlmlab.task.expr import (ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse,
-                              value_token)
+from rlmlab.task.expr import ANY, BOOL, BOOLS, INT, Call, evaluate, infer_type, literal_value, parse, value_token
 from rlmlab.task.rules import KEYWORDS, Lazy, RuleError, check_rule, eval_rule, parse_rule
 
 Kind = Literal["primitive", "composite", "recursive"]

@@ -15,17 +15,17 @@ from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset, budget_settings
+from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.experiments.tables import (
     eval_results,
-    learner_line,
     learner_label,
+    learner_line,
     learners,
     pct,
     plot_learning_curves,
     save_figures,
     training_runs,
 )
-from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from rlmlab.experiments.tables import (
     training_summary,
 )
 from rlmlab.learning.learner import get_learner
-from rlmlab.safeio import read_json
 from rlmlab.runlog import has_metrics
+from rlmlab.safeio import read_json
 
 RECIPE_MARKS_MIN = (15, 30, 45, 60, 90, 120)
 """Training minutes at which the recipe table reads each run's best validation so far."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlmlab.errors import ConfigError, DataError, NoResultsError
+from rlmlab.errors import ConfigError, NoResultsError
 from rlmlab.experiments.folder import check_saved, ensure_data, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
@@ -14,8 +14,19 @@ from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness
-from rlmlab.experiments.tables import (FIT_THRESHOLD, count_ci, eval_results, fitted, gap, learner_label, learners,
-                                       pct, plot_learning_curves, probe_groups, training_runs)
+from rlmlab.experiments.tables import (
+    FIT_THRESHOLD,
+    count_ci,
+    eval_results,
+    fitted,
+    gap,
+    learner_label,
+    learners,
+    pct,
+    plot_learning_curves,
+    probe_groups,
+    training_runs,
+)
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, share
 from rlmlab.shortcuts.metric import shortcut_rate
@@ -275,8 +286,13 @@ class ShortcutSuite(ExperimentKind):
         folder: the experiment lists every construction any of them planned, in the table's order."""
         import pyarrow.parquet as pq
 
-        from rlmlab.shortcuts import (CONSTRUCTIONS, EXPERIMENT_CONSTRUCTIONS, ShortcutConfig, ShortcutDataset,
-                                      build_shortcut_dataset)
+        from rlmlab.shortcuts import (
+            CONSTRUCTIONS,
+            EXPERIMENT_CONSTRUCTIONS,
+            ShortcutConfig,
+            ShortcutDataset,
+            build_shortcut_dataset,
+        )
 
         p = preset
         seeds = check_seeds(seeds)

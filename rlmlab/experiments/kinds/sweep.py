@@ -291,8 +291,7 @@ class ThresholdSweep(ExperimentKind):
         training seed indices `seeds` (default: seed 0; `rlmlab.experiments.seeds`). Runs on
         other thresholds, seeds or learners may share the folder: its experiment.json lists the
         split of every threshold any of them planned."""
-        from rlmlab.experiments.splits import (DEPTH_THRESHOLDS, LENGTH_THRESHOLDS, Split, threshold_split,
-                                              without_ood)
+        from rlmlab.experiments.splits import DEPTH_THRESHOLDS, LENGTH_THRESHOLDS, Split, threshold_split, without_ood
 
         p = preset
         seeds = check_seeds(seeds)
