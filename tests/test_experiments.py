@@ -320,6 +320,26 @@ def test_report_and_run_errors(tmp_path, capsys):
         get_kind("recipe").plan(get_preset("smoke"), tmp_path / "r", ("rm",), task=PAPER)
 
 
+def test_each_job_trains_on_the_run_specification_its_plan_built(tmp_path):
+    """The preset builds each job's RunConfig once, when the experiment is planned; the run
+    trains on exactly that specification (its config.json), the encoding of a name such as
+    `cot@rope` parsed into `model.positions` and the learner's base name."""
+    from rlmlab.experiments.run import run_experiment
+    from rlmlab.learning.config import RunConfig
+
+    jobs = run_experiment("length", "smoke", tmp_path, learners=("rm", "cot@rope"), progress=False)
+    assert [j.learner for j in jobs] == ["rm", "cot@rope"]
+    for job in jobs:
+        assert isinstance(job.config, RunConfig)
+        saved = json.loads((job.run_dir(tmp_path) / "config.json").read_text())
+        assert RunConfig.from_dict(saved) == job.config
+    rope = jobs[1].config
+    assert (rope.data.learner, rope.model.positions) == ("cot", "rope")
+    assert rope.data.train == str(tmp_path / "data" / "length-96" / "train.parquet")
+    # A learner the config refuses is refused when planned, before a job runs.
+    with pytest.raises(ConfigError, match="unknown position encoding|encoding"):
+        run_experiment("length", "smoke", tmp_path / "bad", learners=("cot@nope",), progress=False)
+
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     from rlmlab.experiments.kinds.iid import _iid_settings
 
@@ -752,16 +772,18 @@ def test_extend_lifts_the_early_stop_of_a_run_that_stopped_on_its_plateau(tmp_pa
                                     '{"data": {}}', '[]', '{"train": '])
 def test_extend_refuses_a_damaged_config_with_one_line(tmp_path, config):
     from rlmlab.experiments.run_job import reopen_to_extend
+    from rlmlab.learning.config import TrainConfig
 
     (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "plateau"}')
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(DataError, match="done.json or config.json is not what `rlmlab run` writes"):
-        reopen_to_extend(tmp_path, {"train.patience": None, "train.max_minutes": 9})
+        reopen_to_extend(tmp_path, TrainConfig(patience=None, max_minutes=9))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["config.json", "done.json"]  # nothing moved
 
 
 def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path, capsys):
     from rlmlab.experiments.run_job import reopen_to_extend
+    from rlmlab.learning.config import TrainConfig
 
     out, dest = tmp_path / "length", tmp_path / "results" / "length"
     argv = ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet"]
@@ -772,7 +794,7 @@ def test_export_of_a_reopened_run_drops_its_earlier_export_outputs(tmp_path, cap
     assert main(["export", str(out), str(dest)]) == 0
     assert (exported / "done.json").exists() and has_results(exported / "eval")
     # Extended and still training at the next export: the run is left out, its earlier export stays.
-    assert reopen_to_extend(run_dir, {"train.max_steps": 5}) is None
+    assert reopen_to_extend(run_dir, TrainConfig(max_steps=5)) is None
     capsys.readouterr()
     assert main(["export", str(out), str(dest)]) == 0
     assert "left out 1 unfinished run(s) and the commands that planned only them: length-96/rm" in capsys.readouterr().err

@@ -153,11 +153,12 @@ def test_parquet_vocabulary_metadata_deep_or_not_utf8_is_one_error(tmp_path):
 
 def test_a_config_read_by_extend_nested_deeply_is_one_error(tmp_path):
     from rlmlab.experiments.run_job import reopen_to_extend
+    from rlmlab.learning.config import TrainConfig
 
     (tmp_path / "done.json").write_text('{"step": 4, "stop_reason": "max_steps"}')
     (tmp_path / "config.json").write_text('{"train": ' + DEEP + "}")
     with pytest.raises(DataError, match="not what `rlmlab run` writes"):
-        reopen_to_extend(tmp_path, {"train.max_steps": 9})
+        reopen_to_extend(tmp_path, TrainConfig(max_steps=9))
 
 
 def test_id_columns_binary_refused_nan_written_as_null(tmp_path, capsys):
@@ -347,13 +348,14 @@ def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path
 
 def test_extend_checks_the_run_can_resume_before_moving_its_outputs(experiment, tmp_path):
     from rlmlab.experiments.run_job import reopen_to_extend
+    from rlmlab.learning.config import TrainConfig
 
     run = tmp_path / "rm"
     shutil.copytree(experiment / "length-96" / "rm", run)
     before = _files(run)
     (run / "last" / "model.safetensors").write_bytes(b"damaged")
     with pytest.raises(CheckpointError, match="corrupt"):
-        reopen_to_extend(run, {"train.max_steps": 50})
+        reopen_to_extend(run, TrainConfig(max_steps=50))
     assert (run / "done.json").exists() and (run / "eval").is_dir()
     assert not list(run.glob("superseded-step*"))
     assert {p for p in _files(run)} == set(before)

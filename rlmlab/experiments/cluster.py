@@ -84,12 +84,14 @@ def run_on_ray(jobs: list[Job], out: str | Path, address: str, extend: bool = Fa
 def _with_threads(job: Job) -> Job:
     """`job` with an explicit thread count: torch, and the example builder's process pool, would
     otherwise take every core of the node for each task."""
-    threads = job.settings.get("train.threads") or 1
-    return replace(job, settings={"data.workers": threads, **job.settings, "train.threads": threads})
+    cfg = job.config
+    threads = cfg.train.threads or 1
+    return replace(job, config=replace(cfg, train=replace(cfg.train, threads=threads),
+                                       data=replace(cfg.data, workers=cfg.data.workers or threads)))
 
 
 def _threads(job: Job) -> int:
-    return job.settings["train.threads"]
+    return job.config.train.threads
 
 
 def _gpu_share(ray, gpus_per_job: float | None) -> float:
@@ -101,7 +103,7 @@ def _gpu_share(ray, gpus_per_job: float | None) -> float:
 
 def _gpus(job: Job, share: float) -> float:
     """The GPU share a job's task reserves: none for a job set to train on CPU."""
-    return 0.0 if job.settings.get("train.device", "auto") == "cpu" else share
+    return 0.0 if job.config.train.device == "cpu" else share
 
 
 def _largest(ray, resource: str) -> float:
@@ -112,7 +114,7 @@ def _run_on_node(job: Job, out: str, extend: bool, cwd: str, task=None) -> dict:
     """The Ray task: `run_job` on whichever node Ray chose, in the driver's working directory."""
     from rlmlab.experiments.run_job import run_job
 
-    missing = [path for path in (Path(cwd, p) for p in (out, job.train, job.val, *job.evals.values()))
+    missing = [path for path in (Path(cwd, p) for p in (out, *job.data_files))
                if not path.exists()]
     if missing:
         raise DataError(f"{missing[0]}: not found on Ray node {socket.gethostname()}; --out must be on a "

@@ -9,6 +9,9 @@ from rlmlab.errors import ConfigError
 from rlmlab.experiments.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
 from rlmlab.safeio import check_fits
 
+if typing.TYPE_CHECKING:
+    from rlmlab.learning.config import RunConfig
+
 
 @dataclass(frozen=True)
 class ExperimentPreset:
@@ -246,6 +249,12 @@ class ExperimentPreset:
         return s
 
 
+    def job_config(self, name: str, train: str, val: str, seed: int = 1337,
+                   per_learner: dict | None = None) -> "RunConfig":
+        """The run specification of learner `name`'s job on `train` / `val`: `job_settings`
+        made into a `RunConfig` by `run_config`."""
+        return run_config(self.job_settings(name, seed, per_learner), name, train, val)
+
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
 PER_LEARNER_TABLES = ("per_learner", "shortcut_per_learner", "iid_per_learner")
 # Their old names, still read from `--learner-setting` (stored commands) and experiment.json.
@@ -256,6 +265,20 @@ JOB_OWNED = frozenset({"data.learner", "data.view", "data.train", "data.val", "t
 # A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
 POOL_ROW_BYTES = 256
 
+
+def run_config(settings: dict, learner: str, train: str, val: str) -> "RunConfig":
+    """The one place a job's settings become its run specification: the typed `settings`
+    (dotted keys, as the preset tables give them) over the defaults, then what the learner's
+    name says (`cot@rope`: `data.learner=cot`, `model.positions=rope`; the name's encoding
+    wins) and the job's data files. A setting the config refuses is a ConfigError here, when
+    the experiment is planned, not when its job starts."""
+    from rlmlab.learning.config import RunConfig, apply_settings
+    from rlmlab.learning.learner import get_learner
+
+    who = get_learner(learner)
+    encoding = {"model.positions": who.encoding} if who.encoding else {}
+    return apply_settings(RunConfig(), {**settings, **encoding, "data.learner": who.base,
+                                        "data.train": train, "data.val": val})
 
 def budget_settings(minutes: float | None, max_steps: int | None, patience: int | None) -> dict:
     """The `train.*` settings of a budget, its unset parts left out (a run's own defaults hold)."""

@@ -392,7 +392,7 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
             evals[set_name], committed[set_name] = str(path), rows
         echo(f"{job} {learner}: evaluating {src} on {sum(len(r) for r in committed.values())} expressions")
         recorded = meta.get("preset", {})
-        run_job(Job(job, learner, "", "", evals, {}, recorded.get("eval_batch", 64),
+        run_job(Job(job, learner, None, evals, recorded.get("eval_batch", 64),
                     recorded.get("eval_runaway_factor")), out, progress=False)
         for set_name, rows in committed.items():
             fresh = read_results(eval_dir(run_dir, set_name))

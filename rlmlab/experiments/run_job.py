@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.job import Job
 from rlmlab.safeio import read_json
+
+if TYPE_CHECKING:
+    from rlmlab.learning.config import TrainConfig
 
 # Columns of an evaluation file that each result carries (bins, OOD flags, signals, pool ids).
 RESULT_COLUMNS = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "signal")
@@ -22,8 +26,8 @@ RESULT_COLUMNS = ("id", "bin", "bin_index", "ood", "ratio", "within_tmax", "sign
 RUN_OUTPUTS = ("done.json", "eval", "probe", "frames")
 
 
-def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
-    """Reopen a finished run when `settings` now allow it more: a larger time or step budget
+def reopen_to_extend(run_dir: Path, asked: "TrainConfig") -> str | None:
+    """Reopen a finished run when the `asked` training settings now allow it more: a larger time or step budget
     than the one that ran out, or a larger patience (or none) than the one that stopped it on a
     plateau. Its outputs (done.json, evaluations, probes, frame tables) move to
     `superseded-step<N>/` in the run folder, so that the run resumes from `last` and is evaluated
@@ -33,8 +37,6 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
     run goes on at the rate its cosine ended with; it is not the run a larger budget would have
     made from the start. After a plateau stop the budget and its schedule are unchanged, so the
     run goes on as the new patience would have let it."""
-    from rlmlab.learning.config import TrainConfig
-
     try:
         done = read_json(run_dir / "done.json", what="done.json")
         saved = read_json(run_dir / "config.json", what="config.json")["train"]
@@ -45,13 +47,13 @@ def reopen_to_extend(run_dir: Path, settings: dict) -> str | None:
     except (DataError, KeyError, TypeError, AttributeError):
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
     if reason == "plateau":
-        asked = settings.get("train.patience", TrainConfig.patience)
-        if asked is not None and (saved.get("patience") is None or asked <= saved["patience"]):
-            return f"it stopped on patience={saved.get('patience')} and the patience asked for now is {asked}"
+        patience = asked.patience
+        if patience is not None and (saved.get("patience") is None or patience <= saved["patience"]):
+            return f"it stopped on patience={saved.get('patience')} and the patience asked for now is {patience}"
     elif reason in ("max_minutes", "max_steps"):
-        asked = settings.get(f"train.{reason}")
-        if asked is None or saved.get(reason) is None or asked <= saved[reason]:
-            return f"it ran out of {reason}={saved.get(reason)} and the budget asked for now is {reason}={asked}"
+        budget = getattr(asked, reason)
+        if budget is None or saved.get(reason) is None or budget <= saved[reason]:
+            return f"it ran out of {reason}={saved.get(reason)} and the budget asked for now is {reason}={budget}"
     else:
         return f"it stopped on {reason}, not on its budget or patience"
     keep = run_dir / f"superseded-step{done.get('step')}"
@@ -110,8 +112,8 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
     from rlmlab.experiments.folder import folder_lock
     from rlmlab.task.taskfile import load_task
 
-    if task is None and "data.task" in job.settings:
-        task = load_task(job.settings["data.task"])
+    if task is None and job.config is not None:
+        task = load_task(job.config.data.task)
     with folder_lock(job.run_dir(Path(out)), wait=False, busy=BUSY_RUN):
         return _run_job(job, Path(out), progress, extend, task)
 
@@ -120,7 +122,6 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.decoding.driver import Limits
     from rlmlab.decoding.engine import ModelPredictor
     from rlmlab.learning.checkpoint import load_run
-    from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import get_learner
     from rlmlab.learning.step import resolve_device
     from rlmlab.measuring.result_files import eval_dir, find_eval_dir
@@ -132,14 +133,13 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         print(f"{done}: not a finished-run marker; the run is resumed and evaluated again", file=sys.stderr)
         done.unlink()
     if extend and done.exists():
-        stays = reopen_to_extend(run_dir, job.settings)
+        stays = reopen_to_extend(run_dir, job.config.train)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
-    who = get_learner(job.learner)
-    encoding = {"model.positions": who.encoding} if who.encoding else {}
+    cfg = job.config
     if not done.exists():
-        cfg = apply_settings(RunConfig(), {**job.settings, **encoding, "data.learner": who.base,
-                                            "data.train": job.train, "data.val": job.val})
+        if cfg is None:
+            raise DataError(f"{run_dir}: not a finished run (no done.json) and no run configuration to train it with")
         cfg.require_stop_rule()
         result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress,
                            task=task)
@@ -155,7 +155,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         done.write_text(json.dumps({"step": result.step, "stop_reason": result.stop_reason,
                                     "select_metric": result.select_metric, "best_score": result.best_score,
                                     "best_step": result.best_step}, indent=2) + "\n")
-    threads = job.settings.get("train.threads")
+    threads = cfg.train.threads if cfg is not None else None
     if threads:  # train() sets them, but a finished or time-limited run evaluates without training
         import torch
         torch.set_num_threads(threads)
@@ -171,8 +171,8 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         if saved is not None:  # e.g. a sample (`--preset.eval_sample`) where the whole set is asked now
             print(f"{found}: evaluated on {saved.get('data')}, not {path}; evaluating again", file=sys.stderr)
         # Decode where the model trained: a CUDA run evaluates on the GPU too.
-        loaded = loaded or load_run(run_dir, "best", resolve_device(job.settings.get("train.device", "auto")),
-                                    {**job.settings, **encoding}.get("model.positions", "learned"),
+        loaded = loaded or load_run(run_dir, "best", resolve_device(cfg.train.device if cfg else "auto"),
+                                    cfg.model.positions if cfg else get_learner(job.learner).encoding or "learned",
                                     task=task)
         # Inexact traces are kept so that `rlmlab view` can show what the model wrote where it erred.
         bar = _eval_bar(progress, f"eval {job.learner}" + ("" if set_name == "eval" else f" {set_name}"), path)

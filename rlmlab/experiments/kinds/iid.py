@@ -14,7 +14,7 @@ from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.presets import ExperimentPreset, budget_settings
+from rlmlab.experiments.presets import ExperimentPreset, budget_settings, run_config
 from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.experiments.tables import (
     eval_results,
@@ -220,8 +220,9 @@ class IIDSweep(ExperimentKind):
                 if seeds is not None and seed not in seeds:
                     continue
                 for v in learners:
-                    jobs.append(Job(self.job_name(n, seed), v, str(path), str(data / "val.parquet"),
-                                    {"test": str(data / "test.parquet")}, _iid_settings(p, n, v, seed), **p.eval_options))
+                    config = run_config(_iid_settings(p, n, v, seed), v, str(path), str(data / "val.parquet"))
+                    jobs.append(Job(self.job_name(n, seed), v, config, {"test": str(data / "test.parquet")},
+                                    **p.eval_options))
         return jobs
 
     def job_names(self, out: Path, meta: dict) -> list[str]:

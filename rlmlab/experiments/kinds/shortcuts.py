@@ -323,10 +323,10 @@ class ShortcutSuite(ExperimentKind):
                     pq.write_table(getattr(ds, part), data / f"{part}.parquet")
             for seed in seeds:
                 for v in learners:
-                    jobs.append(Job(seeded_job(self.job_name(name), seed), v, str(data / "train.parquet"),
-                                    str(data / "val.parquet"),
+                    config = p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"),
+                                          seed=seed_value(seed), per_learner=p.shortcut_per_learner)
+                    jobs.append(Job(seeded_job(self.job_name(name), seed), v, config,
                                     {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
-                                    p.job_settings(v, seed=seed_value(seed), per_learner=p.shortcut_per_learner),
                                     **p.eval_options))
         return jobs
 

@@ -320,8 +320,9 @@ class ThresholdSweep(ExperimentKind):
             if (why := without_ood(split.params)) is not None:
                 print(f"{data}: warning: {why}", file=sys.stderr)
             splits[name] = split.params
-            jobs += [Job(seeded_job(name, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                         {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), **p.eval_options)
+            jobs += [Job(seeded_job(name, seed), v,
+                         p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed_value(seed)),
+                         {"eval": str(data / "eval.parquet")}, **p.eval_options)
                      for seed in seeds for v in learners]
         write_meta(out, self, p, task, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)
         return jobs

@@ -506,8 +506,9 @@ class ThresholdSplit(ExperimentKind):
         if (why := without_ood(split.params)) is not None:
             print(f"{data}: warning: {why}", file=sys.stderr)
         write_meta(out, self, p, task, {"threshold": threshold, "split": split.params}, learners)
-        return [Job(self.job_name(threshold, seed), v, str(data / "train.parquet"), str(data / "val.parquet"),
-                    {"eval": str(data / "eval.parquet")}, p.job_settings(v, seed=seed_value(seed)), **p.eval_options)
+        return [Job(self.job_name(threshold, seed), v,
+                    p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed_value(seed)),
+                    {"eval": str(data / "eval.parquet")}, **p.eval_options)
                 for seed in seeds for v in learners]
 
     def job_names(self, out: Path, meta: dict) -> list[str]:
