@@ -248,12 +248,12 @@ class ExperimentPreset:
             s.update(settings_for(table, name))
         return s
 
-
     def job_config(self, name: str, train: str, val: str, seed: int = 1337,
                    per_learner: dict | None = None) -> "RunConfig":
         """The run specification of learner `name`'s job on `train` / `val`: `job_settings`
         made into a `RunConfig` by `run_config`."""
         return run_config(self.job_settings(name, seed, per_learner), name, train, val)
+
 
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
 PER_LEARNER_TABLES = ("per_learner", "shortcut_per_learner", "iid_per_learner")
@@ -279,6 +279,7 @@ def run_config(settings: dict, learner: str, train: str, val: str) -> "RunConfig
     encoding = {"model.positions": who.encoding} if who.encoding else {}
     return apply_settings(RunConfig(), {**settings, **encoding, "data.learner": who.base,
                                         "data.train": train, "data.val": val})
+
 
 def budget_settings(minutes: float | None, max_steps: int | None, patience: int | None) -> dict:
     """The `train.*` settings of a budget, its unset parts left out (a run's own defaults hold)."""

@@ -132,7 +132,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     if done.exists() and not finished_marker(done):
         print(f"{done}: not a finished-run marker; the run is resumed and evaluated again", file=sys.stderr)
         done.unlink()
-    if extend and done.exists():
+    if extend and done.exists() and job.config is not None:
         stays = reopen_to_extend(run_dir, job.config.train)
         print(f"{run_dir}: " + (f"not extended: {stays}" if stays else "extended; earlier outputs moved to "
                                 "superseded-step*/"), file=sys.stderr)
