@@ -337,8 +337,9 @@ def test_each_job_trains_on_the_run_specification_its_plan_built(tmp_path):
     assert (rope.data.learner, rope.model.positions) == ("cot", "rope")
     assert rope.data.train == str(tmp_path / "data" / "length-96" / "train.parquet")
     # A learner the config refuses is refused when planned, before a job runs.
-    with pytest.raises(ConfigError, match="unknown position encoding|encoding"):
+    with pytest.raises(ConfigError, match="the encoding after '@' must be one of"):
         run_experiment("length", "smoke", tmp_path / "bad", learners=("cot@nope",), progress=False)
+
 
 def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     from rlmlab.experiments.kinds.iid import _iid_settings
