@@ -661,8 +661,11 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     carried_val, plain_val = log(there, "val"), log(uninterrupted, "val")
     assert [r["step"] for r in carried_val] == [r["step"] for r in plain_val] != []
     assert carried_val[-1]["loss"] != plain_val[-1]["loss"]
-    # Once the run has finished, exporting it removes the checkpoint that would resume it.
+    # Once the run has finished, exporting it removes the checkpoint that would resume it, and any
+    # other an earlier export left beside its results (a `best/` carried by hand, say).
+    shutil.copytree(carried / "last", carried / "best")
     assert main(["export", str(there), str(results), "--resumable"]) == 0
+    assert not (carried / "best").exists()
     assert (carried / "done.json").exists() and not (carried / "last").exists()
     assert not list(results.rglob("*.safetensors"))
 

@@ -1,6 +1,6 @@
 """What the repository carries: every clone downloads every committed byte, forever. Records are
-Parquet, nothing resumable is committed, and only released checkpoints hold weights
-(CONTRIBUTING.md)."""
+Parquet, optimizer state is never committed, and weights only when released or carried, small,
+for an unfinished run (CONTRIBUTING.md)."""
 
 from pathlib import Path
 

@@ -46,8 +46,9 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     (`drop_optimizer`), so that the run can be continued on another machine: copy its run
     folder back under a fresh `--out` and re-run its command (docs/cli.md); AdamW's moments
     restart from zero there, and the run's log and training table say so. Whether or not
-    `resumable` is set, a `last` checkpoint left in `dest` by an earlier resumable export is
-    removed once its run has finished: it would resume a run that has moved on. An export
+    `resumable` is set, a checkpoint left in `dest` by an earlier export (the `last` of a resumable
+    one) is removed once its run has finished: it would resume a run that has moved on, and
+    finished results hold no weights. An export
     without `resumable` is refused while `dest` carries the `last` of a run still unfinished in
     `src`, rather than drop the only copy of its progress.
 
@@ -199,7 +200,7 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
     for path in copied_tables:
         reencode_records(path)
     _drop_superseded(src, dest, in_flight)
-    _drop_stale_resume_points(src, dest, resumable)
+    _drop_stale_checkpoints(src, dest, resumable)
     # A run that a folder beside `dest` already holds byte for byte (the sweep taking in the
     # L = 595 runs of their own results folder) is kept there once, referred to from here.
     referred = refer_to_siblings(dest, {f"{c.parent.parent.name}/{c.parent.name}"
@@ -293,14 +294,19 @@ def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
                         f"{RESUME_CHECKPOINT}/ there to stop carrying the run")
 
 
-def _drop_stale_resume_points(src: Path, dest: Path, resumable: bool) -> None:
-    """Remove the `last` checkpoints in `dest` of the runs this export brings: a run that has
-    finished since would be resumed from an old step. Runs `src` does not hold (another
-    machine's) keep theirs; a plain export of a run still unfinished in `src` is refused before
-    it gets here (`_refuse_dropping_carried_runs`)."""
-    for meta in list(dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json")):
+def _drop_stale_checkpoints(src: Path, dest: Path, resumable: bool) -> None:
+    """Remove from `dest` the checkpoints of the runs this export brings, except the `last` of a
+    run still unfinished that a resumable export carries: a run that has finished since would
+    be resumed from an old step, and a finished run's results hold no weights (any checkpoint an
+    earlier export or a person left beside them, a `best/`, say). Runs `src` does not hold
+    (another machine's) keep theirs; a plain export of a run still unfinished in `src` is
+    refused before it gets here (`_refuse_dropping_carried_runs`)."""
+    for meta in list(dest.rglob("checkpoint.json")):
         run = meta.parent.parent.relative_to(dest)
-        if (src / run).is_dir() and (not resumable or (src / run / "done.json").exists()):
+        if not (src / run).is_dir():
+            continue
+        carried = resumable and meta.parent.name == RESUME_CHECKPOINT and not (src / run / "done.json").exists()
+        if not carried:
             shutil.rmtree(meta.parent)
 
 
