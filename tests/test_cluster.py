@@ -25,9 +25,9 @@ def test_a_node_without_the_shared_folder_names_it(tmp_path):
     from rlmlab.errors import DataError
     from rlmlab.experiments.cluster import _run_on_node
     from rlmlab.experiments.job import Job
-    from rlmlab.experiments.presets import run_config
+    from rlmlab.experiments.presets import config_from_settings
 
-    config = run_config({"train.threads": 1}, "rm", "runs/x/data/train.parquet", "runs/x/data/val.parquet")
+    config = config_from_settings({"train.threads": 1}, "rm", "runs/x/data/train.parquet", "runs/x/data/val.parquet")
     job = Job("length-96", "rm", config, {"eval": "runs/x/data/eval.parquet"})
     with pytest.raises(DataError, match=r"runs/x: not found on Ray node .*; --out must be on a filesystem that "
                                         r"every node mounts at the same path"):

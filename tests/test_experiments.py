@@ -341,44 +341,62 @@ def test_each_job_trains_on_the_run_specification_its_plan_built(tmp_path):
         run_experiment("length", "smoke", tmp_path / "bad", learners=("cot@nope",), progress=False)
 
 
-def test_iid_runs_take_the_sweeps_own_budget_and_patience():
-    from rlmlab.experiments.kinds.iid import _iid_settings
+def _iid_train(preset, n: int, learner: str, seed: int = 0):
+    """The training settings the preset gives `learner`'s IID run at `n` training expressions."""
+    return preset.run_config(learner, "train.parquet", "val.parquet", seed=seed, stage="iid", n=n).train
 
+
+def test_a_preset_gives_each_stage_its_own_typed_run_specification():
+    """`ExperimentPreset.run_config` is the one entry: the stage picks the table over the
+    threshold splits' settings, the seed index sets `train.seed`, and a stage or size it does
+    not know is a one-line ConfigError."""
+    preset = get_preset("paper-cpu")
+    split, shortcut = preset.run_config("cot", "t", "v", seed=2), preset.run_config("cot", "t", "v", stage="shortcut")
+    assert (split.train.batch_size, shortcut.train.batch_size, split.train.seed) == (16, 8, 1339)
+    assert (split.data.learner, split.data.train, split.data.val) == ("cot", "t", "v")
+    assert _iid_train(preset, 300, "cot").weight_decay == 0.0 != split.train.weight_decay
+    for kw, message in (({"stage": "sweep"}, "unknown stage 'sweep'"), ({"stage": "iid"}, "training-set size"),
+                        ({"n": 300}, "training-set size")):
+        with pytest.raises(ConfigError, match=message):
+            preset.run_config("cot", "t", "v", **kw)
+
+
+def test_iid_runs_take_the_sweeps_own_budget_and_patience():
     preset = get_preset("smoke").with_overrides(patience=12, iid_patience=5, minutes=150.0, iid_minutes=60.0)
-    settings = _iid_settings(preset, 100, "rm", seed=2)
-    assert (settings["train.patience"], settings["train.max_minutes"]) == (5, 60.0)
-    assert (settings["train.weight_decay"], settings["train.seed"]) == (0.0, 1339)
+    settings = _iid_train(preset, 100, "rm", seed=2)
+    assert (settings.patience, settings.max_minutes) == (5, 60.0)
+    assert (settings.weight_decay, settings.seed) == (0.0, 1339)
     # Without sweep-specific values the threshold splits' budget and patience apply.
-    settings = _iid_settings(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), 100, "rm",
+    settings = _iid_train(dataclasses.replace(preset, iid_patience=None, iid_minutes=None), 100, "rm",
                              seed=0)
-    assert ((settings["train.patience"], settings["train.max_minutes"])) == (12, 150.0)
+    assert ((settings.patience, settings.max_minutes)) == (12, 150.0)
     # Per-learner IID settings apply last; --max-steps replaces every learner's budget.
     preset = get_preset("paper-cpu")
-    cot, rm = _iid_settings(preset, 300, "cot", seed=0), _iid_settings(preset, 300, "rm", seed=0)
-    assert (cot["train.max_steps"], rm["train.max_steps"]) == (9_000, 3_500)
-    assert (cot["train.batch_size"], rm["train.batch_size"]) == (16, 256)
+    cot, rm = _iid_train(preset, 300, "cot", seed=0), _iid_train(preset, 300, "rm", seed=0)
+    assert (cot.max_steps, rm.max_steps) == (9_000, 3_500)
+    assert (cot.batch_size, rm.batch_size) == (16, 256)
     # Both learners train their whole budget, as in the paper's timeout protocol.
-    assert (rm["train.patience"], cot["train.patience"]) == (None, None) and cot["train.weight_decay"] == 0.0
+    assert (rm.patience, cot.patience) == (None, None) and cot.weight_decay == 0.0
     # Settings per size apply from their size on, the larger threshold over the smaller.
-    budget = {n: tuple(_iid_settings(preset, n, v, seed=0)["train.max_steps"] for v in ("rm", "cot"))
+    budget = {n: tuple(_iid_train(preset, n, v, seed=0).max_steps for v in ("rm", "cot"))
               for n in (3_000, 9_999, 10_000, 29_999, 30_000, 100_000)}
     assert budget == {3_000: (3_500, 9_000), 9_999: (3_500, 9_000), 10_000: (7_000, 24_000),
                       29_999: (7_000, 24_000), 30_000: (7_000, 30_000), 100_000: (7_000, 30_000)}
-    assert _iid_settings(preset, 30_000, "cot", seed=0)["train.eval_every"] == 500  # the rest is iid_per_learner's
+    assert _iid_train(preset, 30_000, "cot", seed=0).eval_every == 500  # the rest is iid_per_learner's
     for n in (300, 30_000):
-        assert _iid_settings(preset.with_budget(max_steps=7), n, "cot", seed=0)["train.max_steps"] == 7
+        assert _iid_train(preset.with_budget(max_steps=7), n, "cot", seed=0).max_steps == 7
         # a wall-clock limit is added beside the step budget, never instead of it
-        limited = _iid_settings(preset.with_budget(minutes=7.0), n, "cot", seed=0)
-        assert (limited["train.max_minutes"], limited["train.max_steps"]) == (7.0, {300: 9_000, 30_000: 30_000}[n])
+        limited = _iid_train(preset.with_budget(minutes=7.0), n, "cot", seed=0)
+        assert (limited.max_minutes, limited.max_steps) == (7.0, {300: 9_000, 30_000: 30_000}[n])
     # A learner without settings of its own takes those of the learner whose driver it decodes with.
-    assert _iid_settings(preset, 300, "rm-frames", seed=0)["train.max_steps"] == 3_500
-    assert _iid_settings(preset, 30_000, "rm-frames", seed=0)["train.max_steps"] == 7_000
+    assert _iid_train(preset, 300, "rm-frames", seed=0).max_steps == 3_500
+    assert _iid_train(preset, 30_000, "rm-frames", seed=0).max_steps == 7_000
     # --learner-setting edits a size's entry, or adds a size.
     changed = preset.with_learner_settings(["iid_per_size.30000.cot.train.max_steps=40000",
                                             "iid_per_size.1000.rm.train.patience=4"])
-    assert _iid_settings(changed, 30_000, "cot", seed=0)["train.max_steps"] == 40_000
-    assert _iid_settings(changed, 10_000, "cot", seed=0)["train.max_steps"] == 24_000
-    assert [_iid_settings(changed, n, "rm", seed=0)["train.patience"] for n in (300, 1_000)] == [None, 4]
+    assert _iid_train(changed, 30_000, "cot", seed=0).max_steps == 40_000
+    assert _iid_train(changed, 10_000, "cot", seed=0).max_steps == 24_000
+    assert [_iid_train(changed, n, "rm", seed=0).patience for n in (300, 1_000)] == [None, 4]
 
 
 def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
@@ -390,18 +408,17 @@ def test_paper_cpu_follows_the_papers_iid_and_shortcut_protocols():
     assert {n for n, k in seeds.items() if k == 3} == {n for n in seeds if n <= 10_000}
     assert {k for n, k in seeds.items() if n > 10_000} == {1}
     # the step budgets by size band (docs/presets.md, "IID step budgets")
-    from rlmlab.experiments.kinds.iid import _iid_settings
-    steps = {v: [_iid_settings(preset, n, v, seed=0)["train.max_steps"] for n in seeds] for v in ("rm", "cot")}
+    steps = {v: [_iid_train(preset, n, v).max_steps for n in seeds] for v in ("rm", "cot")}
     assert steps["rm"] == [3_500] * 8 + [7_000] * 8
     assert steps["cot"] == [9_000] * 8 + [24_000] * 2 + [30_000] * 6
     assert preset.iid_pool_n == 1_200_000 and preset.iid_max_trace == 595
     assert (preset.iid_n_test, preset.shortcut_n_eval, preset.shortcut_max_trace) == (5_000, 300, 600)
-    shortcut = {v: preset.job_settings(v, per_learner=preset.shortcut_per_learner) for v in ("rm", "cot")}
+    shortcut = {v: preset.run_config(v, "t", "v", stage="shortcut").train for v in ("rm", "cot")}
     # the recipe of the threshold splits at its positions per step, with the shortcut runs' own budgets
-    assert (shortcut["cot"]["train.lr"], shortcut["cot"]["train.batch_size"]) == (3e-3, 8)
-    assert (shortcut["rm"]["train.max_steps"], shortcut["cot"]["train.max_steps"]) == (9_000, 24_000)
+    assert (shortcut["cot"].lr, shortcut["cot"].batch_size) == (3e-3, 8)
+    assert (shortcut["rm"].max_steps, shortcut["cot"].max_steps) == (9_000, 24_000)
     # the plateau comes with the cosine's decay (the recipe probes of docs/recipe.md), so neither stops early
-    assert (shortcut["rm"]["train.patience"], shortcut["cot"]["train.patience"]) == (None, None)
+    assert (shortcut["rm"].patience, shortcut["cot"].patience) == (None, None)
 
 
 def test_run_sets_scalar_preset_fields_from_the_command_line(tmp_path, capsys):
@@ -438,13 +455,13 @@ def test_learner_settings_set_one_entry_of_a_per_learner_table():
     changed = preset.with_budget(minutes=7.0).with_learner_settings(
         ["shortcut_per_learner.cot.train.batch_size=4", "shortcut_per_learner.cot.train.max_minutes=240",
          "iid_per_learner.rm-frames.train.patience=none"])
-    cot = changed.job_settings("cot", per_learner=changed.shortcut_per_learner)
+    cot = changed.run_config("cot", "t", "v", stage="shortcut").train
     # the entry is set over --minutes and keeps the rest of the learner's settings
-    assert (cot["train.batch_size"], cot["train.max_minutes"], cot["train.lr"]) == (4, 240.0, 3e-3)
-    assert changed.job_settings("rm", per_learner=changed.shortcut_per_learner)["train.max_minutes"] == 7.0
+    assert (cot.batch_size, cot.max_minutes, cot.lr) == (4, 240.0, 3e-3)
+    assert changed.run_config("rm", "t", "v", stage="shortcut").train.max_minutes == 7.0
     # a learner without an entry of its own starts from its driver's
-    frames = changed.job_settings("rm-frames", per_learner=changed.iid_per_learner)
-    assert frames["train.patience"] is None and frames["train.eval_every"] == 300
+    frames = _iid_train(changed, 300, "rm-frames")
+    assert frames.patience is None and frames.eval_every == 300
     assert changed.iid_per_learner["rm"] == preset.with_budget(minutes=7.0).iid_per_learner["rm"]
 
 
@@ -947,14 +964,12 @@ def test_paper_cpu_preset_builds_the_papers_splits(tmp_path):
 def test_every_preset_budgets_every_run_in_steps(name):
     """A schedule is a function of the step alone: every learner of every experiment of every
     preset has a step budget (its cosine's horizon) and no wall-clock budget."""
-    from rlmlab.experiments.kinds.iid import _iid_settings
-
     preset = get_preset(name)
     for learner in ("rm", "cot", "rm-frames"):
-        runs = [preset.job_settings(learner), preset.job_settings(learner, per_learner=preset.shortcut_per_learner)]
-        runs += [_iid_settings(preset, n, learner, seed=0) for n in preset.iid_sizes]
-        for settings in runs:
-            assert settings.get("train.max_steps", 0) >= 1 and "train.max_minutes" not in settings
+        runs = [preset.run_config(learner, "t", "v").train, preset.run_config(learner, "t", "v", stage="shortcut").train]
+        runs += [_iid_train(preset, n, learner) for n in preset.iid_sizes]
+        for train in runs:
+            assert train.max_steps is not None and train.max_steps >= 1 and train.max_minutes is None
 
 
 def test_run_budget_flags_override_every_learners_own_budget():
@@ -963,7 +978,7 @@ def test_run_budget_flags_override_every_learners_own_budget():
     both = preset.with_budget(max_steps=5)
     assert both.max_steps == both.iid_max_steps == 5
     assert all("train.max_steps" not in s for s in both.per_learner.values())
-    assert all(both.job_settings(v)["train.max_steps"] == 5 for v in ("rm", "cot"))
+    assert all(both.run_config(v, "t", "v").train.max_steps == 5 for v in ("rm", "cot"))
     assert both.per_learner["cot"]["train.batch_size"] == preset.per_learner["cot"]["train.batch_size"]
     assert preset.with_budget() == preset
 
@@ -972,17 +987,17 @@ def test_paper_cpu_cot_decays_to_a_hundredth_on_the_splits_and_shortcuts_only():
     """The splits' CoT horizon (24,000 steps to 1% of the peak rate, docs/recipe.md) is the
     shortcut runs' too, where the recipe probes fitted with it; the IID runs keep the schedule
     their committed results were trained with."""
-    from rlmlab.experiments.kinds.iid import _iid_settings
+    from rlmlab.learning.config import TrainConfig
 
     preset = get_preset("paper-cpu")
-    split = preset.job_settings("cot")
-    assert (split["train.max_steps"], split["train.min_lr_ratio"]) == (24_000, 0.01)
-    assert preset.job_settings("cot@rope")["train.min_lr_ratio"] == 0.01
-    shortcut = preset.job_settings("cot", per_learner=preset.shortcut_per_learner)
-    assert (shortcut["train.max_steps"], shortcut["train.min_lr_ratio"]) == (24_000, 0.01)
+    split = preset.run_config("cot", "t", "v").train
+    assert (split.max_steps, split.min_lr_ratio) == (24_000, 0.01)
+    assert preset.run_config("cot@rope", "t", "v").train.min_lr_ratio == 0.01
+    shortcut = preset.run_config("cot", "t", "v", stage="shortcut").train
+    assert (shortcut.max_steps, shortcut.min_lr_ratio) == (24_000, 0.01)
     for n in preset.iid_sizes:
-        assert _iid_settings(preset, n, "cot", seed=0)["train.min_lr_ratio"] == 0.1
-    assert "train.min_lr_ratio" not in preset.job_settings("rm")
+        assert _iid_train(preset, n, "cot").min_lr_ratio == 0.1
+    assert preset.run_config("rm", "t", "v").train.min_lr_ratio == TrainConfig().min_lr_ratio
 
 
 def test_job_folders_are_named_by_their_kind_and_read_back(tmp_path):

@@ -426,10 +426,10 @@ def test_ray_jobs_reserve_a_share_of_a_gpu_where_the_cluster_has_one():
     from rlmlab.errors import ConfigError
     from rlmlab.experiments.cluster import GPU_SHARE, _gpu_share, _gpus, _refuse_unschedulable
     from rlmlab.experiments.job import Job
-    from rlmlab.experiments.presets import run_config
+    from rlmlab.experiments.presets import config_from_settings
 
     def job(**settings):
-        return Job("j", "rm", run_config({"train.threads": 1, **settings}, "rm", "t.parquet", "v.parquet"), {})
+        return Job("j", "rm", config_from_settings({"train.threads": 1, **settings}, "rm", "t.parquet", "v.parquet"), {})
 
     gpu_node, cpu_node = FakeCluster({"CPU": 16, "GPU": 1}), FakeCluster({"CPU": 16})
     assert _gpu_share(gpu_node, None) == GPU_SHARE == 0.25 and _gpu_share(cpu_node, None) == 0.0

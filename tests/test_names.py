@@ -173,12 +173,14 @@ def test_the_stored_command_of_the_running_cot24k_experiment_still_parses():
     args = build_parser().parse_args(argv)
     assert args.learners == "rm,cot"
     p = get_preset("paper-cpu").with_learner_settings(args.learner_setting)
-    assert p.job_settings("cot")["train.max_steps"] == 24000 and p.job_settings("cot")["train.min_lr_ratio"] == 0.01
-    assert p.job_settings("rm") == get_preset("paper-cpu").job_settings("rm")
+    cot = p.run_config("cot", "t", "v").train
+    assert (cot.max_steps, cot.min_lr_ratio) == (24000, 0.01)
+    assert p.run_config("rm", "t", "v") == get_preset("paper-cpu").run_config("rm", "t", "v")
     # those two values are the preset's own since that run chose them: other values still land
     other = get_preset("paper-cpu").with_learner_settings(["per_view.cot.train.max_steps=23000",
                                                            "per_view.cot.train.min_lr_ratio=0.05"])
-    assert (other.job_settings("cot")["train.max_steps"], other.job_settings("cot")["train.min_lr_ratio"]) == (23000, 0.05)
+    cot = other.run_config("cot", "t", "v").train
+    assert (cot.max_steps, cot.min_lr_ratio) == (23000, 0.05)
 
 
 def test_data_view_is_refused_per_learner_as_data_learner_is(capsys, tmp_path):

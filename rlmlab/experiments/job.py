@@ -23,7 +23,7 @@ class Job:
     means for training is already in `config` (`data.learner`, `model.positions`)."""
     config: RunConfig | None
     """The run's whole specification, built once by the experiment's preset
-    (`rlmlab.experiments.presets.run_config`) and passed down unchanged; its data section names
+    (`ExperimentPreset.run_config`) and passed down unchanged; its data section names
     the training and validation files. None: the run is finished and only evaluated
     (`rlmlab reproduce`); it is refused if it is not."""
     evals: dict

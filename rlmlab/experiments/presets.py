@@ -6,6 +6,7 @@ import typing
 from dataclasses import dataclass, field, replace
 
 from rlmlab.errors import ConfigError
+from rlmlab.experiments.seeds import seed_value
 from rlmlab.experiments.splits import IID_SIZES, PER_BIN_CAP, REPRESENTATIVE
 from rlmlab.safeio import check_fits
 
@@ -157,16 +158,6 @@ class ExperimentPreset:
         """How many seeds the IID sweep trains at training-set size `n`."""
         return 1 if n >= self.iid_one_seed_from else self.iid_seeds
 
-    def iid_settings(self, n: int, name: str) -> dict:
-        """Learner `name`'s settings for the IID runs of `n` training expressions: its
-        `iid_per_learner` entry, then those of every `iid_per_size` threshold at or below `n`, in
-        increasing order."""
-        s = dict(settings_for(self.iid_per_learner, name))
-        for size, table in sorted(self.iid_per_size.items()):
-            if n >= size:
-                s.update(settings_for(table, name))
-        return s
-
     def with_overrides(self, **kw) -> "ExperimentPreset":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
@@ -236,42 +227,61 @@ class ExperimentPreset:
                        **{table: without(getattr(self, table)) for table in PER_LEARNER_TABLES},
                        iid_per_size={n: without(table) for n, table in self.iid_per_size.items()})
 
-    def job_settings(self, name: str, seed: int = 1337, per_learner: dict | None = None) -> dict:
-        """The typed `rlmlab train` settings (dotted keys) of learner `name`'s job: the preset's
-        budgets and `train` settings, then its settings for that learner, then `per_learner`."""
-        s = {"model.preset": self.model, "train.seed": seed, "train.eval_every": self.eval_every,
+    def run_config(self, learner: str, train: str, val: str, *, seed: int = 0, stage: str = "threshold",
+                   n: int | None = None) -> "RunConfig":
+        """The run specification of `learner`'s job in an experiment of this preset: the one
+        place its model, budget and recipe are decided. `stage` is the experiment it belongs to
+        (`STAGES`: a threshold split or sweep, a shortcut construction, or the IID sweep at `n`
+        training expressions), `seed` the training seed index (`train.seed` = 1337 + seed), and
+        `train` / `val` its data files. A setting the config refuses is a ConfigError here, when
+        the experiment is planned, not when its job starts."""
+        return config_from_settings(self._settings(learner, stage, seed, n), learner, train, val)
+
+    def _settings(self, name: str, stage: str, seed: int, n: int | None) -> dict:
+        """The dotted settings of `run_config`, in the order they apply: the preset's budgets and
+        `train` settings, its `per_learner` entry, then the stage's own (`shortcut_per_learner`;
+        for the IID sweep its budgets, `iid_per_learner`, every `iid_per_size` threshold at or
+        below `n`, and no weight decay, as in the paper's sweep)."""
+        if stage not in STAGES:
+            raise ConfigError(f"experiment preset {self.name!r}: unknown stage {stage!r} (have: {', '.join(STAGES)})")
+        if (stage == "iid") != (n is not None):
+            raise ConfigError(f"experiment preset {self.name!r}: a training-set size goes with the IID stage alone")
+        s = {"model.preset": self.model, "train.seed": seed_value(seed), "train.eval_every": self.eval_every,
              "train.answer_eval": self.answer_eval, **budget_settings(self.minutes, self.max_steps, self.patience)}
         s.update({f"train.{k}": v for k, v in self.train.items()})
         if self.task != "paper":
             s["data.task"] = self.task
-        for table in (self.per_learner, per_learner or {}):
-            s.update(settings_for(table, name))
+        s.update(settings_for(self.per_learner, name))
+        if stage == "shortcut":
+            s.update(settings_for(self.shortcut_per_learner, name))
+        elif stage == "iid":
+            s.update(budget_settings(self.iid_minutes, self.iid_max_steps, self.iid_patience))
+            s.update(settings_for(self.iid_per_learner, name))
+            for size, table in sorted(self.iid_per_size.items()):
+                if n >= size:
+                    s.update(settings_for(table, name))
+            s["train.weight_decay"] = 0.0
         return s
 
-    def job_config(self, name: str, train: str, val: str, seed: int = 1337,
-                   per_learner: dict | None = None) -> "RunConfig":
-        """The run specification of learner `name`'s job on `train` / `val`: `job_settings`
-        made into a `RunConfig` by `run_config`."""
-        return run_config(self.job_settings(name, seed, per_learner), name, train, val)
 
-
+# The experiments a preset configures runs for (`ExperimentPreset.run_config`).
+STAGES = ("threshold", "shortcut", "iid")
 # The per-learner settings tables, which `rlmlab run --learner-setting` edits entry by entry.
 PER_LEARNER_TABLES = ("per_learner", "shortcut_per_learner", "iid_per_learner")
 # Their old names, still read from `--learner-setting` (stored commands) and experiment.json.
 OLD_TABLES = {"per_view": "per_learner", "shortcut_per_view": "shortcut_per_learner", "iid_per_view": "iid_per_learner"}
-# Settings a job sets for itself (`Job` and `job_settings`), never taken from a per-learner table
+# Settings a job sets for itself (`Job` and `run_config`), never taken from a per-learner table
 # (`data.view` is the old name of `data.learner`).
 JOB_OWNED = frozenset({"data.learner", "data.view", "data.train", "data.val", "train.seed"})
 # A pool row in memory: its text and statistics take ~100 bytes in arrow, more while it is built.
 POOL_ROW_BYTES = 256
 
 
-def run_config(settings: dict, learner: str, train: str, val: str) -> "RunConfig":
-    """The one place a job's settings become its run specification: the typed `settings`
-    (dotted keys, as the preset tables give them) over the defaults, then what the learner's
-    name says (`cot@rope`: `data.learner=cot`, `model.positions=rope`; the name's encoding
-    wins) and the job's data files. A setting the config refuses is a ConfigError here, when
-    the experiment is planned, not when its job starts."""
+def config_from_settings(settings: dict, learner: str, train: str, val: str) -> "RunConfig":
+    """The typed `settings` (dotted keys, as the preset tables give them) over the defaults, then
+    what the learner's name says (`cot@rope`: `data.learner=cot`, `model.positions=rope`; the
+    name's encoding wins) and the data files: the one place a name's encoding is parsed into
+    the model settings."""
     from rlmlab.learning.config import RunConfig, apply_settings
     from rlmlab.learning.learner import get_learner
 

@@ -154,9 +154,8 @@ def size_threshold(cols: dict, rows: dict, preset, learners, kind: str, t: int) 
     out["eval_generated"] = int(generated.sum())
     for learner in learners:
         family = sized_as(learner)
-        settings = preset.job_settings(learner)
-        batch = int(settings.get("train.batch_size", 64))
-        steps = settings.get("train.max_steps")
+        train = preset.run_config(learner, "", "").train
+        batch, steps = train.batch_size, train.max_steps
         if family == "cot":
             spans = trace[tr] - 1
             examples = len(tr)

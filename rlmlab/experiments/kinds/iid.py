@@ -14,7 +14,7 @@ from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.presets import ExperimentPreset, budget_settings, run_config
+from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.experiments.tables import (
     eval_results,
@@ -30,13 +30,6 @@ from rlmlab.measuring.stats import accuracy, bootstrap_ratio
 
 if TYPE_CHECKING:
     from rlmlab.task.taskfile import Task
-
-
-def _iid_settings(p: ExperimentPreset, n: int, name: str, seed: int) -> dict:
-    s = p.job_settings(name, seed=1337 + seed) | budget_settings(p.iid_minutes, p.iid_max_steps, p.iid_patience)
-    s.update(p.iid_settings(n, name))
-    # The paper's IID sweep uses no weight decay.
-    return {**s, "train.weight_decay": 0.0}
 
 
 def iid_points(out: Path, sizes: list[int]) -> list[dict]:
@@ -220,7 +213,7 @@ class IIDSweep(ExperimentKind):
                 if seeds is not None and seed not in seeds:
                     continue
                 for v in learners:
-                    config = run_config(_iid_settings(p, n, v, seed), v, str(path), str(data / "val.parquet"))
+                    config = p.run_config(v, str(path), str(data / "val.parquet"), seed=seed, stage="iid", n=n)
                     jobs.append(Job(self.job_name(n, seed), v, config, {"test": str(data / "test.parquet")},
                                     **p.eval_options))
         return jobs

@@ -36,7 +36,7 @@ from rlmlab.attention.encodings import POSITION_LABELS
 from rlmlab.attention.position_index import OWN_INDEX
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import read_experiment_json
-from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, run_config
+from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, saved_run_config
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell, correctness, paired
 from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
@@ -95,7 +95,7 @@ def collect(members: list[Path], kind: str, threshold: int) -> tuple[list[dict],
                 res = eval_results(member, seeded_job(job, s), name, "eval")
                 if res is None:
                     continue
-                variant = run_variant(name, run_config(run))
+                variant = run_variant(name, saved_run_config(run))
                 g = by_learner.setdefault(name, {"member": member.name, "learner": name, "variant": variant,
                                                  "results": {}, "best": {}})
                 if g["variant"] != variant:
@@ -226,7 +226,8 @@ def plot_isolation(path: Path, report: dict, kind: str, threshold: int) -> None:
                 if c is not None:
                     grid[i, j] = 100 * c["mean"]
                 text = "not run" if r is None else "not fitted" if c is None else (
-                    f"{100 * c['mean']:.1f}%" + (f"\n({100 * c['min']:.1f}–{100 * c['max']:.1f})" if c["seeds"] > 1 else ""))
+                    f"{100 * c['mean']:.1f}%\n" + (f"({100 * c['min']:.1f}–{100 * c['max']:.1f}, {c['seeds']} seeds)"
+                                                   if c["seeds"] > 1 else "(1 seed)"))
                 ax.text(j, i, text, ha="center", va="center", fontsize=9)
         ax.imshow(grid, vmin=0, vmax=100, cmap="Greens", alpha=0.6)
         ax.set_xticks([0, 1], ["from the trace start", "from the frame start"], fontsize=8)

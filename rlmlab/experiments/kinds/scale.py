@@ -73,7 +73,8 @@ def member_folders(out: Path, meta: dict) -> list[Path]:
     return folders
 
 
-def run_config(run_dir: Path) -> dict:
+def saved_run_config(run_dir: Path) -> dict:
+    """A run folder's config.json as it was written, its `model` and `train` sections checked to be objects."""
     try:
         cfg = read_json(run_dir / "config.json", DataError, "config.json")
         model, train = cfg["model"], cfg["train"]
@@ -110,7 +111,7 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
             run = training_runs(member, seeded_job(job, s)).get(v)
             if res is None or run is None:
                 continue
-            cfg = run_config(run)
+            cfg = saved_run_config(run)
             shape = model_shape(cfg["model"], v)
             if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape.values()):
                 raise DataError(f"{run / 'config.json'}: its model's layers, heads and width are not positive integers")

@@ -11,7 +11,7 @@ from rlmlab.experiments.folder import check_saved, ensure_data, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
-from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness
 from rlmlab.experiments.tables import (
@@ -323,8 +323,8 @@ class ShortcutSuite(ExperimentKind):
                     pq.write_table(getattr(ds, part), data / f"{part}.parquet")
             for seed in seeds:
                 for v in learners:
-                    config = p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"),
-                                          seed=seed_value(seed), per_learner=p.shortcut_per_learner)
+                    config = p.run_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed,
+                                          stage="shortcut")
                     jobs.append(Job(seeded_job(self.job_name(name), seed), v, config,
                                     {"iid": str(data / "iid.parquet"), "ood": str(data / "ood.parquet")},
                                     **p.eval_options))

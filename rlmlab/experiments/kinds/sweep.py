@@ -21,7 +21,7 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest
 from rlmlab.experiments.kinds.threshold import report_threshold, threshold_results
 from rlmlab.experiments.presets import ExperimentPreset
-from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     LEARNER_COLORS,
@@ -321,7 +321,7 @@ class ThresholdSweep(ExperimentKind):
                 print(f"{data}: warning: {why}", file=sys.stderr)
             splits[name] = split.params
             jobs += [Job(seeded_job(name, seed), v,
-                         p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed_value(seed)),
+                         p.run_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed),
                          {"eval": str(data / "eval.parquet")}, **p.eval_options)
                      for seed in seeds for v in learners]
         write_meta(out, self, p, task, {"shared": shared(p), "splits": dict(sorted(splits.items()))}, learners)

@@ -15,7 +15,7 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.refs import run_path
-from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job
+from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness, paired
 from rlmlab.experiments.tables import (
@@ -507,7 +507,7 @@ class ThresholdSplit(ExperimentKind):
             print(f"{data}: warning: {why}", file=sys.stderr)
         write_meta(out, self, p, task, {"threshold": threshold, "split": split.params}, learners)
         return [Job(self.job_name(threshold, seed), v,
-                    p.job_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed_value(seed)),
+                    p.run_config(v, str(data / "train.parquet"), str(data / "val.parquet"), seed=seed),
                     {"eval": str(data / "eval.parquet")}, **p.eval_options)
                 for seed in seeds for v in learners]
 
