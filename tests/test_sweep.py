@@ -62,8 +62,8 @@ def _fake_run(out, job, learner, bins, correct_iid, correct_ood, best, positions
             results.append({"expr": f"add({i},{b.index})", "correct": ok, "bin": b.label, "ood": b.ood,
                             "within_tmax": True, "valid": True, "trace_len": 4098 if long else 4097,
                             "max_frame_width": frame_width})
-    (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None,
-                                                           "positions": positions}}))
+    (run / "config.json").write_text(json.dumps({"model": {"preset": "cpu", "block_size": None, "positions": positions},
+                                                 "data": {"learner": learner.partition("@")[0]}, "train": {}}))
     log = [{"kind": "val", "step": 10, "answer_acc": best, "elapsed_s": 1.0}]
     if form == "parquet":
         write_rows(run / "eval" / "eval", results)

@@ -29,6 +29,7 @@ from rlmlab.experiments.report import report
 from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.splits import first_per_bin
+from rlmlab.learning.config import RUN_CONFIG_FILE, read_run_config
 from rlmlab.measuring.result_files import eval_dir, evaluated_sets, read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
 from rlmlab.safeio import refuse_outside
@@ -200,14 +201,14 @@ def time_budgeted(folder: Path) -> list[str]:
     """The runs of a results folder that trained under a wall-clock budget (their schedule
     depended on the machine's pace), by folder."""
     found = []
-    for path in sorted(Path(folder).rglob("config.json")):
+    for path in sorted(Path(folder).rglob(RUN_CONFIG_FILE)):
         if "superseded" in path.parts:
             continue
         try:
-            train = json.loads(path.read_text()).get("train", {})
-        except (ValueError, RecursionError, AttributeError):
+            train = read_run_config(path.parent, DataError).train
+        except DataError:  # not a run's configuration: nothing it trained to flag
             continue
-        if isinstance(train, dict) and train.get("max_minutes") is not None and train.get("max_steps") is None:
+        if train.max_minutes is not None and train.max_steps is None:
             found.append(str(path.parent.relative_to(folder)))
     return found
 

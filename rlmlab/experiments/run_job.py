@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlmlab.errors import DataError
 from rlmlab.experiments.job import Job
+from rlmlab.learning.config import read_run_config
 from rlmlab.safeio import read_json
 
 if TYPE_CHECKING:
@@ -39,21 +40,18 @@ def reopen_to_extend(run_dir: Path, asked: "TrainConfig") -> str | None:
     run goes on as the new patience would have let it."""
     try:
         done = read_json(run_dir / "done.json", what="done.json")
-        saved = read_json(run_dir / "config.json", what="config.json")["train"]
+        saved = read_run_config(run_dir, DataError).train
         reason = done.get("stop_reason")
-        if not isinstance(saved, dict) or not all(
-                isinstance(saved.get(key), (int, float, type(None))) for key in ("patience", "max_minutes", "max_steps")):
-            raise TypeError
-    except (DataError, KeyError, TypeError, AttributeError):
+    except (DataError, AttributeError):
         raise DataError(f"{run_dir}: done.json or config.json is not what `rlmlab run` writes") from None
     if reason == "plateau":
         patience = asked.patience
-        if patience is not None and (saved.get("patience") is None or patience <= saved["patience"]):
-            return f"it stopped on patience={saved.get('patience')} and the patience asked for now is {patience}"
+        if patience is not None and (saved.patience is None or patience <= saved.patience):
+            return f"it stopped on patience={saved.patience} and the patience asked for now is {patience}"
     elif reason in ("max_minutes", "max_steps"):
-        budget = getattr(asked, reason)
-        if budget is None or saved.get(reason) is None or budget <= saved[reason]:
-            return f"it ran out of {reason}={saved.get(reason)} and the budget asked for now is {reason}={budget}"
+        budget, before = getattr(asked, reason), getattr(saved, reason)
+        if budget is None or before is None or budget <= before:
+            return f"it ran out of {reason}={before} and the budget asked for now is {reason}={budget}"
     else:
         return f"it stopped on {reason}, not on its budget or patience"
     keep = run_dir / f"superseded-step{done.get('step')}"

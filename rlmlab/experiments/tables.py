@@ -4,6 +4,7 @@ results and learning curves. Pure functions of saved files; nothing here imports
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.refs import job_runs, run_path
@@ -12,6 +13,9 @@ from rlmlab.measuring.result_files import find_eval_dir, has_results, read_resul
 from rlmlab.measuring.stats import accuracy
 from rlmlab.runlog import has_metrics, read_metrics
 from rlmlab.safeio import read_json
+
+if TYPE_CHECKING:
+    from rlmlab.learning.config import ModelSettings
 
 # Best validation final-answer accuracy from which a learner counts as having fitted its training
 # distribution: the paper reports out-of-domain accuracy only from this plateau on.
@@ -62,18 +66,18 @@ def learner_label(name: str) -> str:
         return name
 
 
-def model_shape(model: dict, name: str) -> dict:
-    """Layers, heads and width of the model a run's `config.json` "model" section describes: its
-    own sizes where set, else its preset's for the learner `name` (the "cot" column for a learner
-    this version does not know)."""
+def model_shape(model: ModelSettings, name: str) -> dict:
+    """Layers, heads and width of the model a run's settings describe: its own sizes where set,
+    else its preset's for the learner `name` (the "cot" column for a learner this version does
+    not know)."""
     from rlmlab.learning.config import MODEL_PRESETS
 
     try:
         family = get_learner(name).observation.family
     except ConfigError:
         family = "cot"
-    base = MODEL_PRESETS.get(model.get("preset"), {}).get(family, {})
-    return {k: model.get(k) if model.get(k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
+    base = MODEL_PRESETS[model.preset].get(family, {})
+    return {k: getattr(model, k) if getattr(model, k) is not None else base.get(k) for k in ("n_layer", "n_head", "n_embd")}
 
 
 def shape_label(shape: dict) -> str:

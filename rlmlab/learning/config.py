@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlmlab.attention.encodings import check_encoding
 from rlmlab.attention.position_index import check_index
-from rlmlab.errors import ConfigError
+from rlmlab.errors import ConfigError, RlmlabError
 from rlmlab.safeio import check_fits, parse_json, read_bytes
 
 # --- model ----------------------------------------------------------------------------------
@@ -568,6 +568,25 @@ def load_config_file(path: str | Path, base: RunConfig | None = None) -> RunConf
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a config file") from None
     return apply_dict(base or RunConfig(), d, where=str(path))
+
+
+RUN_CONFIG_FILE = "config.json"
+"""The file in a run folder that records its whole RunConfig (written when the run starts)."""
+
+
+def read_run_config(run_dir: str | Path, error: type[RlmlabError] = ConfigError) -> RunConfig:
+    """The RunConfig a run folder's config.json records: all three sections, as a run writes
+    them, read through `apply_dict`, so a file saved under old key names (`OLD_KEYS`) is
+    migrated here and nowhere else. A missing, malformed, partial or invalid file is a
+    one-line `error` naming it."""
+    path = Path(run_dir) / RUN_CONFIG_FILE
+    d = parse_json(read_bytes(path, error, RUN_CONFIG_FILE), str(path), error)
+    if not isinstance(d, dict) or sorted(d) != sorted(SECTIONS):
+        raise error(f"{path}: not a run's configuration (a run writes the sections {', '.join(SECTIONS)})")
+    try:
+        return apply_dict(RunConfig(), d, where=str(path))
+    except ConfigError as e:
+        raise error(str(e) if str(path) in str(e) else f"{path}: {e}") from None
 
 
 def changed_keys(a: RunConfig, b: RunConfig) -> list[str]:

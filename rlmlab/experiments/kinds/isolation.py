@@ -36,10 +36,11 @@ from rlmlab.attention.encodings import POSITION_LABELS
 from rlmlab.attention.position_index import OWN_INDEX
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import read_experiment_json
-from rlmlab.experiments.kinds.scale import SplitComparison, member_folders, saved_run_config
+from rlmlab.experiments.kinds.scale import SplitComparison, member_folders
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell, correctness, paired
 from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
+from rlmlab.learning.config import RunConfig, read_run_config
 from rlmlab.learning.learner import get_learner
 
 SEES = {"cot": "whole trace", "rm": "active frame"}
@@ -55,16 +56,14 @@ EFFECTS = [
 """Each factor's effect at each level of the other: the first cell minus the second, paired."""
 
 
-def run_variant(learner: str, cfg: dict) -> dict:
+def run_variant(learner: str, cfg: RunConfig) -> dict:
     """What a run's config makes of its learner: what it sees, where its positions count from,
     its encoding and its largest start offset."""
     obs = get_learner(learner).observation.name
     if obs not in SEES:
         raise DataError(f"{learner}: a 2×2 of isolation reads CoT and RM runs only")
-    model, train = cfg["model"], cfg["train"]
-    index = model.get("position_index") or OWN_INDEX[obs]
-    offset = train.get("start_offset") or 0
-    return {"sees": obs, "counts": index, "encoding": model.get("positions") or "learned", "offset": offset}
+    return {"sees": obs, "counts": cfg.model.position_index or OWN_INDEX[obs], "encoding": cfg.model.positions,
+            "offset": cfg.train.start_offset}
 
 
 def variant_label(v: dict) -> str:
@@ -95,7 +94,7 @@ def collect(members: list[Path], kind: str, threshold: int) -> tuple[list[dict],
                 res = eval_results(member, seeded_job(job, s), name, "eval")
                 if res is None:
                     continue
-                variant = run_variant(name, saved_run_config(run))
+                variant = run_variant(name, read_run_config(run, DataError))
                 g = by_learner.setdefault(name, {"member": member.name, "learner": name, "variant": variant,
                                                  "results": {}, "best": {}})
                 if g["variant"] != variant:

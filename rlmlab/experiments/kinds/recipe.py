@@ -18,9 +18,9 @@ from rlmlab.experiments.tables import (
     shape_label,
     training_summary,
 )
+from rlmlab.learning.config import read_run_config
 from rlmlab.learning.learner import get_learner
 from rlmlab.runlog import has_metrics
-from rlmlab.safeio import read_json
 
 RECIPE_MARKS_MIN = (15, 30, 45, 60, 90, 120)
 """Training minutes at which the recipe table reads each run's best validation so far."""
@@ -35,21 +35,17 @@ def _clock_s(record: dict) -> float:
 def recipe_row(name: str, run_dir: Path) -> dict:
     """One training run of a recipe comparison: its settings and its validation answer accuracy
     against training minutes (`_clock_s`; best so far at each of `RECIPE_MARKS_MIN`, first minute at 99%)."""
-    try:
-        cfg = read_json(run_dir / "config.json", DataError, "config.json")
-        model, data, train = cfg["model"], cfg["data"], cfg["train"]
-    except (DataError, KeyError, TypeError):
-        raise DataError(f"{run_dir}: no readable config.json (not an `rlmlab train` run folder)") from None
+    cfg = read_run_config(run_dir, DataError)
     recs = metrics_records(run_dir)
     val = [r for r in recs if r.get("kind") == "val" and "answer_acc" in r and "elapsed_s" in r]
     steps = [r for r in recs if r.get("kind") == "train" and r.get("step")]
     summary = training_summary(run_dir)
     reached = next((r for r in val if fitted(r["answer_acc"])), None)
-    who = data.get("learner", data.get("view"))  # "view": its name in configs saved before the rename
-    if isinstance(who, str) and model.get("positions", "learned") != "learned":
-        who = f"{who}@{model['positions']}"  # labelled with its encoding: "CoT (RoPE)"
-    return {"run": name, "learner": who, "shape": shape_label(model_shape(model, who)),
-            "batch": train.get("batch_size"), "lr": train.get("lr"), "warmup": train.get("warmup_steps"),
+    who = cfg.data.learner
+    if cfg.model.positions != "learned":
+        who = f"{who}@{cfg.model.positions}"  # labelled with its encoding: "CoT (RoPE)"
+    return {"run": name, "learner": who, "shape": shape_label(model_shape(cfg.model, who)),
+            "batch": cfg.train.batch_size, "lr": cfg.train.lr, "warmup": cfg.train.warmup_steps,
             "positions_per_step": round(steps[-1]["tokens"] / steps[-1]["step"]) if steps else None,
             "step": summary["step"], "tokens": summary["tokens"], "minutes": summary["minutes"],
             "cpu_minutes": max((r.get("cpu_s", 0) for r in recs), default=0) / 60, "stop": summary["stop"],

@@ -39,9 +39,8 @@ from rlmlab.experiments.tables import (
     training_runs,
     training_summary,
 )
-from rlmlab.learning.config import body_params
+from rlmlab.learning.config import TrainConfig, body_params, read_run_config
 from rlmlab.learning.learner import get_learner
-from rlmlab.safeio import read_json
 
 FROM_ZERO = "from position 0"
 
@@ -73,22 +72,9 @@ def member_folders(out: Path, meta: dict) -> list[Path]:
     return folders
 
 
-def saved_run_config(run_dir: Path) -> dict:
-    """A run folder's config.json as it was written, its `model` and `train` sections checked to be objects."""
-    try:
-        cfg = read_json(run_dir / "config.json", DataError, "config.json")
-        model, train = cfg["model"], cfg["train"]
-        if not (isinstance(model, dict) and isinstance(train, dict)):
-            raise TypeError
-    except (DataError, KeyError, TypeError):
-        raise DataError(f"{run_dir}: no readable config.json (not an `rlmlab run` run folder)") from None
-    return cfg
-
-
-def _recipe(train: dict) -> str:
+def _recipe(train: TrainConfig) -> str:
     """What a run's training did beyond the preset's recipe that the table must show."""
-    offset = train.get("start_offset")
-    return f"start offsets up to {offset:,}" if isinstance(offset, int) and offset > 0 else FROM_ZERO
+    return f"start offsets up to {train.start_offset:,}" if train.start_offset > 0 else FROM_ZERO
 
 
 def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
@@ -111,12 +97,12 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
             run = training_runs(member, seeded_job(job, s)).get(v)
             if res is None or run is None:
                 continue
-            cfg = saved_run_config(run)
-            shape = model_shape(cfg["model"], v)
+            cfg = read_run_config(run, DataError)
+            shape = model_shape(cfg.model, v)
             if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape.values()):
                 raise DataError(f"{run / 'config.json'}: its model's layers, heads and width are not positive integers")
             shapes.add(tuple(shape.items()))
-            recipes.add(_recipe(cfg["train"]))
+            recipes.add(_recipe(cfg.train))
             results[s], best[s] = res, training_summary(run)["best"]
         if not results:
             continue

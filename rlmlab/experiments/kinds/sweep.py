@@ -105,22 +105,18 @@ def beyond_table(results: list[dict], name: str, run_dir: Path | None) -> dict[s
     positional table: CoT reads the trace before its last token, RM the active frame before its
     last token. Such an expression cannot be answered, whatever the model learned. Empty for an
     encoding without a table (NoPE, RoPE, ALiBi), which has no such limit."""
-    import json
-
-    from rlmlab.learning.config import preset
+    from rlmlab.learning.config import RUN_CONFIG_FILE, preset, read_run_config
     from rlmlab.learning.learner import get_learner
 
-    if run_dir is None or not (run_dir / "config.json").exists():
+    if run_dir is None or not (run_dir / RUN_CONFIG_FILE).exists():
+        return {}
+    model = read_run_config(run_dir, DataError).model
+    if model.positions != "learned":
         return {}
     try:
-        model = json.loads((run_dir / "config.json").read_text())["model"]
-        if model.get("positions", "learned") != "learned":
-            return {}
-        block = model.get("block_size") or preset(model["preset"], name, 1).block_size
+        block = model.block_size or preset(model.preset, name, 1).block_size
         driver = get_learner(name).driver
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise DataError(f"{run_dir / 'config.json'}: not a run configuration") from None
-    except ConfigError:
+    except ConfigError:  # a learner this version does not know
         return {}
     column = {"cot": "trace_len", "rm": "max_frame_width"}.get(driver)
     counts: dict[str, int] = {}
