@@ -45,7 +45,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
-from rlmlab.learning.config import RunConfig, apply_dict
+from rlmlab.learning.config import RUN_CONFIG_FILE, RunConfig, apply_dict
 from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import ModelConfig, Transformer
 from rlmlab.safeio import read_json, shorten
@@ -70,7 +70,6 @@ META_TYPES = {"step": int, "learner": str, "model_config": dict, "config": dict,
               "files": dict, "optimizer": dict, "trainer": dict}
 JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 WHICH = ("best", "last")
-RUN_CONFIG = "config.json"
 MAX_STEP = 2**63 - 1  # a step of a run with no step budget: what the trainer state's counters allow
 # What each parameter is stored as: the model is trained and saved in float32 (CUDA runs
 # autocast their matmuls, their weights stay float32); a loader would cast any other dtype
@@ -347,9 +346,9 @@ def check_metadata(meta: dict, ckpt: Path) -> None:
     except (TypeError, RlmlabError) as e:
         raise CheckpointError(f"{ckpt}: bad model config ({shorten(str(e))})") from None
     _check_run_config(config, name, len(meta["vocab"]), cfg, ckpt)
-    path = ckpt.parent / RUN_CONFIG
+    path = ckpt.parent / RUN_CONFIG_FILE
     if path.exists():
-        run_config = read_json(path, CheckpointError, RUN_CONFIG)
+        run_config = read_json(path, CheckpointError, RUN_CONFIG_FILE)
         if not isinstance(run_config, dict):
             raise CheckpointError(f"{path}: not a run configuration (an object with sections model, data, train)")
         _check_run_config(run_config, name, len(meta["vocab"]), cfg, ckpt, path)

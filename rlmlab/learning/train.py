@@ -40,7 +40,7 @@ from rlmlab.attention.encodings import POSITION_LABELS
 from rlmlab.attention.positions import context_limit
 from rlmlab.errors import ConfigError, DataError, TrainingDiverged
 from rlmlab.learning.checkpoint import META_FILE, rng_state, save_checkpoint
-from rlmlab.learning.config import RunConfig
+from rlmlab.learning.config import RUN_CONFIG_FILE, RunConfig
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.learner import get_learner
@@ -161,7 +161,7 @@ class Trainer:
         self.optimizer = configure_optimizer(self.model, tc)
         self.moments_restarted = resumed.restore(self.optimizer) if resume else False
         # only now: a resume refused for its checkpoint leaves the run folder as it was
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+        (self.run_dir / RUN_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
         self.fwd = torch.compile(self.model) if tc.compile else self.model
         self.attention = attention_kind(device, model_cfg)
 
