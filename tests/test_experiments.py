@@ -687,6 +687,36 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     assert not list(results.rglob("*.safetensors"))
 
 
+def test_a_run_trained_but_not_evaluated_is_not_exported_without_its_weights(tmp_path, capsys):
+    """`run_job` writes done.json when training ends and evaluates after it: a run stopped in
+    between has no results yet, and its `best` checkpoint is the only way to get them. A plain
+    export leaves it out; a resumable one carries `best` (weights only), from which the same
+    command evaluates it on another machine."""
+    def argv(out):
+        return ["run", "length", "--preset", "smoke", "--out", str(out), "--quiet", "--learners", "rm"]
+
+    here, results, there = tmp_path / "here", tmp_path / "results", tmp_path / "there"
+    assert main(argv(here)) == 0
+    run = here / "length-96" / "rm"
+    shutil.rmtree(run / "eval")  # stopped after training, before its evaluation
+    assert (run / "done.json").exists()
+    assert main(["export", str(here), str(results)]) == 0
+    assert "left out 1 unfinished run(s)" in capsys.readouterr().err
+    assert not (results / "length-96" / "rm").exists()
+    assert main(["export", str(here), str(results), "--resumable"]) == 0
+    carried = results / "length-96" / "rm"
+    assert sorted(p.name for p in (carried / "best").iterdir()) == ["checkpoint.json", "model.safetensors"]
+    assert not (carried / "last").exists()
+    # A plain export now would drop the only copy of the weights that evaluate it: refused.
+    assert main(["export", str(here), str(results)]) == 2
+    assert "length-96/rm" in capsys.readouterr().err
+    shutil.copytree(carried, there / "length-96" / "rm")
+    assert main(argv(there)) == 0  # evaluates, does not train again
+    assert any((there / "length-96" / "rm" / "eval").rglob("summary.json"))
+    assert main(["export", str(there), str(results)]) == 0  # evaluated now: its weights leave results/
+    assert not list(results.rglob("*.safetensors"))
+
+
 @pytest.mark.parametrize("kind, extra, job", [
     ("length", [], "length-96"),
     ("iid", ["--sizes", "100"], "iid-N100-s0"),

@@ -16,8 +16,8 @@ def register(sub) -> None:
                                                 "files (a README) where SRC's copy differs")
     p.add_argument("--resumable", action="store_true",
                    help="also copy every unfinished run (left out otherwise), with its `last` checkpoint as weights "
-                        "only (no optimizer moments), to continue it on another machine (docs/cli.md, 'Carrying a "
-                        "run to another machine')")
+                        "only (no optimizer moments), or its `best` one when it is trained but not yet evaluated, "
+                        "to continue it on another machine (docs/cli.md, 'Carrying a run to another machine')")
     p.set_defaults(handler=run)
 
 

@@ -28,6 +28,7 @@ LEFT_OUT_SUFFIXES = (".parquet", ".safetensors", ".npz")
 LEGACY_OF = {RESULTS: LEGACY_RESULTS, TRACES: LEGACY_RESULTS, METRICS: LEGACY_METRICS}
 RECORD_FILES = tuple(LEGACY_OF)
 RESUME_CHECKPOINT = "last"
+EVALUATED_CHECKPOINT = "best"  # the checkpoint a run's evaluation decodes with
 REBUILT = ("report", "view")  # the report is rebuilt from the copy; `rlmlab view` makes its pages on demand
 # What `rlmlab run` writes at the top of an experiment folder besides its data, report and run
 # folders; any other top-level file there (a README, notes) was written by a person.
@@ -45,7 +46,10 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     done.json) comes along too, as weights and trainer state without the optimizer's moments
     (`drop_optimizer`), so that the run can be continued on another machine: copy its run
     folder back under a fresh `--out` and re-run its command (docs/cli.md); AdamW's moments
-    restart from zero there, and the run's log and training table say so. Whether or not
+    restart from zero there, and the run's log and training table say so. A run trained but
+    stopped before its evaluation (done.json, no summary.json under eval/) is unfinished too: a
+    plain export leaves it out, and a resumable one carries its `best` checkpoint, which the
+    re-run evaluates. Whether or not
     `resumable` is set, a checkpoint left in `dest` by an earlier export (the `last` of a resumable
     one) is removed once its run has finished: it would resume a run that has moved on, and
     finished results hold no weights. An export
@@ -165,7 +169,7 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
             continue
         inside = next((i for i in range(1, len(rel.parts))
                        if (src / Path(*rel.parts[:i]) / "checkpoint.json").exists()), None)
-        if inside is not None and not (resumable and _unfinished_last(src / Path(*rel.parts[:inside]))):
+        if inside is not None and not (resumable and _needed_to_continue(src / Path(*rel.parts[:inside]))):
             checkpoints += path.name == "checkpoint.json"
             continue
         if inside is not None and path.name == "optimizer.safetensors":  # carried as weights only
@@ -188,7 +192,8 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
         carried += inside is not None and path.name == "checkpoint.json"
     dest.mkdir(parents=True, exist_ok=True)
     for ckpt in carried_points:
-        _carry_weights_only(ckpt, dest / ckpt.relative_to(src))
+        if ckpt.name == RESUME_CHECKPOINT:  # `best` holds no optimizer state to drop
+            _carry_weights_only(ckpt, dest / ckpt.relative_to(src))
     # What the source still holds as JSON lines lands as Parquet; files of dest's own are left alone.
     for path in copied_lines:
         if path.name == LEGACY_RESULTS:
@@ -225,7 +230,8 @@ def runs_in_flight(src: Path, runnable: bool = True) -> set[Path]:
     train` runs, a folder holding config.json whose log does not end with its `end` record."""
     if runnable:
         return {c.parent.relative_to(src) for c in src.glob("*/*/config.json")
-                if c.relative_to(src).parts[0] not in REBUILT and not finished_marker(c.parent / "done.json")}
+                if c.relative_to(src).parts[0] not in REBUILT
+                and not (finished_marker(c.parent / "done.json") and _evaluated(c.parent))}
     return {c.parent.relative_to(src) for pattern in ("*/config.json", "*/*/config.json") for c in src.glob(pattern)
             if c.relative_to(src).parts[0] not in REBUILT and not training_finished(c.parent)}
 
@@ -277,17 +283,29 @@ def _carry_weights_only(ckpt: Path, copy: Path) -> None:
         raise DataError(f"{ckpt}: the checkpoint changed while it was exported; export again ({e})") from None
 
 
-def _unfinished_last(ckpt: Path) -> bool:
-    """Whether `ckpt` is the `last` checkpoint of a run that has not finished."""
-    return ckpt.name == RESUME_CHECKPOINT and not (ckpt.parent / "done.json").exists()
+def _needed_to_continue(ckpt: Path) -> bool:
+    """Whether `ckpt` is what continuing its unfinished run needs: the `last` checkpoint of a run
+    still training, or the `best` checkpoint of one trained (done.json) but not yet evaluated,
+    which its re-run evaluates."""
+    run = ckpt.parent
+    if ckpt.name == RESUME_CHECKPOINT:
+        return not (run / "done.json").exists()
+    return ckpt.name == EVALUATED_CHECKPOINT and (run / "done.json").exists() and not _evaluated(run)
+
+
+def _evaluated(run: Path) -> bool:
+    """Whether a run folder holds an evaluation (a summary.json under eval/): `run_job` writes
+    done.json when training ends and evaluates after it, so a run stopped in between has done.json
+    and no results, and its `best` checkpoint is still the only way to get them."""
+    return any((run / "eval").rglob("summary.json"))
 
 
 def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
     """Refuse an export without `resumable` that would remove the `last` checkpoint `dest` carries
     for a run still unfinished in `src`: in a folder shared by several jobs, exporting after one
     of them finishes would otherwise silently discard the only copy of another's progress."""
-    runs = (meta.parent.parent.relative_to(dest) for meta in dest.rglob(f"{RESUME_CHECKPOINT}/checkpoint.json"))
-    carried = sorted(str(run) for run in runs if (src / run).is_dir() and not (src / run / "done.json").exists())
+    points = (meta.parent.relative_to(dest) for meta in dest.rglob("checkpoint.json"))
+    carried = sorted(str(p.parent) for p in points if (src / p.parent).is_dir() and _needed_to_continue(src / p))
     if carried:
         raise DataError(f"{dest} carries the `last` checkpoint of {len(carried)} run(s) still unfinished in {src} "
                         f"({', '.join(carried)}); export with --resumable to update it, or delete "
@@ -305,8 +323,7 @@ def _drop_stale_checkpoints(src: Path, dest: Path, resumable: bool) -> None:
         run = meta.parent.parent.relative_to(dest)
         if not (src / run).is_dir():
             continue
-        carried = resumable and meta.parent.name == RESUME_CHECKPOINT and not (src / run / "done.json").exists()
-        if not carried:
+        if not (resumable and _needed_to_continue(src / run / meta.parent.name)):
             shutil.rmtree(meta.parent)
 
 
