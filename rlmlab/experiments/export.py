@@ -301,20 +301,21 @@ def _evaluated(run: Path) -> bool:
 
 
 def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
-    """Refuse an export without `resumable` that would remove the `last` checkpoint `dest` carries
-    for a run still unfinished in `src`: in a folder shared by several jobs, exporting after one
-    of them finishes would otherwise silently discard the only copy of another's progress."""
+    """Refuse an export without `resumable` that would remove a checkpoint `dest` carries for a
+    run still unfinished in `src` (`_needed_to_continue`): in a folder shared by several jobs,
+    exporting after one of them finishes would otherwise silently discard the only copy of
+    another's progress."""
     points = (meta.parent.relative_to(dest) for meta in dest.rglob("checkpoint.json"))
     carried = sorted(str(p.parent) for p in points if (src / p.parent).is_dir() and _needed_to_continue(src / p))
     if carried:
-        raise DataError(f"{dest} carries the `last` checkpoint of {len(carried)} run(s) still unfinished in {src} "
-                        f"({', '.join(carried)}); export with --resumable to update it, or delete "
-                        f"{RESUME_CHECKPOINT}/ there to stop carrying the run")
+        raise DataError(f"{dest} carries the checkpoint of {len(carried)} run(s) still unfinished in {src} "
+                        f"({', '.join(carried)}); export with --resumable to update it, or delete its "
+                        f"{RESUME_CHECKPOINT}/ or {EVALUATED_CHECKPOINT}/ there to stop carrying the run")
 
 
 def _drop_stale_checkpoints(src: Path, dest: Path, resumable: bool) -> None:
-    """Remove from `dest` the checkpoints of the runs this export brings, except the `last` of a
-    run still unfinished that a resumable export carries: a run that has finished since would
+    """Remove from `dest` the checkpoints of the runs this export brings, except those a
+    resumable export carries (`_needed_to_continue`): a run that has finished since would
     be resumed from an old step, and a finished run's results hold no weights (any checkpoint an
     earlier export or a person left beside them, a `best/`, say). Runs `src` does not hold
     (another machine's) keep theirs; a plain export of a run still unfinished in `src` is
