@@ -16,7 +16,7 @@ from rlmlab.experiments.presets import merge_learner_tables
 from rlmlab.experiments.refs import REFS, read_refs, refer_to_siblings
 from rlmlab.experiments.report import report
 from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
-from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES
+from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, evaluated_sets
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished
 from rlmlab.safeio import refuse_other_folder, refuse_symlinks
@@ -47,7 +47,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     (`drop_optimizer`), so that the run can be continued on another machine: copy its run
     folder back under a fresh `--out` and re-run its command (docs/cli.md); AdamW's moments
     restart from zero there, and the run's log and training table say so. A run trained but
-    stopped before its evaluation (done.json, no summary.json under eval/) is unfinished too: a
+    stopped before its evaluation (done.json, no results under eval/) is unfinished too: a
     plain export leaves it out, and a resumable one carries its `best` checkpoint, which the
     re-run evaluates. Whether or not
     `resumable` is set, a checkpoint left in `dest` by an earlier export (the `last` of a resumable
@@ -231,7 +231,7 @@ def runs_in_flight(src: Path, runnable: bool = True) -> set[Path]:
     if runnable:
         return {c.parent.relative_to(src) for c in src.glob("*/*/config.json")
                 if c.relative_to(src).parts[0] not in REBUILT
-                and not (finished_marker(c.parent / "done.json") and _evaluated(c.parent))}
+                and not (finished_marker(c.parent / "done.json") and _has_evaluation(c.parent))}
     return {c.parent.relative_to(src) for pattern in ("*/config.json", "*/*/config.json") for c in src.glob(pattern)
             if c.relative_to(src).parts[0] not in REBUILT and not training_finished(c.parent)}
 
@@ -290,14 +290,14 @@ def _needed_to_continue(ckpt: Path) -> bool:
     run = ckpt.parent
     if ckpt.name == RESUME_CHECKPOINT:
         return not (run / "done.json").exists()
-    return ckpt.name == EVALUATED_CHECKPOINT and (run / "done.json").exists() and not _evaluated(run)
+    return ckpt.name == EVALUATED_CHECKPOINT and (run / "done.json").exists() and not _has_evaluation(run)
 
 
-def _evaluated(run: Path) -> bool:
-    """Whether a run folder holds an evaluation (a summary.json under eval/): `run_job` writes
+def _has_evaluation(run: Path) -> bool:
+    """Whether a run folder holds results of an evaluation (`evaluated_sets`): `run_job` writes
     done.json when training ends and evaluates after it, so a run stopped in between has done.json
     and no results, and its `best` checkpoint is still the only way to get them."""
-    return any((run / "eval").rglob("summary.json"))
+    return bool(evaluated_sets(run))
 
 
 def _refuse_dropping_carried_runs(src: Path, dest: Path) -> None:
