@@ -128,7 +128,7 @@ def test_a_learner_below_the_plateau_is_not_fitted_and_its_ood_cells_are_withhel
 
 
 def test_failure_predictors_join_probe_rows_to_answers_by_id():
-    from rlmlab.experiments.kinds.threshold import failure_predictors
+    from rlmlab.experiments.diagnostics import failure_predictors
 
     results = [{"expr": f"e{i}", "id": i, "correct": i % 2 == 0} for i in range(40)]
     # Wrong answers (odd ids) have the higher non-invariance; an IID row and a row without points are ignored.
@@ -145,7 +145,7 @@ def test_failure_predictors_join_probe_rows_to_answers_by_id():
 
 
 def test_wrong_trace_summary_counts_malformed_traces_and_locates_the_first_divergence():
-    from rlmlab.experiments.kinds.threshold import wrong_trace_summary, wrong_trace_table
+    from rlmlab.experiments.diagnostics import wrong_trace_summary, wrong_trace_table
 
     # In domain and right answers are left out; a wrong but well-formed trace still diverges.
     results = [{"ood": False, "correct": False, "valid": False, "diverge_at": 3},

@@ -46,6 +46,11 @@ def fitted(best_validation: float | None) -> bool:
     return best_validation is not None and best_validation >= FIT_THRESHOLD - 1e-9
 
 
+def unfit_label(best: float | None) -> str:
+    """The label a learner's out-of-domain diagnostics carry when it did not fit; empty if it did."""
+    return "" if fitted(best) else f", not fitted (best validation {pct(best)})"
+
+
 def run_fitted(kind: str, run_dir: Path) -> bool:
     """Whether a run reached the plateau by the rule its experiment's report withholds
     out-of-domain cells by: Table 3 (kind `shortcuts`) reads it off the run's accuracy on the IID

@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from rlmlab.errors import DataError, NoResultsError
+from rlmlab.experiments.diagnostics import wrong_trace_summary
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.kinds.threshold import PAPER_TABLE2, wrong_trace_summary
+from rlmlab.experiments.kinds.threshold import PAPER_TABLE2
 from rlmlab.experiments.seeds import seed_indices, seeded_job
 from rlmlab.experiments.spread import cell as spread_cell
 from rlmlab.experiments.spread import correctness
