@@ -38,7 +38,8 @@ import torch.nn.functional as F  # noqa: E402
 from bench_train import useful_flops  # noqa: E402
 from machine import print_facts  # noqa: E402
 
-from rlmlab.attention.backends import Flex, attention_kind, flex_attend  # noqa: E402
+from rlmlab.attention.backends import attention_kind  # noqa: E402
+from rlmlab.attention.flex import Flex, flex_attend  # noqa: E402
 from rlmlab.attention.layout import Layout  # noqa: E402
 from rlmlab.learning.config import DataSettings, TrainConfig  # noqa: E402
 from rlmlab.learning.data import fit_to_block  # noqa: E402

@@ -27,7 +27,8 @@ from torch._dynamo.testing import CompileCounter
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlmlab.attention.backends import Flex, attention_kind
+from rlmlab.attention.backends import attention_kind
+from rlmlab.attention.flex import Flex
 from rlmlab.attention.layout import Layout
 from rlmlab.learning.config import DataSettings, ModelConfig, TrainConfig
 from rlmlab.learning.data import fit_to_block

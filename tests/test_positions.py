@@ -330,7 +330,7 @@ def test_the_flex_path_of_table_free_encodings_equals_the_block_path(positions):
     bias that path does not apply, is refused there in one line."""
     from test_gpu_path import cpu_flex
 
-    from rlmlab.attention.backends import Flex
+    from rlmlab.attention.flex import Flex
 
     B, T = 2, 64
     row, start, length = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 20, 0, 41]), torch.tensor([20, 44, 41, 23])

@@ -12,13 +12,14 @@ into frames and pending call blocks. A query sees a key when
 - for lanes, both lie in one frame and the key is on the trunk or on the query's own call block.
 
 Positions are no part of it: they weigh the keys a query sees (`rlmlab.attention.positions`),
-never decide which. The backends of `rlmlab.attention.backends` (dense mask, blocks,
-FlexAttention) are built from a `Layout`; the decoder lays out the groups of a KV-cached step
-with the same rule (`rlmlab.decoding.engine`).
+never decide which. The backends of `rlmlab.attention.backends` (dense mask, blocks) and
+`rlmlab.attention.flex` (FlexAttention) are built from a `Layout` and share `Backend`; the
+decoder lays out the groups of a KV-cached step with the same rule (`rlmlab.decoding.engine`).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,3 +93,26 @@ class Layout:
 
         return visible(t[:, None], t[None, :], q(self.seg), k(self.seg), q(self.frame), k(self.frame),
                        q(self.branch), k(self.branch)).unsqueeze(1)
+
+
+class Backend:
+    """What every backend shares: `to(device)`, `bind(positions)` (nothing to bind by default)
+    and `attend(q, k, v, layer, dropout_p)`; copies differ only in the fields they replace."""
+
+    def _with(self, **changes):
+        out = copy.copy(self)
+        out.__dict__.update(changes)
+        return out
+
+    def bind(self, positions):
+        return self
+
+
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`; to CUDA from pinned memory without blocking the host (the copy
+    is ordered before any kernel that reads it on the same stream)."""
+    if t is None or t.device == device:
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlmlab.attention.backends import backend, to_device
-from rlmlab.attention.layout import Layout
+from rlmlab.attention.backends import backend
+from rlmlab.attention.layout import Layout, to_device
 from rlmlab.learning.lanes import IGNORE
 
 
