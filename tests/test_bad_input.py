@@ -16,9 +16,8 @@ from rlmlab.errors import CheckpointError, ConfigError, DataError, ExprError
 from rlmlab.experiments.kinds import get_kind
 from rlmlab.experiments.presets import get_preset
 from rlmlab.experiments.report import report
-from rlmlab.learning.checkpoint import restore_optimizer, set_rng_state
 from rlmlab.learning.examples import build_examples
-from rlmlab.learning.resume import TrainerState
+from rlmlab.learning.resume import TrainerState, restore_optimizer, set_rng_state
 from rlmlab.measuring.result_files import read_results, write_rows
 from rlmlab.measuring.score import data_columns
 from rlmlab.task.expr import MAX_NESTING

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import rlmlab.learning.checkpoint as ck
+import rlmlab.learning.resume as resume
 from rlmlab.errors import CheckpointError
 from rlmlab.learning.checkpoint import load_run, save_checkpoint
 from rlmlab.learning.model import Transformer, preset
@@ -51,7 +52,7 @@ def test_round_trip(tmp_path):
     # optimizer state comes back exactly
     meta = ck.read_checkpoint_meta(tmp_path / "last")
     opt2 = torch.optim.AdamW(r.model.parameters(), lr=1e-2)
-    ck.load_optimizer_state(tmp_path / "last", meta, opt2)
+    resume.load_optimizer_state(tmp_path / "last", meta, opt2)
     a, b = opt.state_dict(), opt2.state_dict()
     assert a["param_groups"] == b["param_groups"]
     assert all(torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i])
@@ -196,4 +197,4 @@ def test_non_finite_or_misshapen_tensors_are_refused_on_load(tmp_path):
     for damaged, message in ((moments[key][..., :1].contiguous(), "does not fit this model"),
                              (torch.full_like(moments[key], float("inf")), "non-finite")):
         with pytest.raises(CheckpointError, match=message):
-            ck.restore_optimizer(fresh, {**moments, key: damaged}, meta["optimizer"])
+            resume.restore_optimizer(fresh, {**moments, key: damaged}, meta["optimizer"])

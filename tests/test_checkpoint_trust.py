@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from rlmlab.cli import main
 from rlmlab.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from rlmlab.learning import checkpoint as ck
+from rlmlab.learning import resume
 from rlmlab.learning import step as step_module
 from rlmlab.learning.config import DataSettings, ModelSettings, RunConfig, TrainConfig, apply_overrides
 from rlmlab.task.taskfile import load_task
@@ -169,13 +170,13 @@ def test_optimizer_tensors_of_another_dtype_or_name_are_refused_by_resume(tiny_r
 def test_a_weights_only_resume_point_is_sealed_and_its_optimizer_claims_are_checked(tiny_run, tmp_path, capsys):
     run = _copy_run(tiny_run, tmp_path)
     with pytest.raises(CheckpointError, match="not a resume point"):
-        ck.drop_optimizer(run / "best")
-    ck.drop_optimizer(run / "last")
+        resume.drop_optimizer(run / "best")
+    resume.drop_optimizer(run / "last")
     assert sorted(p.name for p in (run / "last").iterdir()) == [ck.META_FILE, ck.MODEL_FILE]
     meta = ck.read_checkpoint_meta(run / "last")  # resealed: its digest holds
     assert meta["optimizer_dropped"] is True and "optimizer" not in meta and ck.OPTIM_FILE not in meta["files"]
     model = ck.load_run(run, "last").model
-    assert ck.load_optimizer_state(run / "last", meta, torch.optim.AdamW(model.parameters())) is False
+    assert resume.load_optimizer_state(run / "last", meta, torch.optim.AdamW(model.parameters())) is False
     # Saying the optimizer was dropped while still naming its file is not a weights-only point.
     forged = _meta(run / "last") | {"optimizer": {}}
     forged["files"] = {**forged["files"], ck.OPTIM_FILE: "0" * 64}

@@ -274,7 +274,7 @@ def _carry_weights_only(ckpt: Path, copy: Path) -> None:
     """Seal the copy of `ckpt` as a weights-only resume point: optimizer moments are twice the
     weights and never committed (CONTRIBUTING.md). The copy's tensor files are checked against
     their checkpoint.json first, so a checkpoint rewritten during the export is refused."""
-    from rlmlab.learning.checkpoint import drop_optimizer  # torch: only an export that carries a run needs it
+    from rlmlab.learning.resume import drop_optimizer  # torch: only an export that carries a run needs it
 
     try:
         drop_optimizer(copy)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from rlmlab.errors import CheckpointError, RlmlabError
 from rlmlab.learning.config import RUN_CONFIG_FILE, RunConfig, apply_dict
@@ -139,57 +139,11 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Load AdamW's moments and step counts; each moment must have its parameter's shape and
-    dtype and be finite (the fused AdamW would otherwise turn every weight into NaN)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for name, t in tensors.items():
-        try:
-            state, idx, key = name.split(".", 2)
-            idx = int(idx)
-        except ValueError:
-            raise CheckpointError(f"optimizer state is malformed (tensor {shorten(repr(name))})") from None
-        if state != "state" or key not in OPTIMIZER_KEYS or not 0 <= idx < len(params):
-            raise CheckpointError(f"optimizer state holds a tensor this model's AdamW has not ({shorten(name)})")
-        p = params[idx]
-        # AdamW keeps its step count as a float32 scalar (fused or not) and its moments like the parameter.
-        shape, dtype = (torch.Size([]), torch.float32) if key == "step" else (p.shape, p.dtype)
-        if t.shape != shape or t.dtype != dtype:
-            raise CheckpointError(f"optimizer state does not fit this model ({name}: {tuple(t.shape)} {t.dtype}, "
-                                  f"expected {tuple(shape)} {dtype})")
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise CheckpointError(f"optimizer state holds non-finite values ({name})")
-    try:
-        state: dict[int, dict] = {}
-        for name, t in tensors.items():
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = t
-        for name, v in meta["scalars"].items():
-            idx, key = name.split(".", 1)
-            state.setdefault(int(idx), {})[key] = v
-        groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"optimizer state is malformed or does not fit this model ({e})") from None
-
-
 def rng_state(device: torch.device) -> dict:
     state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
     if device.type == "cuda":
         state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
     return state
-
-
-def set_rng_state(state: dict) -> None:
-    def tensor(s: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(s, validate=True)), dtype=torch.uint8)
-
-    try:
-        torch.set_rng_state(tensor(state["torch"]))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # binascii.Error is a ValueError
-        raise CheckpointError(f"saved random-number state is malformed ({type(e).__name__})") from None
 
 
 def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, vocab: Vocab, learner: str,
@@ -442,47 +396,6 @@ def _check_shapes(cfg: ModelConfig, ckpt: Path) -> None:
         if expected[name][1] != dtype:
             raise CheckpointError(f"{ckpt}: {MODEL_FILE}: {name} is stored as {dtype}, the model's weights are "
                                   f"{expected[name][1]}")
-
-
-def drop_optimizer(ckpt: Path) -> None:
-    """Make the `last` checkpoint `ckpt` a weights-only resume point, as `rlmlab export
-    --resumable` carries it: optimizer.safetensors is removed and checkpoint.json resealed
-    without the optimizer state, saying `"optimizer_dropped": true`. A run resumed from it
-    restarts AdamW's moments from zero (its log says so), so it is a continuation of the same
-    recipe, not the uninterrupted run; the weights, data cursor and random state carry on."""
-    raw = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
-    # The seal is checked before it is renewed, so that an edited checkpoint.json is not laundered;
-    # the optimizer file itself may already be gone (an export does not copy it).
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("digest") != meta_digest(raw):
-        raise CheckpointError(f"{ckpt}: not an intact {FORMAT} checkpoint")
-    if not isinstance(raw.get("trainer"), dict) or not isinstance(raw.get("files"), dict):
-        raise CheckpointError(f"{ckpt}: not a resume point (no trainer state)")
-    raw.pop("optimizer", None)
-    raw["files"].pop(OPTIM_FILE, None)
-    raw["optimizer_dropped"] = True
-    raw["digest"] = meta_digest(raw)
-    tmp = ckpt / f".{META_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(raw, indent=1))
-    os.replace(tmp, ckpt / META_FILE)
-    (ckpt / OPTIM_FILE).unlink(missing_ok=True)
-    read_checkpoint_meta(ckpt)  # the weights against their SHA-256, the rest as any checkpoint
-
-
-def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> bool:
-    """Restore `optimizer` from the checkpoint; False (the optimizer left fresh) when it was
-    carried without its optimizer state (`drop_optimizer`)."""
-    if meta.get("optimizer_dropped") is True and "optimizer" not in meta and OPTIM_FILE not in meta["files"]:
-        return False
-    if "optimizer" not in meta or OPTIM_FILE not in meta["files"]:
-        raise CheckpointError(f"{ckpt}: no optimizer state (only 'last' checkpoints can be resumed)")
-    try:
-        tensors = load_file(str(ckpt / OPTIM_FILE))
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{ckpt}: cannot load {OPTIM_FILE} ({e})") from None
-    # Optimizer.load_state_dict moves each moment to its parameter's device (and leaves step
-    # counts where AdamW keeps them), so CPU tensors serve any device.
-    restore_optimizer(optimizer, tensors, meta["optimizer"])
-    return True
 
 
 def run_task(meta: dict, ckpt: Path, task: Task | str | None = None) -> Task:

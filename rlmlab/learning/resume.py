@@ -3,29 +3,40 @@ against the config, task and data it is resumed with.
 
 Everything that decides the next step (weights, AdamW moments, RNG, data cursor) is in the
 `last` checkpoint, so on CPU a resumed run computes the very losses, validations and best
-checkpoint of an uninterrupted one.
+checkpoint of an uninterrupted one. `rlmlab.learning.checkpoint` writes that state; this module
+reads the optimizer's and the RNG's part back (`load_optimizer_state`, `set_rng_state`), and
+`drop_optimizer` makes a weights-only resume point of it for `rlmlab export --resumable`.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from rlmlab.errors import CheckpointError, ConfigError, DataError
 from rlmlab.learning.checkpoint import (
+    FORMAT,
+    META_FILE,
+    OPTIM_FILE,
+    OPTIMIZER_KEYS,
     build_model,
     checkpoint_dir,
-    load_optimizer_state,
+    meta_digest,
     read_checkpoint_meta,
     run_task,
-    set_rng_state,
 )
 from rlmlab.learning.config import MAX_SEED, RESUMABLE, ModelConfig, RunConfig, TrainConfig, changed_keys
 from rlmlab.learning.examples import ExampleSet
 from rlmlab.learning.model import Transformer
+from rlmlab.safeio import read_json, shorten
 from rlmlab.task.taskfile import Task
 
 
@@ -176,3 +187,90 @@ def resume_run(run_dir: Path, cfg: RunConfig, task: Task, train: ExampleSet, val
 def _get(cfg: RunConfig, key: str):
     section, name = key.split(".", 1)
     return getattr(getattr(cfg, section), name)
+
+
+def load_optimizer_state(ckpt: Path, meta: dict, optimizer: torch.optim.Optimizer) -> bool:
+    """Restore `optimizer` from the checkpoint; False (the optimizer left fresh) when it was
+    carried without its optimizer state (`drop_optimizer`)."""
+    if meta.get("optimizer_dropped") is True and "optimizer" not in meta and OPTIM_FILE not in meta["files"]:
+        return False
+    if "optimizer" not in meta or OPTIM_FILE not in meta["files"]:
+        raise CheckpointError(f"{ckpt}: no optimizer state (only 'last' checkpoints can be resumed)")
+    try:
+        tensors = load_file(str(ckpt / OPTIM_FILE))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{ckpt}: cannot load {OPTIM_FILE} ({e})") from None
+    # Optimizer.load_state_dict moves each moment to its parameter's device (and leaves step
+    # counts where AdamW keeps them), so CPU tensors serve any device.
+    restore_optimizer(optimizer, tensors, meta["optimizer"])
+    return True
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Load AdamW's moments and step counts; each moment must have its parameter's shape and
+    dtype and be finite (the fused AdamW would otherwise turn every weight into NaN)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for name, t in tensors.items():
+        try:
+            state, idx, key = name.split(".", 2)
+            idx = int(idx)
+        except ValueError:
+            raise CheckpointError(f"optimizer state is malformed (tensor {shorten(repr(name))})") from None
+        if state != "state" or key not in OPTIMIZER_KEYS or not 0 <= idx < len(params):
+            raise CheckpointError(f"optimizer state holds a tensor this model's AdamW has not ({shorten(name)})")
+        p = params[idx]
+        # AdamW keeps its step count as a float32 scalar (fused or not) and its moments like the parameter.
+        shape, dtype = (torch.Size([]), torch.float32) if key == "step" else (p.shape, p.dtype)
+        if t.shape != shape or t.dtype != dtype:
+            raise CheckpointError(f"optimizer state does not fit this model ({name}: {tuple(t.shape)} {t.dtype}, "
+                                  f"expected {tuple(shape)} {dtype})")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"optimizer state holds non-finite values ({name})")
+    try:
+        state: dict[int, dict] = {}
+        for name, t in tensors.items():
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = t
+        for name, v in meta["scalars"].items():
+            idx, key = name.split(".", 1)
+            state.setdefault(int(idx), {})[key] = v
+        groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"optimizer state is malformed or does not fit this model ({e})") from None
+
+
+def set_rng_state(state: dict) -> None:
+    def tensor(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s, validate=True)), dtype=torch.uint8)
+
+    try:
+        torch.set_rng_state(tensor(state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # binascii.Error is a ValueError
+        raise CheckpointError(f"saved random-number state is malformed ({type(e).__name__})") from None
+
+
+def drop_optimizer(ckpt: Path) -> None:
+    """Make the `last` checkpoint `ckpt` a weights-only resume point, as `rlmlab export
+    --resumable` carries it: optimizer.safetensors is removed and checkpoint.json resealed
+    without the optimizer state, saying `"optimizer_dropped": true`. A run resumed from it
+    restarts AdamW's moments from zero (its log says so), so it is a continuation of the same
+    recipe, not the uninterrupted run; the weights, data cursor and random state carry on."""
+    raw = read_json(ckpt / META_FILE, CheckpointError, META_FILE)
+    # The seal is checked before it is renewed, so that an edited checkpoint.json is not laundered;
+    # the optimizer file itself may already be gone (an export does not copy it).
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("digest") != meta_digest(raw):
+        raise CheckpointError(f"{ckpt}: not an intact {FORMAT} checkpoint")
+    if not isinstance(raw.get("trainer"), dict) or not isinstance(raw.get("files"), dict):
+        raise CheckpointError(f"{ckpt}: not a resume point (no trainer state)")
+    raw.pop("optimizer", None)
+    raw["files"].pop(OPTIM_FILE, None)
+    raw["optimizer_dropped"] = True
+    raw["digest"] = meta_digest(raw)
+    tmp = ckpt / f".{META_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(raw, indent=1))
+    os.replace(tmp, ckpt / META_FILE)
+    (ckpt / OPTIM_FILE).unlink(missing_ok=True)
+    read_checkpoint_meta(ckpt)  # the weights against their SHA-256, the rest as any checkpoint
