@@ -13,8 +13,8 @@ from rlmlab.errors import ConfigError
 from rlmlab.experiments.kinds.shortcuts import seed_cells, shortcut_seeds_table
 from rlmlab.experiments.reproduce import CellCheck, seed_spreads
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job, split_seed
-from rlmlab.experiments.spread import cell, correctness, paired
 from rlmlab.measuring.result_files import read_results
+from rlmlab.measuring.stats import correctness, paired, seed_cell
 from rlmlab.runlog import read_metrics
 
 
@@ -43,16 +43,16 @@ def _results(exprs, correct):
 def test_cell_over_seeds_and_expressions():
     rng = np.random.default_rng(0)
     m = (rng.random((3, 200)) < np.array([[0.9], [0.6], [0.75]])).astype(float)
-    c = cell(m)
+    c = seed_cell(m)
     assert c["mean"] == pytest.approx(m.mean()) and c["per_seed"] == pytest.approx(list(m.mean(axis=1)))
     assert (c["min"], c["max"]) == (min(c["per_seed"]), max(c["per_seed"]))
     lo, hi = c["ci95"]
     assert lo < c["mean"] < hi
     # Resampling the seeds too: wider than a bootstrap over expressions with the seeds fixed.
-    same = cell(np.repeat(m.mean(axis=0, keepdims=True) > 0.5, 3, axis=0).astype(float))
+    same = seed_cell(np.repeat(m.mean(axis=0, keepdims=True) > 0.5, 3, axis=0).astype(float))
     assert hi - lo > same["ci95"][1] - same["ci95"][0]
-    assert cell(m) == c  # a fixed bootstrap seed: a report regenerates byte for byte
-    one = cell(m[:1])
+    assert seed_cell(m) == c  # a fixed bootstrap seed: a report regenerates byte for byte
+    one = seed_cell(m[:1])
     assert one["seeds"] == 1 and one["ci95"][0] <= one["mean"] <= one["ci95"][1]
 
 

@@ -235,7 +235,7 @@ class Group(NamedTuple):
 
 
 class Cached(Backend):
-    """One decoding step over a KV cache (`rlmlab.decoding.cache.KVCache`), laid out by the
+    """One decoding step over a KV cache (`rlmlab.decoding.engine.KVCache`), laid out by the
     decoder (`rlmlab.decoding.engine`) on the device.
 
     A step feeds every new token as one flat row (batch 1): token i's key and value are stored

@@ -15,7 +15,6 @@ from rlmlab.experiments.folder import check_split, ensure_data, load_pool, write
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
-from rlmlab.experiments.spread import cell, correctness, ratio_cell
 from rlmlab.experiments.tables import (
     eval_results,
     learner_label,
@@ -26,7 +25,7 @@ from rlmlab.experiments.tables import (
     save_figures,
     training_runs,
 )
-from rlmlab.measuring.stats import accuracy, bootstrap_ratio
+from rlmlab.measuring.stats import accuracy, bootstrap_ratio, correctness, seed_cell, seed_ratio_cell
 
 if TYPE_CHECKING:
     from rlmlab.task.taskfile import Task
@@ -37,7 +36,7 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
 
     With one seed the final-answer interval is Wilson's and the per-token one a bootstrap over
     test expressions. With several, both come from the two-level bootstrap of the length and
-    depth reports (`rlmlab.experiments.spread`): it resamples the seeds and the expressions, so
+    depth reports (`rlmlab.measuring.stats.seed_cell`): it resamples the seeds and the expressions, so
     an interval is wide when the seeds disagree, as a seed's own value may lie outside an
     interval over expressions alone."""
     points = []
@@ -57,12 +56,12 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
             p = {"N": n, "learner": name, "seeds": k, **accuracy([r for res in per_seed for r in res]),
                  "seed_accuracy": [accuracy(res)["accuracy"] for res in per_seed]}
             if k > 1:
-                p["ci95"] = cell(correctness(per_seed, f"{out} N={n} {learner_label(name)}"))["ci95"]
+                p["ci95"] = seed_cell(correctness(per_seed, f"{out} N={n} {learner_label(name)}"))["ci95"]
             if all("tf_total" in res[0] for res in per_seed):
                 c = np.asarray([[r["tf_correct"] for r in res] for res in per_seed], dtype=np.float64)
                 t = np.asarray([[r["tf_total"] for r in res] for res in per_seed], dtype=np.float64)
                 p["per_token"] = float(c.sum() / t.sum())
-                p["per_token_ci95"] = (ratio_cell(c, t)["ci95"] if k > 1 else list(bootstrap_ratio(
+                p["per_token_ci95"] = (seed_ratio_cell(c, t)["ci95"] if k > 1 else list(bootstrap_ratio(
                     [r["tf_correct"] for r in per_seed[0]], [r["tf_total"] for r in per_seed[0]])))
                 p["seed_per_token"] = [float(x) for x in c.sum(axis=1) / t.sum(axis=1)]
             points.append(p)

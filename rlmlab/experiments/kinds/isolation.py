@@ -22,7 +22,7 @@ Every run of every member is placed by its own config: what it sees (its learner
 observation), where its positions count from, its encoding and start offsets. The four cells
 are the learned-table runs without offsets; the other runs (RoPE, offsets) are listed beside
 them. The report tabulates each cell per bin over its fitted seeds, the four paired effects
-(each resamples the shared expressions and each cell's own seeds, `spread.paired`), and draws
+(each resamples the shared expressions and each cell's own seeds, `rlmlab.measuring.stats.paired`), and draws
 the 2×2 just past the threshold and in the last bin.
 """
 
@@ -38,10 +38,10 @@ from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.scale import SplitComparison, member_folders
 from rlmlab.experiments.seeds import seed_indices, seeded_job
-from rlmlab.experiments.spread import cell, correctness, paired
 from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
 from rlmlab.learning.config import RunConfig, read_run_config
 from rlmlab.learning.learner import get_learner
+from rlmlab.measuring.stats import correctness, paired, seed_cell
 
 SEES = {"cot": "whole trace", "rm": "active frame"}
 COUNTS = {"trace": "trace start", "frame": "frame start"}
@@ -139,7 +139,7 @@ def isolation_report(groups: list[dict], bins: list[dict]) -> dict:
         per_bin = {}
         for b in bins:
             m = bin_matrix(g, b["label"], b["ood"])
-            per_bin[b["label"]] = None if m is None or not m.size else cell(m)
+            per_bin[b["label"]] = None if m is None or not m.size else seed_cell(m)
         rows.append({"member": g["member"], "learner": g["learner"], "variant": g["variant"],
                      "seeds": sorted(g["results"]), "fitted_seeds": sorted(s for s, b in g["best"].items() if fitted(b)),
                      "bins": per_bin})

@@ -25,8 +25,6 @@ from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.kinds.threshold import PAPER_TABLE2
 from rlmlab.experiments.seeds import seed_indices, seeded_job
-from rlmlab.experiments.spread import cell as spread_cell
-from rlmlab.experiments.spread import correctness
 from rlmlab.experiments.tables import (
     eval_results,
     fitted,
@@ -42,6 +40,7 @@ from rlmlab.experiments.tables import (
 )
 from rlmlab.learning.config import TrainConfig, body_params, read_run_config
 from rlmlab.learning.learner import get_learner
+from rlmlab.measuring.stats import correctness, seed_cell
 
 FROM_ZERO = "from position 0"
 
@@ -122,7 +121,7 @@ def member_rows(member: Path, kind: str, threshold: int) -> list[dict]:
                                 f"{member} {v} bin {label}")
             except ValueError as e:
                 raise DataError(str(e)) from None
-            return {**spread_cell(m), "fitted_only": ood and some_only} if m.size else None
+            return {**seed_cell(m), "fitted_only": ood and some_only} if m.size else None
 
         in_domain = [r for res in results.values() for r in res if not r.get("ood")]
         wrong = wrong_trace_summary([r for res in ood_results.values() for r in res]) if ood_results else None

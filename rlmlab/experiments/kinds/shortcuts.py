@@ -12,8 +12,6 @@ from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
-from rlmlab.experiments.spread import cell as spread_cell
-from rlmlab.experiments.spread import correctness
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     count_ci,
@@ -28,7 +26,7 @@ from rlmlab.experiments.tables import (
     training_runs,
 )
 from rlmlab.learning.learner import PAPER_LEARNERS
-from rlmlab.measuring.stats import accuracy, share
+from rlmlab.measuring.stats import accuracy, correctness, seed_cell, share
 from rlmlab.shortcuts.metric import shortcut_rate
 
 if TYPE_CHECKING:
@@ -150,7 +148,7 @@ def report_shortcuts(kind: "ShortcutSuite", out: Path, meta: dict, dest: Path) -
 
 def seed_cells(construction: str, v: str,
                per_seed: dict[int, tuple[list[dict] | None, list[dict] | None]]) -> dict | None:
-    """One learner on one construction over its training seeds (`rlmlab.experiments.spread`):
+    """One learner on one construction over its training seeds (`rlmlab.measuring.stats.seed_cell`):
     IID accuracy, and OOD accuracy and shortcut rate where every seed fitted (IID >= 99%, Table
     3's rule); None unless at least two seeds were evaluated on both sets."""
     done = {s: sets for s, sets in sorted(per_seed.items()) if sets[0] is not None and sets[1] is not None}
@@ -164,8 +162,8 @@ def seed_cells(construction: str, v: str,
     fit = [s for s, row in zip(done, iid) if fitted(float(row.mean()))]
     every = len(fit) == len(done)
     return {"construction": construction, "learner": v, "seeds": list(done), "fitted_seeds": fit,
-            "iid": spread_cell(iid), "ood": spread_cell(ood) if every else None,
-            "shortcut_rate": spread_cell(follows) if every else None}
+            "iid": seed_cell(iid), "ood": seed_cell(ood) if every else None,
+            "shortcut_rate": seed_cell(follows) if every else None}
 
 
 def shortcut_seeds_table(cells: list[dict]) -> str:

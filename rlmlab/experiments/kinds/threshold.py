@@ -24,8 +24,6 @@ from rlmlab.experiments.kinds.base import ExperimentKind
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
-from rlmlab.experiments.spread import cell as spread_cell
-from rlmlab.experiments.spread import correctness, paired
 from rlmlab.experiments.tables import (
     FIT_THRESHOLD,
     eval_results,
@@ -41,7 +39,7 @@ from rlmlab.experiments.tables import (
     unfit_label,
 )
 from rlmlab.measuring.result_files import find_eval_dir, require_fields, results_file
-from rlmlab.measuring.stats import accuracy
+from rlmlab.measuring.stats import accuracy, correctness, paired, seed_cell
 
 if TYPE_CHECKING:
     from rlmlab.task.taskfile import Task
@@ -190,7 +188,7 @@ def report_threshold(out: Path, meta: dict, dest: Path, base: str) -> dict:
 
 
 def seed_spread(out: Path, meta: dict, job: str, names: list[str]) -> dict | None:
-    """Each learner's cells over its training seeds (`rlmlab.experiments.spread`), per bin, and
+    """Each learner's cells over its training seeds (`rlmlab.measuring.stats.seed_cell`), per bin, and
     the paired differences between learners, when some learner has evaluations of more than one
     seed; else None (a single-seed folder reports as it always has).
 
@@ -223,7 +221,7 @@ def seed_spread(out: Path, meta: dict, job: str, names: list[str]) -> dict | Non
             keep = [s for s in in_bin if not ood[label] or s in fitted_seeds]
             m = correctness([in_bin[s] for s in in_bin], f"{out / job} {v} bin {label}")
             matrices[(v, label)] = (m, len(keep) == len(in_bin))
-            c = spread_cell(m) if len(keep) == len(in_bin) else {"seeds": len(in_bin), "n": m.shape[1], "mean": None}
+            c = seed_cell(m) if len(keep) == len(in_bin) else {"seeds": len(in_bin), "n": m.shape[1], "mean": None}
             c["per_seed"] = {str(s): (float(row.mean()) if s in keep else None) for s, row in zip(in_bin, m)}
             cells.append(c)
         learners_out[v] = {"seeds": sorted(per_seed), "fitted_seeds": sorted(fitted_seeds),
