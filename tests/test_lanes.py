@@ -43,7 +43,7 @@ def test_lane_logits_equal_per_frame_logits_and_loss():
         lanes = lane_pack(ex.tokens, ex.prompt_len)
         idx, pos, labels = lane_tensors(lanes, VOCAB)
         with torch.no_grad():
-            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes)))[0]
+            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes.frame, lanes.branch)))[0]
         packed_loss = torch.nn.functional.cross_entropy(packed, labels, ignore_index=IGNORE, reduction="sum")
         alone_loss = 0.0
         for f, lane_idx in zip(ex.frames, lanes.example_targets):

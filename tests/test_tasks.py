@@ -162,7 +162,7 @@ def test_lanes_are_exact_and_cot_simulates_rm(name, one_torch_thread):
         lanes = lane_pack(ex.tokens, ex.prompt_len)
         idx, pos, _ = lane_tensors(lanes, vocab)
         with torch.no_grad():
-            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes)))[0]
+            packed = model(idx[None], pos[None], Dense(Layout.of_lanes(lanes.frame, lanes.branch)))[0]
         for f, lane_idx in zip(ex.frames, lanes.example_targets):
             with torch.no_grad():
                 alone = model(torch.tensor(vocab.encode(f.tokens))[None])[0]

@@ -20,13 +20,10 @@ decoder lays out the groups of a KV-cached step with the same rule (`rlmlab.deco
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from rlmlab.learning.lanes import Lanes
 
 
 def visible(q_at, k_at, q_seg=None, k_seg=None, q_frame=None, k_frame=None, q_branch=None, k_branch=None):
@@ -74,11 +71,12 @@ class Layout:
         return cls(seg.view(B, T), torch.stack([row, start, length], 1), frame, branch, plain)
 
     @classmethod
-    def of_lanes(cls, lanes: Lanes) -> "Layout":
-        """One lane sequence (`rlmlab.learning.lanes`) as one row holding one segment."""
-        T = len(lanes)
+    def of_lanes(cls, frame: Sequence[int], branch: Sequence[int]) -> "Layout":
+        """One lane sequence (`rlmlab.learning.lanes.Lanes`: its `frame` and `branch` ids) as one
+        row holding one segment."""
+        T = len(frame)
         return cls(torch.zeros(1, T, dtype=torch.long), torch.tensor([[0, 0, T]]),
-                   torch.tensor(lanes.frame)[None], torch.tensor(lanes.branch)[None])
+                   torch.tensor(frame)[None], torch.tensor(branch)[None])
 
     def mask(self) -> torch.Tensor:
         """(B, 1, T, T) bool, True = may see: the rule over whole rows."""

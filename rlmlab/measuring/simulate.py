@@ -37,7 +37,7 @@ def simulate_rm(model, vocab: Vocab, tokens: Sequence[str], prompt_len: int) -> 
         raise ValueError(f"position {max(lanes.pos)} beyond the model's {model.cfg.block_size}")
     idx, pos, _ = lane_tensors(lanes, vocab)
     device = next(model.parameters()).device
-    attn = Dense(Layout.of_lanes(lanes)).to(device)
+    attn = Dense(Layout.of_lanes(lanes.frame, lanes.branch)).to(device)
     logits = model(idx[None].to(device), pos[None].to(device), attn)[0]  # (T, V)
     owners = torch.tensor(lanes.owner[prompt_len - 1:], device=device)
     return vocab.decode(logits[owners].argmax(-1).tolist())
