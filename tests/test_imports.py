@@ -3,6 +3,8 @@ only type checkers run, under `if TYPE_CHECKING:`, do not count)."""
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,23 @@ def test_the_architecture_page_counts_the_token_path_it_lists():
     lines = sum(len((PACKAGE / m).read_text().splitlines()) for m in listed)
     assert int(stated[1]) == len(listed) == len(set(listed))
     assert abs(int(stated[2].replace(",", "")) - lines) <= lines / 10, lines
+
+
+def test_the_architecture_page_code_walks_one_expression_to_rm_s_answer(tmp_path):
+    """The path in code on docs/architecture.md runs as printed: the trace, one CoT example (the
+    whole trace), several RM examples (one per active frame, each shorter than the trace), and
+    the released RM's greedy answer, which is the expression's value."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S)[1]
+    script = tmp_path / "walk.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    trace, cot, rm, answer = out.stdout.splitlines()
+    n_cot, n_rm = (int(re.match(r"\w+: (\d+) examples", line)[1]) for line in (cot, rm))
+    assert n_cot == 1 and cot.endswith(trace) and n_rm > 1 and len(rm) < len(cot)
+    said, value = re.fullmatch(r"RM answers (\S+); the value is (\S+)", answer).groups()
+    assert said == value
 
 
 def test_dynamic_imports_are_counted(tmp_path):
