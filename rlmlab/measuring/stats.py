@@ -146,6 +146,8 @@ def auc_with_interval(scores: Sequence[float], positive: Sequence[bool], n_boot:
     return out
 
 
+# --- over training seeds (see the module docstring) ------------------------------------------
+
 N_BOOT = 2000
 BOOT_SEED = 0  # fixed, so that a report regenerates byte for byte
 LEVEL = 0.95
