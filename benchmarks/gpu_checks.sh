@@ -38,7 +38,7 @@ if [ -z "$pool" ]; then
     pool=$out/pool20k.parquet
     step 3a-pool 120 $py -m rlmlab data pool --n 20000 --seed 42 --out "$pool"
 fi
-step 3-train-cot 300 $py -m rlmlab train --learner cot --preset paper --data "$pool" --out "$out/cot-paper" \
+step 3-train-cot 300 $py -m rlmlab train --learner cot --model paper --data "$pool" --out "$out/cot-paper" \
     --max-steps 400 --quiet --train.compile=true --train.micro_batch_tokens=65536 \
     --train.eval_every=200 --train.log_every=50
 # 4. The CPU guards and the model tests on this machine (test_model's block-diagonal test runs on CUDA here).

@@ -203,3 +203,46 @@ def test_running_one_command_builds_only_its_parser_in_full(capsys):
     with pytest.raises(UsageError) as e:  # the other commands are listed by name only
         parser.parse_args(["train", "--out", "x"])
     assert "unrecognized arguments: --out x" in str(e.value)
+
+
+def documented_commands():
+    """Every `rlmlab ...` line of a shell block in the README, docs/ and the results' READMEs
+    (continuations joined, `&&` and pipes split), with the error line the block prints after
+    it, if any. Lines with shell variables or elided arguments (`...`) are left out."""
+    import re
+    import shlex
+
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*/README.md"))]
+    for path in files:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S):
+            lines = [line.strip().removeprefix("$ ") for line in block.replace("\\\n", " ").splitlines()]
+            for i, line in enumerate(lines):
+                after = lines[i + 1] if i + 1 < len(lines) else ""
+                error = after if re.match(r"rlmlab [a-z]+: error: ", after) else None
+                if re.match(r"rlmlab [a-z]+: ", line) or not (line.startswith("rlmlab ") or "&& rlmlab " in line):
+                    continue  # a command's output, or no command
+                lexer = shlex.shlex(line, posix=True, punctuation_chars="&;|")
+                lexer.whitespace_split, lexer.commenters = True, "#"
+                words, parts = list(lexer), [[]]
+                for word in words:  # commands joined by && ; |
+                    parts.append([]) if word in ("&&", ";", "|", "||") else parts[-1].append(word)
+                for argv in parts:
+                    if argv[:1] == ["rlmlab"] and not any(c in a for a in argv for c in "$<") and "..." not in argv:
+                        yield pytest.param(argv[1:], error, id=f"{path.name}:{' '.join(argv[1:3])}")
+
+
+@pytest.mark.parametrize("argv, error", list(documented_commands()))
+def test_every_documented_command_line_parses(argv, error, capsys):
+    """A renamed flag leaves no stale command in the docs; a documented error is the one printed."""
+    from rlmlab.cli import build_parser
+
+    if error is None:
+        assert build_parser().parse_args(argv).command == argv[0]
+    else:
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip() == error
+
+
+def test_the_documentation_shows_commands():
+    commands = list(documented_commands())
+    assert len(commands) > 40 and sum(p.values[1] is not None for p in commands) >= 2

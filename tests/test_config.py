@@ -90,6 +90,35 @@ def test_cli_precedence(tmp_path):
         resolve_config(args)
 
 
+def test_a_recipe_is_what_its_experiment_trains_the_learner_with(tmp_path):
+    """`train --recipe` starts from the settings `rlmlab run --preset` gives the learner's jobs on a
+    threshold split (the same `run_config`), the command's data, config file and flags over it."""
+    from rlmlab.experiments.presets import get_preset
+
+    for learner in ("cot", "rm", "window:8"):
+        args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--recipe", "paper-cpu",
+                                          "--learner", learner, "--data", "t.parquet"])
+        planned = get_preset("paper-cpu").run_config(learner, "t.parquet", None)
+        assert resolve_config(args) == planned, learner
+    cot = resolve_config(build_parser().parse_args(["train", "--out", "x", "--recipe", "paper-cpu", "--learner", "cot"]))
+    assert (cot.model.preset, cot.train.batch_size, cot.train.lr, cot.train.max_steps) == ("cpu", 16, 3e-3, 24_000)
+    (tmp_path / "f.json").write_text(json.dumps({"train": {"batch_size": 8}}))
+    args = build_parser().parse_args(["train", "--out", "x", "--recipe", "paper-cpu", "--learner", "cot", "--config",
+                                      str(tmp_path / "f.json"), "--train.lr=1e-3", "--max-steps", "50", "--model", "tiny"])
+    cfg = resolve_config(args)
+    assert (cfg.train.batch_size, cfg.train.lr, cfg.train.max_steps, cfg.model.preset) == (8, 1e-3, 50, "tiny")
+    assert cfg.train.min_lr_ratio == 0.01 and cfg.train.warmup_steps == 100  # the rest stays the recipe's
+    args = build_parser().parse_args(["train", "--out", "x", "--recipe", "paper-cpu", "--resume"])
+    with pytest.raises(ConfigError, match="a resumed run keeps its own"):
+        resolve_config(args)
+
+
+def test_train_preset_is_the_old_spelling_of_model():
+    new = build_parser().parse_args(["train", "--out", "x", "--model", "tiny"])
+    old = build_parser().parse_args(["train", "--out", "x", "--preset", "tiny"])
+    assert new.model == old.model == "tiny"
+
+
 def test_every_field_is_documented():
     from dataclasses import fields
 

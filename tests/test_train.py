@@ -367,7 +367,7 @@ def test_cli_train_smoke(tmp_path, capsys, monkeypatch):
     pool = tmp_path / "pool.parquet"
     write_pool(build_pool(150, 5, workers=1, task=PAPER), pool)
     out = tmp_path / "run"
-    args = ["train", "--learner", "cot", "--preset", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
+    args = ["train", "--learner", "cot", "--model", "tiny", "--data", str(pool), "--out", str(out), "--max-steps", "4",
             "--data.val_size=20", "--data.cache_dir=", "--data.row_len=256", "--train.eval_every=2",
             "--train.warmup_steps=2", "--train.batch_size=8", "--train.log_every=1", "--train.answer_eval=4", "--quiet"]
     assert main(args) == 0

@@ -46,8 +46,8 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("kind", choices=RUNNABLE, help="which experiment")
     p.add_argument("--preset", default="small", choices=tuple(EXPERIMENT_PRESETS), help="experiment preset: data "
-                   "sizes, model preset, budgets and evaluation sizes (default small); not the model presets of "
-                   "`rlmlab train --preset`")
+                   "sizes, model preset, budgets and evaluation sizes (default small); `rlmlab train --recipe` "
+                   "trains one of its runs")
     p.add_argument("--out", required=True, help="experiment folder (resumable)")
     p.add_argument("--threshold", type=int, default=None, help="length L or depth K (default: the preset's)")
     p.add_argument("--views", dest="learners", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling

@@ -1,14 +1,17 @@
 """`rlmlab train`: train a CoT or RM model on a pool of expressions.
 
-    rlmlab train --learner rm --preset small --data pool.parquet --out runs/rm-small --max-steps 3000
+    rlmlab train --learner rm --model small --data pool.parquet --out runs/rm-small --max-steps 3000
     rlmlab train --out runs/rm-small --resume --max-steps 3000      # continue after a stop, same settings
+    rlmlab train --learner cot --recipe paper-cpu --data pool.parquet --out runs/cot   # a committed recipe
 
 The learning rate warms up, then follows a cosine to its floor at the step budget (or at
 --train.decay_steps): a function of the step alone, so a run is the same on any machine.
 --minutes is a wall-clock limit that only stops the run (resumable; machine-dependent).
 
-Settings: defaults < --config FILE (JSON or TOML) < --section.key=value < the flags below.
-Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ...).
+Settings: defaults (or --recipe's) < --config FILE (JSON or TOML) < --section.key=value < the
+flags below. Every config field is also an option (`--train.lr=3e-4`, `--model.n_layer=4`, ...).
+--recipe NAME starts from what `rlmlab run --preset NAME` trains this learner with on the length
+and depth splits (model, batch, learning rate, schedule, step budget, validation).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 from dataclasses import fields
 
 from rlmlab.errors import ConfigError
+from rlmlab.experiments.presets import EXPERIMENT_PRESETS
 from rlmlab.learning.config import (
     MODEL_PRESETS,
     OLD_KEYS,
@@ -41,9 +45,12 @@ def register(sub) -> None:
                    help="what the model reads and how it is trained to (data.learner; default rm): "
                    f"{', '.join(PACKINGS)}, or an observation function with its parameter: window:K (the last "
                    "K tokens), reduce (completed calls collapsed to their values)")
-    p.add_argument("--preset", choices=tuple(MODEL_PRESETS), help="model preset: the model's size, "
-                   "the same for every learner (model.preset; default small); not the experiment presets of "
-                   "`rlmlab run --preset`")
+    p.add_argument("--model", choices=tuple(MODEL_PRESETS), help="model preset: the model's size, "
+                   "the same for every learner (model.preset; default small)")
+    p.add_argument("--preset", dest="model", choices=tuple(MODEL_PRESETS), default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # old spelling of --model
+    p.add_argument("--recipe", choices=tuple(EXPERIMENT_PRESETS), help="start from the settings an experiment "
+                   "preset (`rlmlab run --preset`) trains this learner with on the length and depth splits")
     p.add_argument("--data", metavar="PARQUET",
                    help="training expressions: a pool from `rlmlab data pool` (data.train)")
     p.add_argument("--val", metavar="PARQUET", help="validation expressions (data.val; default: split off --data)")
@@ -72,9 +79,13 @@ def register(sub) -> None:
 
 
 def resolve_config(args, task=None) -> RunConfig:
-    """Defaults (or the resumed run's settings) < config file < dotted overrides < flags. `task`
-    is the `Task` that `--task` names, when the caller has resolved it already."""
+    """Defaults (the resumed run's settings, or --recipe's) < config file < dotted overrides <
+    flags. `task` is the `Task` that `--task` names, when the caller has resolved it already."""
     cfg = RunConfig()
+    if args.recipe is not None:
+        if args.resume:
+            raise ConfigError("--recipe chooses a new run's settings; a resumed run keeps its own")
+        cfg = recipe_config(args.recipe, args.learner or cfg.data.learner)
     if args.resume:
         from rlmlab.learning.checkpoint import checkpoint_dir, read_checkpoint_meta  # torch: not for `--help`
 
@@ -89,12 +100,20 @@ def resolve_config(args, task=None) -> RunConfig:
 
         spec = (task if task is not None else load_task(args.task)).spec
     flags = {"data": {"learner": args.learner, "train": args.data, "val": args.val, "task": spec},
-             "model": {"preset": args.preset},
+             "model": {"preset": args.model},
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}
     cfg = apply_dict(cfg, {s: d for s, d in flags.items() if d}, where="flags")
     cfg.require_stop_rule()
     return cfg
+
+
+def recipe_config(preset: str, learner: str) -> RunConfig:
+    """What experiment preset `preset` trains `learner` with on a threshold split (its first
+    seed), the data files left to the command: the same `ExperimentPreset.run_config` an
+    experiment's jobs are built by."""
+    base = RunConfig().data
+    return EXPERIMENT_PRESETS[preset].run_config(learner, base.train, base.val)
 
 
 def run(args) -> int:
