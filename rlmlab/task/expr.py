@@ -21,7 +21,6 @@ INT, BOOL, ANY = "int", "bool", "T"  # ANY: the type variable of if_then_else
 
 DIGITS = tuple(str(d) for d in range(10))  # the paper's (M = 10); a library holds its own
 BOOLS = ("True", "False")
-LITERALS = frozenset(DIGITS + BOOLS)
 # Written calls nest at most this deep. The paper's deepest bins are ~25 calls; the bound
 # keeps the recursive parser, printer and executor far from Python's recursion limit.
 MAX_NESTING = 100
@@ -33,10 +32,6 @@ class Call(NamedTuple):
 
 
 Expr = Union[Call, str]
-
-
-def is_literal(e: Expr) -> bool:
-    return isinstance(e, str) and e in LITERALS
 
 
 def literal_type(tok: str) -> str:

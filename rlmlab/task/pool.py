@@ -157,12 +157,6 @@ def _json(raw: bytes, path: Path):
         raise DataError(f"{path}: its task record is not valid JSON") from None
 
 
-def pool_task(table: pa.Table) -> dict | None:
-    """The task identity a pool (or a table drawn from one) records, or None."""
-    raw = (table.schema.metadata or {}).get(TASK_KEY)
-    return None if raw is None else _json(raw, Path("<table>"))
-
-
 # --- saved data sets: expression tables and the JSON file that lists them ---
 
 def write_table_folder(folder: str | Path, meta_file: str, fmt: str, meta: dict,
