@@ -299,7 +299,8 @@ def test_reevaluate_copies_no_file_from_outside_its_trees(tmp_path):
 # --- the examples cache -----------------------------------------------------------------------------
 
 def test_a_cache_entry_that_is_a_folder_is_refused_before_building(tmp_path):
-    from rlmlab.learning.examples import build_examples, cache_key
+    from rlmlab.learning.example_cache import cache_key
+    from rlmlab.learning.examples import build_examples
 
     exprs, vocab = ["add(1,2)", "double(3)"], PAPER.vocab
     cache = tmp_path / "cache"

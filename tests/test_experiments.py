@@ -567,7 +567,7 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
     assert (run_dir / "eval" / "summary.json").exists()
     # A resume after an interruption is listed as a resume, not as an extended budget.
-    from rlmlab.experiments.tables import training_summary
+    from rlmlab.experiments.training_log import training_summary
 
     assert (training_summary(run_dir)["resumed_at"], training_summary(run_dir)["extended_at"]) == ([1], [])
 
@@ -660,7 +660,7 @@ def test_a_resumable_export_carries_an_unfinished_run_to_another_folder(tmp_path
     # On the other machine: the run folder under a fresh --out, then the same command.
     shutil.copytree(carried, there / "length-96" / "rm")
     assert main(argv(there)) == 0
-    from rlmlab.experiments.tables import training_summary, training_table
+    from rlmlab.experiments.training_log import training_summary, training_table
 
     summary = training_summary(there / "length-96" / "rm")
     assert summary["resumed_at"] == [1] and summary["restarted_at"] == [1]

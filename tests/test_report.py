@@ -162,7 +162,7 @@ def test_wrong_trace_summary_counts_malformed_traces_and_locates_the_first_diver
 
 
 def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
-    from rlmlab.experiments.tables import training_table, validation_seconds
+    from rlmlab.experiments.training_log import training_table, validation_seconds
 
     recs = [{"kind": "train", "step": 10, "elapsed_s": 5.0},
             {"kind": "val", "step": 10, "val_s": 2.5, "elapsed_s": 7.5},
@@ -183,7 +183,7 @@ def test_validation_time_is_read_from_val_s_or_from_the_log_just_before_it():
 def test_training_table_gives_cpu_hours_over_sessions_and_the_first_step_at_the_fitting_threshold(tmp_path):
     """The step budgets are judged by the first validation at 99%, which can come long before the
     best; CPU time is cumulative over the sessions of a resumed run (the last record has it all)."""
-    from rlmlab.experiments.tables import training_summary, training_table
+    from rlmlab.experiments.training_log import training_summary, training_table
 
     recs = [{"kind": "train", "step": 100, "elapsed_s": 50.0, "cpu_s": 1800.0},
             {"kind": "val", "step": 100, "answer_acc": 0.985, "elapsed_s": 60.0, "cpu_s": 1900.0},
@@ -209,7 +209,7 @@ def test_learning_curves_are_drawn_against_cpu_time_when_every_run_logs_it():
     """CoT's step-budgeted L = 595 run was paused and resumed: its first validation came after
     98 wall-clock minutes but 5 CPU minutes. Curves beside RM's are drawn in CPU time; runs from
     before CPU time was logged keep the wall clock, labelled as such."""
-    from rlmlab.experiments.tables import curve_clock, metrics_records
+    from rlmlab.experiments.training_log import curve_clock, metrics_records
 
     folder = RESULTS / "length-595-paper-cpu-steps" / "length-595"
     runs = {name: [r for r in metrics_records(folder / name) if r["kind"] == "val"] for name in ("rm", "cot")}

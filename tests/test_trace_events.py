@@ -1,6 +1,7 @@
-"""The trace's one reader (`rlmlab.task.events`): its events write the trace back, agree with
-the executor, and every reader built on it gives what the readers it replaced gave (their
-code, small enough to keep, is copied below as the reference)."""
+"""The trace's one reader (`rlmlab.task.events`; its typed events in `rlmlab.task.event_stream`):
+its events write the trace back, agree with the executor, and every reader built on it gives
+what the readers it replaced gave (their code, small enough to keep, is copied below as the
+reference)."""
 
 import random
 
@@ -12,20 +13,8 @@ from rlmlab.errors import DataError, TraceError
 from rlmlab.learning.observe import _collapses
 from rlmlab.measuring.probe import completed_calls
 from rlmlab.shortcuts.root_frame import descendants, frame_tree, internal_returns, root_payload
-from rlmlab.task.events import (
-    DONE,
-    ERROR,
-    POP,
-    PUSH,
-    Bind,
-    Pop,
-    Push,
-    Return,
-    TraceReader,
-    events,
-    frame_steps,
-    write,
-)
+from rlmlab.task.event_stream import Bind, Pop, Push, Return, events, frame_steps, write
+from rlmlab.task.events import DONE, ERROR, POP, PUSH, TraceReader
 from rlmlab.task.expr import DIGITS, tokens
 from rlmlab.task.frames import StackReplay, active_frame
 from rlmlab.task.sampler import ExpressionSampler

@@ -164,7 +164,7 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     # The log says the run was resumed, where, and its report lists it.
     assert [(r["step"], r["elapsed_s"] > 0) for r in records(tmp_path / "b", "resume")] == [(8, True)]
     assert records(tmp_path / "a", "resume") == []
-    from rlmlab.experiments.tables import training_summary, training_table
+    from rlmlab.experiments.training_log import training_summary, training_table
 
     summary = {**training_summary(tmp_path / "b"), "job": "toy", "learner": "rm"}
     assert summary["resumed_at"] == [8] and "- toy RM: at step 8 (budget extended)\n" in training_table([summary])

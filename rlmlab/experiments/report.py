@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from rlmlab.experiments.kinds import get_kind, read_experiment
-from rlmlab.experiments.tables import training_runs, training_summary, training_table
+from rlmlab.experiments.tables import training_runs
+from rlmlab.experiments.training_log import training_summary, training_table
 
 
 def report(out: str | Path, dest: str | Path | None = None) -> Path:

@@ -22,17 +22,12 @@ Packings with a layout register in `PACKINGS`; `get_packing` resolves every lear
 `build_examples`, the row packer (`rlmlab.learning.packing`) and the trainer only see ids and masks.
 
 `ExampleSet` is a learner's examples for a whole expression list, flattened into numpy arrays
-(ids, loss mask, offsets, source expression), cached as .npz (never pickle).
+(ids, loss mask, offsets, source expression), cached as .npz (never pickle;
+`rlmlab.learning.example_cache`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import struct
-import tokenize
-import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -42,15 +37,13 @@ import numpy as np
 
 from rlmlab.attention.position_index import frame_positions, other_index
 from rlmlab.errors import ConfigError, DataError, RlmlabError
+from rlmlab.learning.example_cache import arrays_digest, entry_path, read_examples, write_examples
 from rlmlab.learning.lanes import lane_pack
 from rlmlab.learning.observe import Observation, observer
-from rlmlab.safeio import parse_json
 from rlmlab.task.library import Library
 from rlmlab.task.taskfile import Task
 from rlmlab.task.trace import Execution, execute
 from rlmlab.task.vocab import Vocab
-
-EXAMPLES_FORMAT = "rlmlab-examples/1"
 
 
 @dataclass(frozen=True)
@@ -243,82 +236,27 @@ class ExampleSet:
                         None if self.layout is None else self.layout[token_keep])
 
     def save(self, path: str | Path) -> None:
-        """Write to .npz atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = json.dumps({"format": EXAMPLES_FORMAT, "learner": self.learner, "vocab": list(self.vocab.tokens),
-                           "n_expressions": self.n_expressions, "sha256": self.digest()})
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                extra = {} if self.layout is None else {"layout": self.layout}
-                np.savez(f, ids=self.ids, loss=self.loss, offsets=self.offsets, source=self.source,
-                         meta=np.array(meta), **extra)
-            os.replace(tmp, path)
-        except BaseException:  # a full disk, a folder in the way, Ctrl-C: no tens of megabytes left behind
-            tmp.unlink(missing_ok=True)
-            raise
+        """Write to .npz atomically (`rlmlab.learning.example_cache`)."""
+        write_examples(path, self.learner, self.vocab, self.n_expressions, self.digest(), self.arrays)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays by name, the layout only where there is one."""
+        out = {"ids": self.ids, "loss": self.loss, "offsets": self.offsets, "source": self.source}
+        return out if self.layout is None else {**out, "layout": self.layout}
 
     def digest(self) -> str:
         """SHA-256 of the arrays: a cache damaged inside its arrays still parses, and would
         otherwise train silently on other tokens or targets."""
-        h = hashlib.sha256()
-        for a in (self.ids, self.loss, self.offsets, self.source, self.layout):
-            if a is not None:
-                h.update(f"{a.dtype.str}{a.shape}".encode())
-                h.update(np.ascontiguousarray(a).tobytes())
-        return h.hexdigest()
+        return arrays_digest(self.ids, self.loss, self.offsets, self.source, self.layout)
 
     @classmethod
     def load(cls, path: str | Path) -> "ExampleSet":
-        path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = parse_json(str(z["meta"]), f"{path}: metadata")
-                arrays = {k: z[k] for k in ("ids", "loss", "offsets", "source")}
-                layout = z["layout"] if "layout" in z.files else None
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such file") from None
-        # What np.load raises on a damaged zip: cut short (EOFError), a bad header (struct.error),
-        # a compression method byte it does not know (NotImplementedError), an array header its
-        # parser cannot read (SyntaxError, tokenize.TokenError, RecursionError).
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError, struct.error,
-                SyntaxError, tokenize.TokenError, RecursionError) as e:
-            raise DataError(f"{path}: not a training-examples file ({type(e).__name__})") from None
-        if not isinstance(meta, dict) or meta.get("format") != EXAMPLES_FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise DataError(f"{path}: format {found!r}, expected {EXAMPLES_FORMAT!r}")
-        offsets = arrays["offsets"]
-        # Shapes and types first: every check below indexes or compares these arrays.
-        if any(a.ndim != 1 for a in arrays.values()) or len(offsets) == 0 \
-                or (layout is not None and layout.ndim != 2) \
-                or any(a.dtype != want for a, want in ((arrays["ids"], np.uint16), (arrays["loss"], np.bool_),
-                                                      (offsets, np.int64), (arrays["source"], np.int64),
-                                                      (layout, np.int32)) if a is not None):
-            raise DataError(f"{path}: arrays of the wrong shape or type")
-        if offsets[-1] != len(arrays["ids"]) or len(arrays["loss"]) != len(arrays["ids"]) \
-                or len(arrays["source"]) != len(offsets) - 1 \
-                or (layout is not None and layout.shape != (len(arrays["ids"]), 3)):
-            raise DataError(f"{path}: inconsistent array lengths")
-        try:
-            vocab = Vocab(meta["vocab"])
-        except (RlmlabError, KeyError, TypeError):
-            raise DataError(f"{path}: no valid vocabulary") from None
-        ids = arrays["ids"]
-        if ids.dtype != np.uint16 or (len(ids) and int(ids.max()) >= len(vocab)) or np.any(np.diff(offsets) < 0) \
-                or (len(offsets) and offsets[0] != 0):
-            raise DataError(f"{path}: token ids outside the vocabulary or offsets out of order")
-        try:
-            data = cls(str(meta["learner"]), vocab, arrays["ids"], arrays["loss"], offsets, arrays["source"],
-                       int(meta["n_expressions"]), layout)
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise DataError(f"{path}: no learner name or expression count") from None
-        if meta.get("sha256") != data.digest():
+        """Read a file `save` wrote, every array checked (`read_examples`); its digest must match."""
+        fields, digest = read_examples(path)
+        data = cls(**fields)
+        if digest != data.digest():
             raise DataError(f"{path}: its arrays do not match their SHA-256 (damaged)")
-        if data.loss.dtype != np.bool_ or offsets.dtype != np.int64 or data.source.dtype != np.int64 \
-                or (layout is not None and layout.dtype != np.int32) \
-                or (len(data.source) and not 0 <= int(data.source.min()) <= int(data.source.max()) < data.n_expressions):
-            raise DataError(f"{path}: arrays of the wrong type, or examples of expressions it does not hold")
         return data
 
 
@@ -355,32 +293,6 @@ def _encode_chunk(args: tuple[str, tuple[str, ...], int, Sequence[str], Sequence
             np.array(source, dtype=np.int64), np.array(layout, dtype=np.int32).reshape(-1, 3))
 
 
-def cache_key(exprs: Sequence[str], learner: str, vocab: Vocab, task: Task,
-              position_index: str | None = None) -> str:
-    key = {"format": EXAMPLES_FORMAT, "learner": learner, "vocab": list(vocab.tokens)}
-    if not task.is_paper:  # the paper's keys stay those written before tasks existed
-        key["task"] = task.digest
-    if position_index is not None:  # likewise the keys of every learner at its own index
-        key["position_index"] = position_index
-    h = hashlib.sha256(json.dumps(key).encode())
-    for text in exprs:
-        h.update(text.encode())
-        h.update(b"\n")
-    return h.hexdigest()[:24]
-
-
-def _check_cache_path(path: Path) -> None:
-    """Refuse a cache entry that could never be written: its folder is a file, or its own
-    name is taken by a folder (or a device, a FIFO), which no rename replaces."""
-    if path.parent.exists() and not path.parent.is_dir():
-        raise DataError(f"data.cache_dir: {path.parent} is not a folder")
-    if path.is_symlink() or not path.exists():
-        return
-    if not path.is_file():
-        raise DataError(f"data.cache_dir: {path} is {'a folder' if path.is_dir() else 'not a regular file'}, "
-                        "where the cache of these examples goes; remove it or choose another data.cache_dir")
-
-
 def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: int = 1,
                     cache_dir: str | Path | None = None, chunk: int = 2048,
                     where: Sequence[str] | None = None, *, task: Task,
@@ -398,10 +310,7 @@ def build_examples(exprs: Sequence[str], learner: str, vocab: Vocab, workers: in
     if len(vocab) > np.iinfo(np.uint16).max:
         raise DataError(f"vocabulary of {len(vocab)} tokens does not fit uint16 ids")
     exprs = list(exprs)
-    key = cache_key(exprs, learner, vocab, task, position_index)
-    cache_path = Path(cache_dir) / f"{learner}-{key}.npz" if cache_dir else None
-    if cache_path is not None:
-        _check_cache_path(cache_path)  # before the examples are built: the save would fail after
+    cache_path = entry_path(cache_dir, exprs, learner, vocab, task, position_index) if cache_dir else None
     if cache_path is not None and cache_path.exists():
         try:
             return ExampleSet.load(cache_path)

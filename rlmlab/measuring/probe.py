@@ -37,7 +37,7 @@ from rlmlab.errors import ConfigError, RlmlabError
 from rlmlab.learning.observe import NEW, observer
 from rlmlab.measuring.stats import wilson
 from rlmlab.measuring.teacher import Row, teacher_forced_argmax
-from rlmlab.task.events import Pop, Push, events
+from rlmlab.task.event_stream import Pop, Push, events
 from rlmlab.task.expr import Call, parse, to_text, value_token
 from rlmlab.task.library import Library
 from rlmlab.task.trace import execute, trace_stats

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlmlab.errors import DataError
-from rlmlab.task.events import RETURN_CLOSE_LEN, Bind, Pop, Push, Return, events, frame_steps
+from rlmlab.task.event_stream import Bind, Pop, Push, Return, events, frame_steps
+from rlmlab.task.events import RETURN_CLOSE_LEN
 from rlmlab.task.expr import DIGITS, Expr
 from rlmlab.task.frames import FrameExample
 from rlmlab.task.trace import Execution

@@ -21,10 +21,10 @@ from rlmlab.experiments.tables import (
     learner_line,
     learners,
     pct,
-    plot_learning_curves,
     save_figures,
     training_runs,
 )
+from rlmlab.experiments.training_log import plot_learning_curves
 from rlmlab.measuring.stats import accuracy, bootstrap_ratio, correctness, seed_cell, seed_ratio_cell
 
 if TYPE_CHECKING:

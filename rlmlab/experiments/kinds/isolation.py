@@ -38,7 +38,8 @@ from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.kinds.scale import SplitComparison, member_folders
 from rlmlab.experiments.seeds import seed_indices, seeded_job
-from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs, training_summary
+from rlmlab.experiments.tables import eval_results, fitted, pct, save_figures, training_runs
+from rlmlab.experiments.training_log import training_summary
 from rlmlab.learning.config import RunConfig, read_run_config
 from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.stats import correctness, paired, seed_cell

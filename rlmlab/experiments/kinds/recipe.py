@@ -7,17 +7,8 @@ from pathlib import Path
 
 from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.kinds.base import ExperimentKind
-from rlmlab.experiments.tables import (
-    curve_clock,
-    fitted,
-    learner_label,
-    metrics_records,
-    model_shape,
-    pct,
-    save_figures,
-    shape_label,
-    training_summary,
-)
+from rlmlab.experiments.tables import fitted, learner_label, model_shape, pct, save_figures, shape_label
+from rlmlab.experiments.training_log import curve_clock, metrics_records, training_summary
 from rlmlab.learning.config import read_run_config
 from rlmlab.learning.learner import get_learner
 from rlmlab.runlog import has_metrics

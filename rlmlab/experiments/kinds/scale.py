@@ -36,8 +36,8 @@ from rlmlab.experiments.tables import (
     save_figures,
     shape_label,
     training_runs,
-    training_summary,
 )
+from rlmlab.experiments.training_log import training_summary
 from rlmlab.learning.config import TrainConfig, body_params, read_run_config
 from rlmlab.learning.learner import get_learner
 from rlmlab.measuring.stats import correctness, seed_cell

@@ -21,10 +21,10 @@ from rlmlab.experiments.tables import (
     learner_label,
     learners,
     pct,
-    plot_learning_curves,
     probe_groups,
     training_runs,
 )
+from rlmlab.experiments.training_log import plot_learning_curves
 from rlmlab.learning.learner import PAPER_LEARNERS
 from rlmlab.measuring.stats import accuracy, correctness, seed_cell, share
 from rlmlab.shortcuts.metric import shortcut_rate

@@ -31,8 +31,8 @@ from rlmlab.experiments.tables import (
     pct,
     save_figures,
     training_runs,
-    training_summary,
 )
+from rlmlab.experiments.training_log import training_summary
 from rlmlab.measuring.stats import accuracy
 
 if TYPE_CHECKING:

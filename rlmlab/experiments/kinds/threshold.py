@@ -32,12 +32,11 @@ from rlmlab.experiments.tables import (
     learner_label,
     learners,
     pct,
-    plot_learning_curves,
     probe_groups,
     training_runs,
-    training_summary,
     unfit_label,
 )
+from rlmlab.experiments.training_log import plot_learning_curves, training_summary
 from rlmlab.measuring.result_files import find_eval_dir, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, correctness, paired, seed_cell
 
