@@ -9,13 +9,11 @@ hashable and cheap, which the pool builder relies on (it memoises per sub-call).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, NamedTuple, Union
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol, Union
 
 from rlmlab.errors import ExprError
 from rlmlab.task.rules import Lazy
-
-if TYPE_CHECKING:
-    from rlmlab.task.library import Library
 
 INT, BOOL, ANY = "int", "bool", "T"  # ANY: the type variable of if_then_else
 
@@ -32,6 +30,36 @@ class Call(NamedTuple):
 
 
 Expr = Union[Call, str]
+
+
+class Signature(Protocol):
+    """What parsing, type-checking and evaluating read of one library function
+    (`rlmlab.task.library.FunctionDef`)."""
+
+    name: str
+    params: tuple[str, ...]
+    arg_types: tuple[str, ...]
+    return_type: str
+    impl: Callable[..., int | bool | Lazy] | None
+
+    @property
+    def arity(self) -> int: ...
+
+    @property
+    def bound(self) -> int: ...
+
+
+class Signatures(Protocol):
+    """What parsing, type-checking and evaluating read of a library (`rlmlab.task.library.Library`):
+    its literals and modulus, its functions by name, and the bodies of its composite ones."""
+
+    literals: frozenset[str]
+    modulus: int
+    bodies: Mapping[str, Expr]
+
+    def __contains__(self, name: str) -> bool: ...
+
+    def __getitem__(self, name: str) -> Signature: ...
 
 
 def literal_type(tok: str) -> str:
@@ -105,7 +133,7 @@ def _lex(text: str) -> list[tuple[str, int]]:
     return toks
 
 
-def parse(text: str, library: Library, params: dict[str, str] | None = None,
+def parse(text: str, library: Signatures, params: dict[str, str] | None = None,
           check_types: bool = True) -> Expr:
     """Parse a written expression (spaces optional) and type-check it.
 
@@ -174,7 +202,7 @@ def parse(text: str, library: Library, params: dict[str, str] | None = None,
     return e
 
 
-def _check(e: Expr, library: Library, env: dict[str, str], text: str, toks) -> None:
+def _check(e: Expr, library: Signatures, env: dict[str, str], text: str, toks) -> None:
     """Type-check with positions: walk the tokens alongside the tree to name the column."""
     counter = iter(range(len(toks)))
 
@@ -205,7 +233,7 @@ def _check(e: Expr, library: Library, env: dict[str, str], text: str, toks) -> N
     walk(e)
 
 
-def infer_type(e: Expr, library: Library, env: dict[str, str] | None = None) -> str:
+def infer_type(e: Expr, library: Signatures, env: dict[str, str] | None = None) -> str:
     """Type of a well-formed expression ("int" or "bool")."""
     if isinstance(e, str):
         if env and e in env:
@@ -224,7 +252,7 @@ def substitute(e: Expr, binding: dict[str, str]) -> Expr:
     return Call(e.fn, tuple(substitute(a, binding) for a in e.args))
 
 
-def evaluate(e: Expr, library: Library) -> int | bool:
+def evaluate(e: Expr, library: Signatures) -> int | bool:
     """Direct (non-tracing) evaluator: the reference the executor is tested against."""
     if isinstance(e, str):
         return literal_value(e)
