@@ -23,7 +23,7 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
-from rlmlab.experiments.tables import run_fitted
+from rlmlab.experiments.training_log import run_fitted
 from rlmlab.measuring.result_files import evaluated_sets, has_results, read_results
 from rlmlab.runlog import has_metrics, read_metrics
 

@@ -1,5 +1,6 @@
 """What every experiment's report shares: the fitting rule, learner labels, formatting and saved
-results (a run's training log: `training_log`). Pure functions of saved files; nothing here imports torch."""
+results (what a run's training log says, and whether it fitted: `training_log`). Pure functions
+of saved files; nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.refs import job_runs, run_path
 from rlmlab.learning.learner import PAPER_LEARNERS, get_learner
 from rlmlab.measuring.result_files import find_eval_dir, has_results, read_results
-from rlmlab.measuring.stats import accuracy
 from rlmlab.runlog import has_metrics
 from rlmlab.safeio import read_json
 
@@ -49,17 +49,6 @@ def fitted(best_validation: float | None) -> bool:
 def unfit_label(best: float | None) -> str:
     """The label a learner's out-of-domain diagnostics carry when it did not fit; empty if it did."""
     return "" if fitted(best) else f", not fitted (best validation {pct(best)})"
-
-
-def run_fitted(kind: str, run_dir: Path) -> bool:
-    """Whether a run reached the plateau by the rule its experiment's report withholds
-    out-of-domain cells by: Table 3 (kind `shortcuts`) reads it off the run's accuracy on the IID
-    set, every other kind off the best validation final-answer accuracy in its training log. A
-    run without that evidence (no IID results, no validation) has not fitted."""
-    if kind == "shortcuts":
-        iid = find_eval_dir(run_dir, "iid")
-        return has_results(iid) and fitted(accuracy(read_results(iid))["accuracy"])
-    return fitted(training_summary(run_dir)["best"])
 
 
 def learner_label(name: str) -> str:

@@ -6,7 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlmlab.experiments.tables import FIT_THRESHOLD, fitted, learner_label, pct, save_figure
+from rlmlab.measuring.result_files import find_eval_dir, has_results, read_results
+from rlmlab.measuring.stats import accuracy
 from rlmlab.runlog import read_metrics
+
+
+def run_fitted(kind: str, run_dir: Path) -> bool:
+    """Whether a run reached the plateau by the rule its experiment's report withholds
+    out-of-domain cells by: Table 3 (kind `shortcuts`) reads it off the run's accuracy on the IID
+    set, every other kind off the best validation final-answer accuracy in its training log. A
+    run without that evidence (no IID results, no validation) has not fitted."""
+    if kind == "shortcuts":
+        iid = find_eval_dir(run_dir, "iid")
+        return has_results(iid) and fitted(accuracy(read_results(iid))["accuracy"])
+    return fitted(training_summary(run_dir)["best"])
 
 
 def metrics_records(run_dir: Path) -> list[dict]:

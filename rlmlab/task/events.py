@@ -19,7 +19,7 @@ the analyses that read a trace step by step (the probe, the shortcut checks).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rlmlab.task.vocab import ASSIGN, CALL, CONTROL, END_CALL, END_RETURN, RETURN, RETURN_KW, SPECIALS
 
