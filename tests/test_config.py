@@ -111,6 +111,12 @@ def test_a_recipe_is_what_its_experiment_trains_the_learner_with(tmp_path):
     args = build_parser().parse_args(["train", "--out", "x", "--recipe", "paper-cpu", "--resume"])
     with pytest.raises(ConfigError, match="a resumed run keeps its own"):
         resolve_config(args)
+    # The recipe is the learner's: a config file or override that trains another learner is refused.
+    (tmp_path / "cot.json").write_text(json.dumps({"data": {"learner": "cot"}}))
+    for extra in (["--config", str(tmp_path / "cot.json")], ["--data.learner=cot"]):
+        args = build_parser().parse_args(["train", "--out", "x", "--recipe", "paper-cpu", *extra])
+        with pytest.raises(ConfigError, match="taken for learner rm, but the settings train cot: give --learner cot"):
+            resolve_config(args)
 
 
 def test_train_preset_is_the_old_spelling_of_model():

@@ -85,7 +85,7 @@ def resolve_config(args, task=None) -> RunConfig:
     if args.recipe is not None:
         if args.resume:
             raise ConfigError("--recipe chooses a new run's settings; a resumed run keeps its own")
-        cfg = recipe_config(args.recipe, args.learner or cfg.data.learner)
+        cfg = recipe = recipe_config(args.recipe, args.learner or cfg.data.learner)
     if args.resume:
         from rlmlab.learning.checkpoint import checkpoint_dir, read_checkpoint_meta  # torch: not for `--help`
 
@@ -104,6 +104,9 @@ def resolve_config(args, task=None) -> RunConfig:
              "train": {"max_steps": args.max_steps, "max_minutes": args.minutes, "seed": args.seed}}
     flags = {s: {k: v for k, v in d.items() if v is not None} for s, d in flags.items()}
     cfg = apply_dict(cfg, {s: d for s, d in flags.items() if d}, where="flags")
+    if args.recipe is not None and cfg.data.learner != recipe.data.learner:
+        raise ConfigError(f"--recipe {args.recipe} was taken for learner {recipe.data.learner}, but the settings "
+                          f"train {cfg.data.learner}: give --learner {cfg.data.learner}")
     cfg.require_stop_rule()
     return cfg
 
