@@ -94,7 +94,7 @@ def read_examples(path: str | Path) -> tuple[dict, str | None]:
     except (KeyError, TypeError, ValueError, OverflowError):
         raise DataError(f"{path}: no learner name or expression count") from None
     if len(source) and not 0 <= int(source.min()) <= int(source.max()) < n_expressions:
-        raise DataError(f"{path}: arrays of the wrong type, or examples of expressions it does not hold")
+        raise DataError(f"{path}: examples of expressions it does not hold")
     fields = {"learner": learner, "vocab": vocab, **arrays, "n_expressions": n_expressions, "layout": layout}
     return fields, meta.get("sha256")
 
