@@ -363,8 +363,8 @@ def test_readme_preset_table_gives_the_presets_step_budgets():
                 expected = [settings_for(preset.per_learner, learner)["train.max_steps"]]
             elif experiment.startswith("shortcuts"):
                 expected = [settings_for(preset.shortcut_per_learner, learner)["train.max_steps"]]
-            elif experiment.startswith("iid, N = "):
-                sizes = steps(experiment.removeprefix("iid, N = "))
+            elif experiment.startswith("iid, per run, from N = "):  # the sizes from which a band's budget holds
+                sizes = steps(experiment.removeprefix("iid, per run, from N = "))
                 expected = [settings_for(preset.iid_per_size[n], learner)["train.max_steps"] for n in sizes]
                 given = given * len(sizes) if len(given) == 1 else given
             else:
