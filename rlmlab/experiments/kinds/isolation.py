@@ -226,14 +226,14 @@ def plot_isolation(path: Path, report: dict, kind: str, threshold: int) -> None:
                 if c is not None:
                     grid[i, j] = 100 * c["mean"]
                 text = "not run" if r is None else "not fitted" if c is None else (
-                    f"{100 * c['mean']:.1f}%\n" + (f"({100 * c['min']:.1f}–{100 * c['max']:.1f}, {c['seeds']} seeds)"
-                                                   if c["seeds"] > 1 else "(1 seed)"))
+                    f"{100 * c['mean']:.1f}%\n" + (f"{c['seeds']} seeds: {100 * c['min']:.1f}–{100 * c['max']:.1f}"
+                                                   if c["seeds"] > 1 else "1 seed"))
                 ax.text(j, i, text, ha="center", va="center", fontsize=9)
         ax.imshow(grid, vmin=0, vmax=100, cmap="Greens", alpha=0.6)
         ax.set_xticks([0, 1], ["from the trace start", "from the frame start"], fontsize=8)
         ax.set_yticks([0, 1], ["sees the whole\ntrace (CoT)", "sees the active\nframe (RM)"], fontsize=8)
         ax.set_title(f"bin {label}×{unit}", fontsize=9)
-    fig.suptitle(f"{kind} split, {unit}={threshold}: what RM sees against where it counts positions", fontsize=10)
+    fig.suptitle(f"{kind} split, {unit}={threshold}: what a learner sees against where it counts positions from", fontsize=10)
     fig.tight_layout()
     save_figures(fig, path)
 
