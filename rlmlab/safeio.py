@@ -214,13 +214,19 @@ def refuse_outside(path: str | Path, root: str | Path, error: type[RlmlabError] 
 
 
 def refuse_symlinks(root: str | Path, option: str, error: type[RlmlabError] = DataError) -> None:
-    """Refuse a destination tree that holds symbolic links: writing through one would change
-    files outside it."""
+    """Refuse a destination folder that is a file, a symbolic link, or a tree holding one:
+    writing through a link would change files outside the folder, and a file in its place would
+    be moved aside. An absent destination passes."""
     root = Path(root)
+    if root.is_symlink():
+        raise error(f"{option} {root}: a symbolic link (to {shorten(os.readlink(root))}); "
+                    "rlmlab writes only into plain folders")
+    if root.exists() and not root.is_dir():
+        raise error(f"{option} {root}: a file, not a folder")
     if not root.is_dir():
         return
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             if os.path.islink(os.path.join(dirpath, name)):
                 raise error(f"{option} {root}: holds a symbolic link ({os.path.join(dirpath, name)}); "
-                            "an export writes only plain files")
+                            "writing through it would change a file outside the folder")

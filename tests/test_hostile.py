@@ -534,3 +534,94 @@ def test_export_copies_finished_runs_only_and_names_the_others(tmp_path, capsys)
         assert f"left out 1 unfinished run(s) and the commands that planned only them: {run}" in err
         assert not (dest / run).exists()
         assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+# --- destinations that are links, files or hold links; summaries of the wrong shape ----------
+
+def _copy(experiment, tmp_path):
+    copy = tmp_path / "exp"
+    shutil.copytree(experiment, copy, ignore=shutil.ignore_patterns(".lock"))
+    return copy
+
+
+@pytest.mark.parametrize("where", ["folder", "file"])
+def test_report_never_writes_through_a_link(experiment, tmp_path, capsys, where):
+    copy, outside = _copy(experiment, tmp_path), tmp_path / "outside"
+    outside.mkdir()
+    (outside / "report.json").write_text("mine")
+    (copy / "report").mkdir(exist_ok=True)
+    if where == "folder":
+        shutil.rmtree(copy / "report")
+        (copy / "report").symlink_to(outside, target_is_directory=True)
+    else:
+        (copy / "report" / "report.json").unlink(missing_ok=True)
+        (copy / "report" / "report.json").symlink_to(outside / "report.json")
+    assert "symbolic link" in one_line_error(capsys, ["report", str(copy)])
+    assert [p.name for p in outside.iterdir()] == ["report.json"]
+    assert (outside / "report.json").read_text() == "mine"
+
+
+def test_view_and_eval_never_write_through_a_link(experiment, tmp_path, capsys):
+    outside = tmp_path / "outside.html"
+    outside.write_text("mine")
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "index.html").symlink_to(outside)
+    assert "symbolic link" in one_line_error(capsys, ["view", str(experiment), "--out", str(view), "--quiet"])
+    data = tmp_path / "e.txt"
+    data.write_text("add(1,2)\n")
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    (ev / "summary.json").symlink_to(outside)
+    assert "symbolic link" in one_line_error(capsys, ["eval", "--oracle", "rm", "--data", str(data), "--out", str(ev),
+                                                      "--quiet"])
+    assert "symbolic link" in one_line_error(capsys, ["probe", "--oracle", "rm", "--data", str(data), "--out", str(ev),
+                                                      "--quiet"])
+    assert outside.read_text() == "mine"
+
+
+def test_export_onto_a_file_is_refused_and_the_file_kept(experiment, tmp_path, capsys):
+    dest = tmp_path / "notes"
+    dest.write_text("mine")
+    assert "a file, not a folder" in one_line_error(capsys, ["export", str(experiment), str(dest)])
+    assert dest.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+
+
+@pytest.mark.parametrize("damage", ["binary", "deep", "a list"])
+def test_export_refuses_a_damaged_json_or_commands_file_before_copying(experiment, tmp_path, capsys, damage):
+    copy = _copy(experiment, tmp_path)
+    body = {"binary": b"\xff\xfe\x00\x81", "deep": b"[" * (MAX_DEPTH + 5) + b"]" * (MAX_DEPTH + 5),
+            "a list": b"[1, 2]\n"}[damage]
+    (copy / "commands.jsonl").write_bytes(body)
+    assert "commands.jsonl" in one_line_error(capsys, ["export", str(copy), str(tmp_path / "out1")])
+    shutil.copy(experiment / "commands.jsonl", copy / "commands.jsonl")
+    if damage != "a list":  # a summary may be any JSON; it must be JSON
+        summary = next(copy.glob("*/rm/eval/summary.json"))
+        summary.write_bytes(body)
+        assert "summary.json" in one_line_error(capsys, ["export", str(copy), str(tmp_path / "out2")])
+    assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("bins", [[{}], [{"label": [1], "ood": False, "available": 1, "sampled": 1}], "x", []])
+def test_a_split_description_of_the_wrong_shape_is_one_error(experiment, tmp_path, capsys, bins):
+    copy = _copy(experiment, tmp_path)
+    meta = json.loads((copy / "experiment.json").read_text())
+    meta["split"]["bins"] = bins
+    (copy / "experiment.json").write_text(json.dumps(meta))
+    assert "bins" in one_line_error(capsys, ["report", str(copy)])
+
+
+@pytest.mark.parametrize("tool, entry", [
+    ("probe", {"group_by": "bin", "group": "<=0.25", "n_expressions": 3, "position_rate": "x"}),
+    ("probe", {"group_by": "bin", "group": [1], "n_expressions": 3, "position_rate": 0.5}),
+    ("probe", {"group_by": "bin", "group": "<=0.25", "n_expressions": 3, "position_rate": math.nan}),
+    ("frames", {"group_by": "ood", "group": False, "fn": "all", "seen": None, "n": 4, "rate": "x"}),
+])
+def test_a_probe_or_frames_summary_of_the_wrong_types_is_one_error(experiment, tmp_path, capsys, tool, entry):
+    copy = _copy(experiment, tmp_path)
+    key = "groups" if tool == "probe" else "rows"
+    folder = next(copy.glob("*/rm")) / tool / "eval"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({key: [entry]}))
+    err = one_line_error(capsys, ["report", str(copy)])
+    assert f"not an `rlmlab {tool}` summary" in err

@@ -16,6 +16,7 @@ from rlmlab.cli.options import add_decoding_options
 from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import MAX_THREADS
+from rlmlab.safeio import refuse_symlinks
 
 GROUP_COLUMNS = ("ood", "split", "construction")  # the default grouping, when the data has one
 
@@ -64,6 +65,8 @@ def run(args) -> int:
         raise ConfigError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     # --per-group takes the first N of each bin when the data has bins (a length or depth split is
     # stored bin by bin, so the first N of each OOD flag would all come from the nearest bins).
+    out = Path(args.out or Path(args.run_dir) / "frames" / Path(args.data).stem)
+    refuse_symlinks(out, "--out", ConfigError)  # before the model is loaded and the data read
     run_ = load_run(args.run_dir, which=args.which, task=args.task)
     library = run_.task.library
     exprs, extra, _ = read_grouped(args.data, args.limit, None, ("bin", *GROUP_COLUMNS), args.per_group,
@@ -81,7 +84,6 @@ def run(args) -> int:
                                 progress=stage and stage("frames: teacher-forced examples", None, "row"))
     rows = summarize_frames(records, by)
     table = render_frames(rows, args.top)
-    out = Path(args.out or Path(args.run_dir) / "frames" / Path(args.data).stem)
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records), out / "frames.parquet")
     summary = {"run_dir": str(args.run_dir), "which": args.which, "step": run_.step, "learner": run_.named,

@@ -14,6 +14,7 @@ from rlmlab.cli.progress import stages
 from rlmlab.errors import ConfigError
 from rlmlab.learning.config import MAX_THREADS
 from rlmlab.measuring.result_files import write_results
+from rlmlab.safeio import refuse_symlinks
 from rlmlab.task.taskfile import load_task
 
 GROUP_COLUMNS = ("split", "bin", "construction")  # grouped by default when the data has them
@@ -69,6 +70,8 @@ def run(args) -> int:
         observer(args.oracle)  # one-line error for an unknown learner, before any data is read
         if args.out is None:
             raise ConfigError("--oracle needs --out (there is no run folder to write into)")
+    out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
+    refuse_symlinks(out, "--out", ConfigError)  # before the model is loaded and the data decoded
     task = load_task(args.task) if args.oracle is not None or args.task else None
     run_ = None
     if args.oracle is None:  # the run's own task (or the one asked for, which must be the run's)
@@ -90,7 +93,6 @@ def run(args) -> int:
         rows = probe(predictor, learner, exprs, vocab, extra, limits, args.batch_size, answers=not args.positions_only,
                      stage=stage, library=task.library)
     groups = summarize_probe(rows, by)
-    out = Path(args.out or Path(args.run_dir) / "probe" / Path(args.data).stem)
     summary = {"run_dir": source, "which": which, "step": step, "learner": learner if run_ is None else run_.named,
                "data": str(args.data), "groups": groups}
     written = write_results(out, rows, summary, indent=1)

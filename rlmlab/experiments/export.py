@@ -19,7 +19,7 @@ from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, evaluated_sets
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished
-from rlmlab.safeio import refuse_other_folder, refuse_symlinks
+from rlmlab.safeio import parse_jsonl_objects, read_bytes, read_json, refuse_other_folder, refuse_symlinks
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
 # command in commands.jsonl, and checkpoints are megabytes each. The Parquet files of results
@@ -79,6 +79,7 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     keeps both histories (`merge_meta`, `merge_commands`). Symbolic links in `src` are neither
     followed nor copied (`skipped_links` names them). Returns counts of what was copied and
     left out."""
+    refuse_symlinks(dest, "export destination")  # before resolving, which would follow a link
     src, dest = Path(src).resolve(), Path(dest).resolve()
     meta = read_experiment(src)
     if dest == src or src in dest.parents or dest in src.parents:
@@ -177,6 +178,8 @@ def _export_into(src: Path, dest: Path, meta: dict, resumable: bool, shown: Path
         if inside is None and path.suffix in LEFT_OUT_SUFFIXES and path.name not in RECORD_FILES:
             data_files += 1
             continue
+        if path.suffix == ".json":  # a damaged file stops the export, named, before anything lands
+            read_json(path, what=path.name)
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest / rel)
         if inside is not None and path.name == "checkpoint.json":
@@ -348,7 +351,13 @@ def _drop_superseded(src: Path, dest: Path, left_out: set[Path]) -> None:
 
 
 def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+    """The lines of a `commands.jsonl` (none when absent), each checked to be one bounded JSON
+    object: a damaged history is a one-line DataError, not a file copied on."""
+    if not path.exists():
+        return []
+    data = read_bytes(path, what="commands.jsonl")
+    parse_jsonl_objects(data, str(path))
+    return data.decode("utf-8").splitlines()
 
 
 def merge_meta(old: dict, new: dict, where: Path, learners) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from rlmlab.experiments.kinds import get_kind, read_experiment
 from rlmlab.experiments.tables import training_runs
 from rlmlab.experiments.training_log import training_summary, training_table
+from rlmlab.safeio import refuse_symlinks
 
 
 def report(out: str | Path, dest: str | Path | None = None) -> Path:
@@ -26,6 +27,7 @@ def report(out: str | Path, dest: str | Path | None = None) -> Path:
     meta = read_experiment(out)
     kind = get_kind(meta["kind"])
     dest = out / "report" if dest is None else Path(dest)
+    refuse_symlinks(dest, "report folder")
     dest.mkdir(parents=True, exist_ok=True)
     data = kind.report(out, meta, dest)
     data["training"] = [{"job": job, "learner": name, **training_summary(run_dir)}

@@ -4,6 +4,7 @@ of saved files; nothing here imports torch."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,9 +118,35 @@ def eval_results(out: Path, job: str, name: str, set_name: str) -> list[dict] | 
     return read_results(path) if has_results(path) else None
 
 
+_SCALAR = (str, int, float, type(None))  # bool is an int
+_RATE = (int, float, type(None))
+# What the reports read of each entry of a probe's `groups` and of a frame table's `rows`; a
+# name ending in "?" may be absent (a probe run with --positions-only has no answer rate).
+SAVED_FIELDS = {
+    "probe": {"group_by": (str, type(None)), "group": _SCALAR, "n_expressions": (int,), "position_rate": _RATE,
+              "answer_rate?": _RATE},
+    "frames": {"group_by": (str, type(None)), "group": _SCALAR, "fn": (str,), "seen": (bool, type(None)),
+               "n": (int,), "rate": _RATE},
+}
+
+
+def _fields_ok(entry: dict, fields: dict) -> bool:
+    for name, types in fields.items():
+        key = name.rstrip("?")
+        if key not in entry:
+            if name.endswith("?"):
+                continue
+            return False
+        value = entry[key]
+        if not isinstance(value, types) or (isinstance(value, float) and not math.isfinite(value)):
+            return False
+    return True
+
+
 def saved_list(out: Path, job: str, name: str, tool: str, set_name: str, key: str) -> list[dict] | None:
     """The list under `key` of a learner's `<learner>/<tool>/<set>/summary.json`, if there is one
-    (`rlmlab probe|frames <out>/<job>/<learner> --data <the set's parquet>` writes it)."""
+    (`rlmlab probe|frames <out>/<job>/<learner> --data <the set's parquet>` writes it), each
+    entry checked for the fields the reports read (`SAVED_FIELDS`: types, finite numbers)."""
     path = run_path(out, job, name) / tool / set_name / "summary.json"
     if not path.exists():
         return None
@@ -130,6 +157,10 @@ def saved_list(out: Path, job: str, name: str, tool: str, set_name: str, key: st
         raise DataError(what) from None
     if not (isinstance(items, list) and all(isinstance(g, dict) for g in items)):
         raise DataError(f"{what} (its '{key}' should be a list of objects)")
+    fields = SAVED_FIELDS[tool]
+    if not all(_fields_ok(g, fields) for g in items):
+        raise DataError(f"{what} (each of its '{key}' needs {', '.join(f.rstrip('?') for f in fields)}, "
+                        f"of the types `rlmlab {tool}` writes)")
     return items
 
 

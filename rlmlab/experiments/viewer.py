@@ -36,6 +36,7 @@ from rlmlab.experiments.viewer_data import (
     read_experiment,
 )
 from rlmlab.measuring.result_files import RESULTS, results_file, run_of_eval_dir, summary_learner
+from rlmlab.safeio import refuse_symlinks
 from rlmlab.task.taskfile import PAPER, load_task
 from rlmlab.task.trace import Execution
 
@@ -308,6 +309,7 @@ def build_view(path: str | Path, out: str | Path | None = None, limit: int | Non
     if not path.is_dir():
         raise DataError(f"{path}: not a folder (give an evaluation folder or an experiment folder)")
     out = Path(out) if out is not None else path / "view"
+    refuse_symlinks(out, "view folder")
     if results_file(path) is not None:
         es = read_eval_set(path, limit)
         return write_page(out / "index.html", lambda: eval_page(es, str(path), stage=stage), len(es.results))

@@ -32,7 +32,7 @@ from rlmlab.learning.observe import observer
 from rlmlab.measuring.result_files import write_results
 from rlmlab.measuring.stats import summarize
 from rlmlab.measuring.teacher import teacher_forced_argmax
-from rlmlab.safeio import json_safe, read_bytes, regular_file
+from rlmlab.safeio import json_safe, read_bytes, refuse_symlinks, regular_file
 from rlmlab.task.expr import Call, parse, value_token
 from rlmlab.task.pool import read_pool
 from rlmlab.task.taskfile import Task
@@ -233,6 +233,7 @@ def evaluate_file(out_dir: str | Path, predictor, learner: str, data: str | Path
     Each result carries the expression's pool `id`, or, when the data file has any of `columns`
     (bins, OOD flags, signals), those columns instead. With `model`, teacher-forced per-token
     accuracy is added. The summary holds `header`, the data path, the scores and the limits."""
+    refuse_symlinks(out_dir, "evaluation folder")  # checked before minutes of decoding
     exprs, extra = read_expressions(data, limit, task=task)
     if columns:
         picked = [{c: row[c] for c in columns if c in row} for row in data_columns(data, len(exprs))]

@@ -19,7 +19,7 @@ from rlmlab.errors import ConfigError, DataError, NoResultsError
 from rlmlab.experiments.folder import check_split, ensure_data, load_pool, read_experiment_json, write_meta
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds.base import ExperimentKind, meta_task_digest
-from rlmlab.experiments.kinds.threshold import report_threshold, threshold_results
+from rlmlab.experiments.kinds.threshold import check_split_meta, report_threshold, threshold_results
 from rlmlab.experiments.presets import ExperimentPreset
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seeded_job
 from rlmlab.experiments.tables import (
@@ -336,8 +336,7 @@ class ThresholdSweep(ExperimentKind):
                 parse_job(name)
             except DataError:
                 raise DataError(f"{path}: {name!r} is not a threshold split (length-L or depth-K)") from None
-            if not (isinstance(split, dict) and isinstance(split.get("bins"), list)):
-                raise DataError(f"{path}: the split {name} has no bins")
+            check_split_meta(split, f"{path}: the split {name}")
 
     def merge_meta(self, old: dict, new: dict) -> dict:
         for name in set(old["splits"]) & set(new["splits"]):

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlmlab.errors import NoResultsError
+from rlmlab.errors import DataError, NoResultsError
 from rlmlab.experiments.diagnostics import (
     failure_prediction_table,
     failure_predictors,
@@ -39,6 +39,7 @@ from rlmlab.experiments.tables import (
 from rlmlab.experiments.training_log import plot_learning_curves, training_summary
 from rlmlab.measuring.result_files import find_eval_dir, require_fields, results_file
 from rlmlab.measuring.stats import accuracy, correctness, paired, seed_cell
+from rlmlab.safeio import shorten
 
 if TYPE_CHECKING:
     from rlmlab.task.taskfile import Task
@@ -130,6 +131,25 @@ def threshold_tables(kind: str, threshold: int, rows: list[dict], learners: list
 
 def _tex_label(label: str) -> str:
     return "$" + label.replace("<=", r"\le").replace(">=", r"\ge").replace("-", "$--$") + "$"
+
+
+def check_split_meta(split, where: str) -> None:
+    """A split as experiment.json records it, checked for what the reports read: its `bins`, a
+    non-empty list of objects each with a string `label`, a boolean `ood` and integer counts
+    `available` and `sampled`; `t_max` an integer where present. Else a one-line DataError."""
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    bins = split.get("bins") if isinstance(split, dict) else None
+    if not (isinstance(bins, list) and bins and all(
+            isinstance(b, dict) and isinstance(b.get("label"), str) and isinstance(b.get("ood"), bool)
+            and count(b.get("available")) and count(b.get("sampled")) for b in bins)):
+        raise DataError(f"{where}: its bins should be a list of objects, each with a string 'label', "
+                        "a boolean 'ood' and counts 'available' and 'sampled'")
+    if len({b["label"] for b in bins}) != len(bins):
+        raise DataError(f"{where}: two bins share a label")
+    if split.get("t_max") is not None and not count(split["t_max"]):
+        raise DataError(f"{where}: 't_max' should be a count of tokens, got {shorten(repr(split['t_max']))}")
 
 
 # The fields of an evaluation's records the threshold tables and diagnostics are computed from.
@@ -305,6 +325,10 @@ class ThresholdSplit(ExperimentKind):
         if threshold is None:
             threshold = preset.length if self.name == "length" else preset.depth
         return Threshold(self.name, threshold).value
+
+    def check_meta(self, meta: dict, path: Path) -> None:
+        super().check_meta(meta, path)
+        check_split_meta(meta["split"], f"{path}: 'split'")
 
     def job_name(self, threshold: int, seed: int = 0) -> str:
         """Folder of the run at `threshold` with training seed index `seed`: seed 0 keeps the
