@@ -233,7 +233,8 @@ def plot_isolation(path: Path, report: dict, kind: str, threshold: int) -> None:
         ax.set_xticks([0, 1], ["from the trace start", "from the frame start"], fontsize=8)
         ax.set_yticks([0, 1], ["sees the whole\ntrace (CoT)", "sees the active\nframe (RM)"], fontsize=8)
         ax.set_title(f"bin {label}×{unit}", fontsize=9)
-    fig.suptitle(f"{kind} split, {unit}={threshold}: what a learner sees against where it counts positions from", fontsize=10)
+    fig.suptitle(f"{kind} split, {unit}={threshold}: what a learner sees against where it counts positions from",
+                 fontsize=10)
     fig.tight_layout()
     save_figures(fig, path)
 
