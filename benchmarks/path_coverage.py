@@ -94,7 +94,8 @@ def main() -> None:
             lines = len(source.splitlines())
             row = [lines, len(statements), len(hit), unused]
             totals = [a + b for a, b in zip(totals, row)]
-            print(f"{m:34s} {lines:5d} {len(statements):5d} {100 * len(hit) / max(1, len(statements)):5.0f} {unused:33d}")
+            share = 100 * len(hit) / max(1, len(statements))
+            print(f"{m:34s} {lines:5d} {len(statements):5d} {share:5.0f} {unused:33d}")
             if args.functions:
                 for name, start, last in outer:
                     print(f"    {name} ({last - start + 1} lines)")
