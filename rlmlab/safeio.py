@@ -167,10 +167,14 @@ def _size(n: int) -> str:
     return f"{n:.3g} PiB"
 
 
-def first_file(folder: str | Path, names) -> Path | None:
-    """The first of `names` that is a regular file in `folder`, or None."""
-    folder = Path(folder)
-    return next((folder / name for name in names if (folder / name).is_file()), None)
+def first_file(folder: str | Path, names, error: type[RlmlabError] = DataError) -> Path | None:
+    """The first of `names` present in `folder`, or None. A folder, FIFO or broken link under
+    such a name is refused rather than passed over as absent: a report would otherwise drop
+    that run's row without a word."""
+    for name in names:
+        if os.path.lexists(path := Path(folder) / name):
+            return regular_file(path, error, name)
+    return None
 
 
 # --- what a folder holds, checked before writing into it ---------------------

@@ -327,6 +327,25 @@ def test_export_only_into_an_export_of_the_same_experiment_and_never_through_lin
     assert outside.read_text() == "mine"
 
 
+def test_a_folder_where_a_run_file_belongs_is_refused_not_passed_over(experiment, tmp_path, capsys):
+    """A folder named results.parquet once made the report drop that run's row, and one named
+    config.json made export leave the run out, both exiting 0."""
+    copy = tmp_path / "copy"
+    shutil.copytree(experiment, copy)
+    results = next(copy.rglob("results.parquet"))
+    saved = results.read_bytes()
+    results.unlink()
+    results.mkdir()
+    assert f"{results}: is a folder" in one_line_error(capsys, ["report", str(copy)])
+    results.rmdir()
+    results.write_bytes(saved)
+    config = copy / "length-96" / "rm" / "config.json"
+    config.unlink()
+    config.mkdir()
+    assert f"{config}: is a folder" in one_line_error(capsys, ["export", str(copy), str(tmp_path / "dest")])
+    assert not (tmp_path / "dest").exists()
+
+
 def test_eval_over_another_predictors_evaluation_is_refused(experiment, tmp_path, capsys):
     run = experiment / "length-96" / "rm"
     data = tmp_path / "e.txt"

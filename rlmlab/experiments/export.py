@@ -19,7 +19,7 @@ from rlmlab.experiments.run_job import RUN_OUTPUTS, finished_marker
 from rlmlab.measuring.result_files import LEGACY_RESULTS, RESULTS, TRACES, evaluated_sets
 from rlmlab.records import reencode_records
 from rlmlab.runlog import LEGACY_METRICS, METRICS, convert_metrics, training_finished
-from rlmlab.safeio import parse_jsonl_objects, read_bytes, read_json, refuse_other_folder, refuse_symlinks
+from rlmlab.safeio import parse_jsonl_objects, read_bytes, read_json, refuse_other_folder, refuse_symlinks, regular_file
 
 # Weights and data files stay behind: a run's data is rebuilt from the seed-42 pool by the
 # command in commands.jsonl, and checkpoints are megabytes each. The Parquet files of results
@@ -89,6 +89,9 @@ def export_results(src: str | Path, dest: str | Path, resumable: bool = False) -
     refuse_symlinks(dest, "export destination")
     read_refs(src)  # references are checked before anything is copied
     read_refs(dest)
+    # A run is found by its config.json: one that is a folder would drop the run without a word.
+    for config in (*src.glob("*/config.json"), *src.glob("*/*/config.json")):
+        regular_file(config, DataError, "config.json")
     if not resumable:
         _refuse_dropping_carried_runs(src, dest)
     work = _staging(dest)
