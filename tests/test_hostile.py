@@ -644,3 +644,66 @@ def test_a_probe_or_frames_summary_of_the_wrong_types_is_one_error(experiment, t
     (folder / "summary.json").write_text(json.dumps({key: [entry]}))
     err = one_line_error(capsys, ["report", str(copy)])
     assert f"not an `rlmlab {tool}` summary" in err
+
+
+# --- reproduce -------------------------------------------------------------------------------
+
+FIXTURE = ck.Path(__file__).parent / "fixtures" / "smoke-length"
+
+
+@pytest.mark.parametrize("accuracy", ["high", math.inf, None])
+def test_reproduce_checks_the_committed_report_before_the_fresh_run(tmp_path, capsys, accuracy):
+    copy = tmp_path / "results"
+    shutil.copytree(FIXTURE, copy)
+    path = copy / "report" / "report.json"
+    report = json.loads(path.read_text())
+    report["rows"][0]["rm"]["accuracy"] = accuracy
+    path.write_text(json.dumps(report))
+    err = one_line_error(capsys, ["reproduce", str(copy), "--out", str(tmp_path / "out")])
+    assert "report.json: cell rows[bin=" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("meta", [b"[1]\n", b"{not json", b""])
+def test_reproduce_checks_the_checkpoints_before_copying_them(tmp_path, capsys, meta):
+    best = tmp_path / "checkpoints" / "rm" / "best"
+    best.mkdir(parents=True)
+    (best / "checkpoint.json").write_bytes(meta)
+    shutil.copy(RELEASED / "rm" / "best" / "model.safetensors", best)
+    err = one_line_error(capsys, ["reproduce", str(FIXTURE), "--checkpoints", str(tmp_path / "checkpoints"),
+                                  "--out", str(tmp_path / "out")])
+    assert "checkpoint" in err and not (tmp_path / "out").exists()
+
+
+# --- convert ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("left", [b"", b"\xff\xfe\n", b"[1, 2]\n"])
+def test_convert_checks_a_moved_aside_results_file_before_putting_it_back(tmp_path, capsys, left):
+    copy = tmp_path / "results"
+    shutil.copytree(FIXTURE, copy)
+    assert main(["convert", str(copy)]) == 0
+    folder = next(p.parent for p in copy.rglob("results.parquet"))
+    (folder / "results.jsonl.converting").write_bytes(left)
+    before = _files(copy)
+    assert "results.jsonl.converting" in one_line_error(capsys, ["convert", str(copy)])
+    assert _files(copy) == before
+
+
+def test_convert_refuses_a_results_file_without_records(tmp_path, capsys):
+    copy = tmp_path / "results"
+    shutil.copytree(FIXTURE, copy)
+    path = next(copy.rglob("results.jsonl"))
+    path.write_bytes(b"")
+    before = _files(copy)
+    assert "no records" in one_line_error(capsys, ["convert", str(copy)])
+    assert _files(copy) == before
+
+
+# --- experiment.json -------------------------------------------------------------------------
+
+def test_a_fifo_in_place_of_experiment_json_is_refused_not_read(tmp_path, capsys):
+    copy = tmp_path / "results"
+    shutil.copytree(FIXTURE, copy)
+    (copy / "experiment.json").unlink()
+    os.mkfifo(copy / "experiment.json")  # opened for reading, it would block until a writer came
+    assert "not a regular file" in one_line_error(capsys, ["report", str(copy)])

@@ -53,12 +53,16 @@ def _read_lines(path: Path, what: str, cut_tail: bool = False) -> tuple[list[dic
     return parse_jsonl_objects(data, str(path), cut_tail=cut_tail), "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _check_results(folder: Path, replace: bool) -> tuple[list[dict], str]:
-    """The records of `folder`'s results.jsonl and the digest of its bytes, every line checked."""
-    if not replace and (folder / RESULTS).exists():
+def _check_results(folder: Path, replace: bool, name: str = LEGACY_RESULTS) -> tuple[list[dict], str]:
+    """The records of `folder`'s results.jsonl (or `name`) and the digest of its bytes, every
+    line checked."""
+    if not replace and name == LEGACY_RESULTS and (folder / RESULTS).exists():
         raise DataError(f"{folder / LEGACY_RESULTS}: {RESULTS} is there too, and readers take it; "
                         "remove the one that is stale")
-    return _read_lines(folder / LEGACY_RESULTS, "results file")
+    records, digest = _read_lines(folder / name, "results file")
+    if not records:  # every reader refuses it; converted, it would pass for a finished evaluation
+        raise DataError(f"{folder / name}: no records (an evaluation or a probe writes one per expression)")
+    return records, digest
 
 
 def convert_results(folder: Path, replace: bool = False) -> None:
@@ -97,6 +101,8 @@ def _resume_interrupted(folder: Path) -> None:
     if (folder / LEGACY_RESULTS).exists():
         raise DataError(f"{folder / INTERRUPTED}: left by a conversion that was killed, beside a "
                         f"{LEGACY_RESULTS}; keep the one that holds the results and remove the other")
+    # Checked before it is put back: putting it back drops the Parquet files beside it.
+    _check_results(folder, False, INTERRUPTED)
     commit(folder, [("put", LEGACY_RESULTS, INTERRUPTED)]
            + [("drop", name) for name in (RESULTS, TRACES) if (folder / name).is_file()])
 

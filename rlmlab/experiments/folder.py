@@ -15,6 +15,7 @@ runs with another's; the locks let runs on different subsets share one folder (o
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.presets import ExperimentPreset, merge_learner_tables, preset_record
+from rlmlab.safeio import read_json
 
 # Lock files (empty, held with flock while a run plans or trains; `rlmlab export` leaves them out).
 LOCK_NAME = ".lock"
@@ -102,8 +104,6 @@ def ensure_data(data: Path, meta_file: str, build: Callable[[], object], expecte
     (or, without one, `expected`), compared through `identity` (which may drop what describes the
     data rather than determines them, such as a report's wording); otherwise it is refused
     before anything is written."""
-    from rlmlab.safeio import read_json
-
     path = data / meta_file
     if path.exists():
         doc = read_json(path, DataError, meta_file)
@@ -167,12 +167,9 @@ def read_experiment_json(out: Path) -> dict:
     tables under their current names (`preset_record`). Its fields are checked against that kind
     by `rlmlab.experiments.kinds.read_experiment`."""
     path = out / "experiment.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)") from None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise DataError(f"{path}: not valid JSON") from None
+    if not os.path.lexists(path):
+        raise DataError(f"{out}: no experiment.json (not an experiment folder from `rlmlab run`)")
+    meta = read_json(path, DataError, "experiment.json")  # a FIFO in its place would block `report`
     if not isinstance(meta, dict) or not isinstance(meta.get("kind"), str):
         raise DataError(f"{path}: not an experiment description (it names no experiment 'kind')")
     if isinstance(meta.get("preset"), dict):

@@ -14,6 +14,8 @@ re-run exactly (`time_budgeted` says so), only replicated.
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,10 +31,11 @@ from rlmlab.experiments.report import report
 from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
 from rlmlab.experiments.seeds import split_seed
 from rlmlab.experiments.splits import first_per_bin
+from rlmlab.learning.checkpoint import read_checkpoint_meta
 from rlmlab.learning.config import RUN_CONFIG_FILE, read_run_config
 from rlmlab.measuring.result_files import eval_dir, evaluated_sets, read_results
 from rlmlab.runlog import has_metrics, metrics_file, read_metrics
-from rlmlab.safeio import refuse_outside
+from rlmlab.safeio import read_json, refuse_outside, shorten
 
 CELL_KEYS = frozenset({"n", "accuracy", "ci95"})
 # Fields that tell the items of a report's lists apart (a bin, a training-set size, a learner).
@@ -101,18 +104,35 @@ def report_cells(report_json: dict) -> dict[str, dict]:
 
 def _report_json(folder: Path) -> dict:
     path = folder / "report" / "report.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{folder}: no report/report.json (run `rlmlab report {folder}` first)") from None
-    except (ValueError, RecursionError):
-        raise DataError(f"{path}: not valid JSON") from None
+    if not os.path.lexists(path):
+        raise DataError(f"{folder}: no report/report.json (run `rlmlab report {folder}` first)")
+    data = read_json(path, DataError, "report")
     if not isinstance(data, dict):
         raise DataError(f"{path}: not a report")
     return data
 
 
-def seed_spreads(report_json: dict) -> dict[str, dict]:
+def _fraction(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
+
+
+def committed_report(folder: Path) -> dict:
+    """A results folder's report.json, its accuracy cells and seed spreads checked to be numbers
+    the comparison can print and compare. Called before the fresh run too: the comparison reads
+    the file only after it, where a string or a NaN in place of an accuracy would end the
+    command in a traceback with its work done."""
+    path, data = Path(folder) / "report" / "report.json", _report_json(Path(folder))
+    for name, c in report_cells(data).items():
+        n = c["n"]
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                and all(_fraction(x) for x in (c["accuracy"], *c["ci95"]))):
+            raise DataError(f"{path}: cell {shorten(name)} is not a count 'n' with an 'accuracy' and 'ci95' "
+                            "in [0, 1]")
+    seed_spreads(data, path)
+    return data
+
+
+def seed_spreads(report_json: dict, where: Path | str = "report.json") -> dict[str, dict]:
     """{cell path: {seeds, lo, hi}} of the per-bin cells whose learner has several seeds in a
     threshold report (its "seeds" section): the seeds' range, widened to the bootstrap interval
     of their mean."""
@@ -126,7 +146,12 @@ def seed_spreads(report_json: dict) -> dict[str, dict]:
         for label, c in zip(spread.get("bins", ()), d.get("cells", ())):
             if not isinstance(c, dict) or c.get("mean") is None:
                 continue
-            values = [x for x in c["per_seed"].values() if x is not None]
+            ci, per_seed = c.get("ci95"), c.get("per_seed")
+            if not (isinstance(per_seed, dict) and isinstance(ci, list) and len(ci) == 2
+                    and all(_fraction(x) for x in (*per_seed.values(), *ci) if x is not None) and None not in ci):
+                raise DataError(f"{where}: seeds.learners.{shorten(str(v))}: a cell without accuracies "
+                                "'per_seed' and 'ci95' in [0, 1]")
+            values = [x for x in per_seed.values() if x is not None]
             out[f"rows[bin={label}].{v}"] = {"seeds": len(values), "lo": min(values + [c["ci95"][0]]),
                                              "hi": max(values + [c["ci95"][1]])}
     return out
@@ -134,9 +159,9 @@ def seed_spreads(report_json: dict) -> dict[str, dict]:
 
 def compare(committed: Path, fresh: Path) -> tuple[list[CellCheck], list[str]]:
     """The cells both reports hold, and the committed cells the fresh report lacks."""
-    committed_report = _report_json(Path(committed))
-    old, new = report_cells(committed_report), report_cells(_report_json(Path(fresh)))
-    spreads = seed_spreads(committed_report)
+    committed_json = committed_report(Path(committed))
+    old, new = report_cells(committed_json), report_cells(committed_report(Path(fresh)))
+    spreads = seed_spreads(committed_json)
     checks = [CellCheck(cell, old[cell], new[cell], spreads.get(cell)) for cell in old if cell in new]
     return checks, [cell for cell in old if cell not in new]
 
@@ -294,7 +319,7 @@ def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], lea
     `run_command(argv)` (the command line's `main`, handed down by the command so that this
     library never imports its caller), then report `out`. Returns the command lines run."""
     results, out = Path(results), Path(out)
-    _check_out(results, out)
+    _check_out(results, out, dry_run)
     # A folder recorded before presets named a factor decoded with the driver's default.
     recorded = read_experiment_json(results).get("preset")
     factor = (recorded.get("eval_runaway_factor") if isinstance(recorded, dict) else None) or Limits().runaway_factor
@@ -310,8 +335,10 @@ def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], lea
     return commands
 
 
-def _check_out(results: Path, out: Path) -> None:
+def _check_out(results: Path, out: Path, dry_run: bool = False) -> None:
     read_experiment_json(results)
+    if not dry_run:  # compared only after the fresh run: checked before it starts
+        committed_report(results)
     r, o = results.resolve(), out.resolve()
     if o == r or r in o.parents or o in r.parents:
         raise DataError(f"{out}: the fresh run needs a folder of its own, outside {results}")
@@ -362,9 +389,12 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
     if taken:
         raise DataError(f"{taken[0]} exists already: re-evaluate into a new --out")
     refuse_outside(results / "experiment.json", results)
+    steps = {}
     for (job, learner), src in runs.items():
         for name in ("checkpoint.json", "model.safetensors"):
             refuse_outside(src / "best" / name, checkpoints)
+        # Checked here, not first by the evaluation: it is copied into `out` before that runs.
+        steps[job, learner] = read_checkpoint_meta(src / "best")["step"]
         for path in (metrics_file(run_path(results, job, learner)), run_path(results, job, learner) / "config.json"):
             if path is not None and path.exists():
                 refuse_outside(path, results)
@@ -380,8 +410,7 @@ def reevaluate(results: Path, checkpoints: Path, out: Path, sample: int | None =
         for path in (log, run_path(results, job, learner) / "config.json"):  # the committed training log: whether it fitted
             if path is not None and path.exists():
                 shutil.copyfile(path, run_dir / path.name)
-        step = json.loads((src / "best" / "checkpoint.json").read_text()).get("step")
-        (run_dir / "done.json").write_text(json.dumps({"step": step, "stop_reason": "released",
+        (run_dir / "done.json").write_text(json.dumps({"step": steps[job, learner], "stop_reason": "released",
                                                        "released": str(src)}) + "\n")
         evals, committed = {}, {}
         for set_name, set_dir in evaluated_sets(run_path(results, job, learner)).items():
