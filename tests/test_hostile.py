@@ -653,8 +653,7 @@ FIXTURE = ck.Path(__file__).parent / "fixtures" / "smoke-length"
 
 @pytest.mark.parametrize("accuracy", ["high", math.inf, None])
 def test_reproduce_checks_the_committed_report_before_the_fresh_run(tmp_path, capsys, accuracy):
-    copy = tmp_path / "results"
-    shutil.copytree(FIXTURE, copy)
+    copy = _copy(FIXTURE, tmp_path)
     path = copy / "report" / "report.json"
     report = json.loads(path.read_text())
     report["rows"][0]["rm"]["accuracy"] = accuracy
@@ -679,8 +678,7 @@ def test_reproduce_checks_the_checkpoints_before_copying_them(tmp_path, capsys, 
 
 @pytest.mark.parametrize("left", [b"", b"\xff\xfe\n", b"[1, 2]\n"])
 def test_convert_checks_a_moved_aside_results_file_before_putting_it_back(tmp_path, capsys, left):
-    copy = tmp_path / "results"
-    shutil.copytree(FIXTURE, copy)
+    copy = _copy(FIXTURE, tmp_path)
     assert main(["convert", str(copy)]) == 0
     folder = next(p.parent for p in copy.rglob("results.parquet"))
     (folder / "results.jsonl.converting").write_bytes(left)
@@ -690,8 +688,7 @@ def test_convert_checks_a_moved_aside_results_file_before_putting_it_back(tmp_pa
 
 
 def test_convert_refuses_a_results_file_without_records(tmp_path, capsys):
-    copy = tmp_path / "results"
-    shutil.copytree(FIXTURE, copy)
+    copy = _copy(FIXTURE, tmp_path)
     path = next(copy.rglob("results.jsonl"))
     path.write_bytes(b"")
     before = _files(copy)
@@ -702,8 +699,7 @@ def test_convert_refuses_a_results_file_without_records(tmp_path, capsys):
 # --- experiment.json -------------------------------------------------------------------------
 
 def test_a_fifo_in_place_of_experiment_json_is_refused_not_read(tmp_path, capsys):
-    copy = tmp_path / "results"
-    shutil.copytree(FIXTURE, copy)
+    copy = _copy(FIXTURE, tmp_path)
     (copy / "experiment.json").unlink()
     os.mkfifo(copy / "experiment.json")  # opened for reading, it would block until a writer came
     assert "not a regular file" in one_line_error(capsys, ["report", str(copy)])

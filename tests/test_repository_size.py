@@ -42,9 +42,10 @@ def _carried(path: Path) -> bool:
 
 
 def test_results_fit_the_budget():
-    files = _files(RESULTS)
-    records = sum(p.stat().st_size for p in files if not _carried(p))
-    carried = sum(p.stat().st_size for p in files if _carried(p))
+    sizes = {True: 0, False: 0}
+    for p in _files(RESULTS):
+        sizes[_carried(p)] += p.stat().st_size
+    records, carried = sizes[False], sizes[True]
     assert records <= MAX_RESULTS_BYTES, f"results/ holds {records / 1e6:.1f} MB of records, over {MAX_RESULTS_BYTES / 1e6:.0f} MB"
     # Weights in transit: dropped by the export that finishes their run, but kept by git forever.
     assert carried <= MAX_CARRIED_BYTES, (f"results/ carries {carried / 1e6:.1f} MB of unfinished runs' weights, "
