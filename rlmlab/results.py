@@ -17,6 +17,7 @@ behind each frame come from `rlmlab.measuring.result_files.read_results` and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rlmlab.errors import ConfigError, DataError
@@ -35,7 +36,9 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
     folder = Path(folder)
     if what not in KINDS:
         raise ConfigError(f"what={what!r}: expected one of {', '.join(KINDS)}")
-    if not (folder / "experiment.json").is_file():
+    # Only an absent file means "not an experiment folder"; a folder, FIFO or broken link
+    # under that name gets read_experiment_json's own error.
+    if not os.path.lexists(folder / "experiment.json"):
         raise DataError(f"{folder}: not an experiment folder (no experiment.json)")
     kind = read_experiment_json(folder)["kind"]
     rows = []

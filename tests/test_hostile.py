@@ -703,3 +703,16 @@ def test_a_fifo_in_place_of_experiment_json_is_refused_not_read(tmp_path, capsys
     (copy / "experiment.json").unlink()
     os.mkfifo(copy / "experiment.json")  # opened for reading, it would block until a writer came
     assert "not a regular file" in one_line_error(capsys, ["report", str(copy)])
+
+
+def test_rlmlab_results_names_a_fifo_experiment_json_for_what_it_is(tmp_path):
+    import rlmlab.results
+    from rlmlab.errors import DataError
+    copy = _copy(FIXTURE, tmp_path)
+    (copy / "experiment.json").unlink()
+    os.mkfifo(copy / "experiment.json")
+    with pytest.raises(DataError, match="not a regular file"):
+        rlmlab.results.records(copy)
+    (copy / "experiment.json").unlink()
+    with pytest.raises(DataError, match="no experiment.json"):
+        rlmlab.results.records(copy)
