@@ -16,7 +16,8 @@ RELEASED = ROOT / "rlmlab" / "released"
 # The record files `rlmlab convert` turns into Parquet; a committed folder holds none of them.
 JSON_LINES_RECORDS = {LEGACY_RESULTS, LEGACY_METRICS}
 # All of results/ together (docs/results-format.md): records are Parquet, weights stay out.
-MAX_RESULTS_BYTES = 60 * 1000 * 1000
+# Sized for the experiments still running (CONTRIBUTING.md, "What the repository carries").
+MAX_RESULTS_BYTES = 80 * 1000 * 1000
 # The weights of unfinished runs carried between machines (`export --resumable`), all together.
 MAX_CARRIED_BYTES = 10 * 1000 * 1000
 
