@@ -123,6 +123,22 @@ def convert_metrics(run_dir: str | Path) -> bool:
     return True
 
 
+def check_log(run_dir: str | Path, resume: bool) -> None:
+    """The training log a run is about to write, checked before anything is written: a folder,
+    FIFO or broken link under its name is refused (opening a FIFO would block), and the log a
+    resumed run goes on with must be whole: every line a record of `FIELDS`' types (only a
+    last line without its newline, cut short by a kill, is left out), or the resume would
+    drop a damaged line without a word and carry a non-finite number on into the run's log."""
+    path = metrics_file(run_dir)
+    if not resume or path is None:
+        return
+    if path.suffix != ".jsonl":
+        read_metrics(run_dir)
+        return
+    data = read_bytes(path, DataError, "training log", limit=1 << 30)
+    check_metrics(parse_jsonl_objects(data, str(path), cut_tail=True), path)
+
+
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written."""
 

@@ -545,7 +545,8 @@ def test_experiment_presets_are_validated_on_construction(bad, message):
         get_preset("smoke").with_overrides(**bad)
 
 
-def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("killed_mid_save", [False, True])
+def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch, killed_mid_save):
     from contextlib import contextmanager
 
     import rlmlab.learning.train
@@ -563,6 +564,8 @@ def test_an_interrupted_job_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     # `last` was saved after one step, but a half-trained run is neither done nor evaluated.
     assert json.loads((run_dir / "last" / "checkpoint.json").read_text())["step"] == 1
     assert not (run_dir / "done.json").exists() and not (run_dir / "eval").exists()
+    if killed_mid_save:  # killed between a save's two renames: only the set-aside copy is whole
+        (run_dir / "last").rename(run_dir / ".last.old")
     assert main(argv) == 0  # the re-run resumes it to its budget, then evaluates
     assert json.loads((run_dir / "done.json").read_text())["stop_reason"] == "max_steps"
     assert (run_dir / "eval" / "summary.json").exists()

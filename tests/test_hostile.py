@@ -716,3 +716,88 @@ def test_rlmlab_results_names_a_fifo_experiment_json_for_what_it_is(tmp_path):
     (copy / "experiment.json").unlink()
     with pytest.raises(DataError, match="no experiment.json"):
         rlmlab.results.records(copy)
+
+
+# --- damaged run folders: train --resume, and what a run folder holds ----------------------------
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_checkpoint_tensor_file_that_is_not_a_regular_file_is_refused_before_hashing(tmp_path, kind):
+    """Its checksum opened a FIFO, which blocks until a writer comes (a folder: an OSError)."""
+    import signal
+
+    run = _saved(tmp_path)
+    path = run / "best" / "model.safetensors"
+    path.unlink()
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+
+    def hung(*_):
+        raise AssertionError(f"reading a checkpoint whose weights are a {kind} hangs")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(CheckpointError, match="model.safetensors: (is a folder|not a regular file)"):
+            ck.load_run(run)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_train_never_writes_through_a_link_in_its_run_folder(tmp_path, capsys, pool):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (run / name).symlink_to(outside)
+    err = one_line_error(capsys, ["train", "--data", str(pool), "--out", str(run), "--max-steps", "1", "--preset",
+                                  "tiny", "--data.val_size=10", "--data.cache_dir=", "--train.threads=1", "--quiet"])
+    assert "holds a symbolic link" in err
+    assert outside.read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl"]
+
+
+@pytest.mark.parametrize("damage", ["a line of garbage", "an infinite accuracy", "a folder"])
+def test_resume_refuses_a_damaged_training_log_before_writing(tmp_path, capsys, pool, damage):
+    """A resume rewrote metrics.jsonl dropping every line it could not read, carried an infinite
+    accuracy on, or (a folder in its place) failed only once config.json was rewritten."""
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(pool), "--out", str(run), "--max-steps", "2", "--preset", "tiny",
+                 "--data.val_size=10", "--data.cache_dir=", "--train.threads=1", "--train.batch_size=4",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    log = run / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    if damage == "a folder":
+        log.unlink()
+        log.mkdir()
+    else:
+        bad = "garbage{" if damage == "a line of garbage" else '{"kind": "val", "step": 1, "answer_acc": Infinity}'
+        log.write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
+    before = _files(run)
+    err = one_line_error(capsys, ["train", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"])
+    assert "metrics.jsonl" in err
+    assert _files(run) == before and log.is_dir() == (damage == "a folder")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--learner-setting=per_learner.rm.data.cache_dir=OUTSIDE"],
+    ["--learner-setting", "per_learner.rm.data.cache_dir=OUTSIDE"],
+    ["--learner-setting=per_view.rm.data.cache_dir=OUTSIDE"],
+])
+def test_reproduce_refuses_a_stored_command_that_writes_outside_its_out(tmp_path, capsys, argv):
+    copy, outside = _copy(FIXTURE, tmp_path), tmp_path / "outside"
+    argv = [a.replace("OUTSIDE", str(outside)) for a in argv]
+    good = ["rlmlab", "run", "length", "--preset", "smoke", "--out", "x", "--learners=rm", "--threads=1"]
+    (copy / "commands.jsonl").write_text(json.dumps({"argv": good}) + "\n" + json.dumps({"argv": good + argv}) + "\n")
+    err = one_line_error(capsys, ["reproduce", str(copy), "--out", str(tmp_path / "out")])
+    assert "commands.jsonl: line 2 sets data.cache_dir" in err
+    assert not (tmp_path / "out").exists() and not outside.exists()
+
+
+def test_reproduce_refuses_a_stored_command_of_an_unknown_kind_before_running_any(tmp_path, capsys):
+    copy = _copy(FIXTURE, tmp_path)
+    good = ["rlmlab", "run", "length", "--preset", "smoke", "--out", "x", "--learners=rm", "--threads=1"]
+    (copy / "commands.jsonl").write_text(json.dumps({"argv": good}) + "\n"
+                                         + json.dumps({"argv": ["rlmlab", "run", "../bogus"]}) + "\n")
+    err = one_line_error(capsys, ["reproduce", str(copy), "--out", str(tmp_path / "out")])
+    assert "line 2: '../bogus' is not an experiment kind" in err and not (tmp_path / "out").exists()

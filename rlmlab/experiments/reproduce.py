@@ -25,7 +25,7 @@ from rlmlab.decoding.driver import Limits
 from rlmlab.errors import DataError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.job import Job
-from rlmlab.experiments.kinds import get_kind
+from rlmlab.experiments.kinds import RUNNABLE, get_kind
 from rlmlab.experiments.refs import run_path
 from rlmlab.experiments.report import report
 from rlmlab.experiments.run_job import RESULT_COLUMNS, run_job
@@ -261,11 +261,26 @@ def stored_commands(folder: Path) -> list[list[str]]:
         if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:2] == ["rlmlab", "run"]
                 and len(argv) > 2):
             raise DataError(f"{path}: line {i} is not an `rlmlab run` command")
+        if argv[2] not in RUNNABLE:
+            raise DataError(f"{path}: line {i}: {shorten(repr(argv[2]))} is not an experiment kind "
+                            f"({', '.join(RUNNABLE)})")
+        # A re-run writes into its --out (and the default examples cache) only: a folder that a
+        # stored command names may lie anywhere on this machine.
+        named = [a for a in argv[3:] if _setting_key(a).rpartition(".")[2] == "cache_dir"]
+        if named:
+            raise DataError(f"{path}: line {i} sets data.cache_dir ({shorten(named[0])}), a folder outside "
+                            "--out; a re-run writes into --out only")
         if argv not in commands:
             commands.append(argv)
     if not commands:
         raise DataError(f"{path}: no stored command")
     return commands
+
+
+def _setting_key(arg: str) -> str:
+    """The config key an argument of a stored command sets, e.g. `per_learner.rm.data.cache_dir`
+    of `--learner-setting=per_learner.rm.data.cache_dir=/x` (or of its value given apart)."""
+    return arg.removeprefix("--learner-setting=").partition("=")[0]
 
 
 def _flag(argv: list[str], name: str) -> str | None:

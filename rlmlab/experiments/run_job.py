@@ -71,12 +71,14 @@ def _check_resumable(run_dir: Path) -> None:
     from rlmlab.errors import CheckpointError
     from rlmlab.learning.checkpoint import checkpoint_dir, read_checkpoint_meta
     from rlmlab.learning.resume import TrainerState
+    from rlmlab.runlog import check_log
 
     ckpt = checkpoint_dir(run_dir, "last")
     meta = read_checkpoint_meta(ckpt)
     if "trainer" not in meta or "optimizer" not in meta:
         raise CheckpointError(f"{ckpt}: no trainer or optimizer state to resume from")
     TrainerState.from_saved({k: v for k, v in meta["trainer"].items() if k != "rng"}, ckpt)
+    check_log(run_dir, resume=True)  # the log the resumed run goes on with
 
 
 def train_run(cfg, run_dir: str | Path, resume: bool = False, progress: bool = True, task=None):
@@ -119,7 +121,7 @@ def run_job(job: Job, out: str | Path, progress: bool = True, extend: bool = Fal
 def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
     from rlmlab.decoding.driver import Limits
     from rlmlab.decoding.engine import ModelPredictor
-    from rlmlab.learning.checkpoint import load_run
+    from rlmlab.learning.checkpoint import has_checkpoint, load_run
     from rlmlab.learning.learner import get_learner
     from rlmlab.learning.step import resolve_device
     from rlmlab.measuring.result_files import eval_dir, find_eval_dir
@@ -139,7 +141,7 @@ def _run_job(job: Job, out: Path, progress: bool, extend: bool, task) -> dict:
         if cfg is None:
             raise DataError(f"{run_dir}: not a finished run (no done.json) and no run configuration to train it with")
         cfg.require_stop_rule()
-        result = train_run(cfg, run_dir, resume=(run_dir / "last" / "checkpoint.json").exists(), progress=progress,
+        result = train_run(cfg, run_dir, resume=has_checkpoint(run_dir, "last"), progress=progress,
                            task=task)
         if result.stop_reason == "interrupted":
             # Ctrl-C saved `last`; the run is unfinished, so neither mark it done (a re-run would

@@ -48,7 +48,7 @@ from rlmlab.errors import CheckpointError, RlmlabError
 from rlmlab.learning.config import RUN_CONFIG_FILE, RunConfig, apply_dict
 from rlmlab.learning.learner import get_learner
 from rlmlab.learning.model import ModelConfig, Transformer
-from rlmlab.safeio import read_json, shorten
+from rlmlab.safeio import read_json, regular_file, shorten
 from rlmlab.task.taskfile import Task, check_same_task, load_task, paper_task
 from rlmlab.task.vocab import Vocab
 
@@ -191,6 +191,12 @@ def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, voca
 
 # --- reading ----------------------------------------------------------------
 
+def has_checkpoint(run_dir: str | Path, which: str) -> bool:
+    """Whether `checkpoint_dir` finds a `which` checkpoint in `run_dir`: its folder, or the one a
+    save killed between its two renames left set aside."""
+    return any((Path(run_dir) / w / META_FILE).exists() for w in (which, f".{which}.old"))
+
+
 def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
     """The folder of a run's `which` checkpoint, checked to exist."""
     run_dir = Path(run_dir)
@@ -246,6 +252,7 @@ def read_checkpoint_meta(ckpt: Path) -> dict:
         path = ckpt / name
         if not path.exists():
             raise CheckpointError(f"{ckpt}: {name} is missing")
+        regular_file(path, CheckpointError, name)  # a FIFO would block the checksum, a folder end it in an OSError
         if _sha256(path) != digest:
             raise CheckpointError(f"{ckpt}: {name} is corrupt (checksum mismatch)")
         if not sealed and (written := _written_as(path)) != LEGACY_FORMAT:

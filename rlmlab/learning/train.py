@@ -39,7 +39,7 @@ from rlmlab.attention.backends import attention_kind
 from rlmlab.attention.encodings import POSITION_LABELS
 from rlmlab.attention.positions import context_limit
 from rlmlab.errors import ConfigError, DataError, TrainingDiverged
-from rlmlab.learning.checkpoint import META_FILE, rng_state, save_checkpoint
+from rlmlab.learning.checkpoint import has_checkpoint, rng_state, save_checkpoint
 from rlmlab.learning.config import RUN_CONFIG_FILE, RunConfig
 from rlmlab.learning.data import fit_to_block
 from rlmlab.learning.examples import ExampleSet
@@ -59,7 +59,8 @@ from rlmlab.learning.step import (
 )
 from rlmlab.learning.tensorboard import TB_DIR, TensorBoardLog, require_tensorboard
 from rlmlab.machine import machine_facts
-from rlmlab.runlog import UNFINISHED, MetricsLog
+from rlmlab.runlog import UNFINISHED, MetricsLog, check_log
+from rlmlab.safeio import refuse_symlinks
 from rlmlab.task.taskfile import Task
 from rlmlab.task.vocab import Vocab
 
@@ -129,6 +130,10 @@ class Trainer:
         self.validate_fn, self.progress, self.echo = validate_fn, progress, echo
         tc = self.tc
         cfg.require_stop_rule()
+        # Nothing is written through a link: config.json, metrics.jsonl or a checkpoint that
+        # leads out of the run folder would be overwritten wherever it points.
+        refuse_symlinks(self.run_dir, "run folder", ConfigError)
+        check_log(self.run_dir, resume)
         if tc.tensorboard:
             require_tensorboard()  # before anything is written
         self.vocab, self.learner = train_data.vocab, get_learner(train_data.learner)
@@ -267,7 +272,7 @@ class Trainer:
             self.guard.check()
         except TrainingDiverged as e:
             self.state.step = self.guard.last_good
-            kept = any((self.run_dir / w / META_FILE).exists() for w in ("last", ".last.old"))
+            kept = has_checkpoint(self.run_dir, "last")
             raise TrainingDiverged(f"{e}; " + ("the last good checkpoint is kept: lower train.lr or resume from it"
                                               if kept else "no checkpoint was saved before it: lower train.lr and "
                                               "train again")) from None
