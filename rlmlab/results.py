@@ -17,10 +17,9 @@ behind each frame come from `rlmlab.measuring.result_files.read_results` and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from rlmlab.errors import ConfigError, DataError
+from rlmlab.errors import ConfigError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.refs import experiment_runs
 from rlmlab.experiments.seeds import split_seed
@@ -36,10 +35,6 @@ def records(folder: str | Path, what: str = "eval", traces: bool = False) -> lis
     folder = Path(folder)
     if what not in KINDS:
         raise ConfigError(f"what={what!r}: expected one of {', '.join(KINDS)}")
-    # Only an absent file means "not an experiment folder"; a folder, FIFO or broken link
-    # under that name gets read_experiment_json's own error.
-    if not os.path.lexists(folder / "experiment.json"):
-        raise DataError(f"{folder}: not an experiment folder (no experiment.json)")
     kind = read_experiment_json(folder)["kind"]
     rows = []
     for job, learner, run_dir in experiment_runs(folder):

@@ -191,10 +191,15 @@ def save_checkpoint(run_dir: str | Path, which: str, model: Transformer, *, voca
 
 # --- reading ----------------------------------------------------------------
 
+def _found(run_dir: Path, which: str) -> Path | None:
+    """The folder of `run_dir`'s `which` checkpoint, or the one a save killed between its two
+    renames left set aside; None without either."""
+    return next((c for c in (run_dir / which, run_dir / f".{which}.old") if (c / META_FILE).exists()), None)
+
+
 def has_checkpoint(run_dir: str | Path, which: str) -> bool:
-    """Whether `checkpoint_dir` finds a `which` checkpoint in `run_dir`: its folder, or the one a
-    save killed between its two renames left set aside."""
-    return any((Path(run_dir) / w / META_FILE).exists() for w in (which, f".{which}.old"))
+    """Whether `checkpoint_dir` finds a `which` checkpoint in `run_dir`."""
+    return _found(Path(run_dir), which) is not None
 
 
 def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
@@ -204,9 +209,8 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
         raise CheckpointError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such run folder")
-    for candidate in (run_dir / which, run_dir / f".{which}.old"):
-        if (candidate / META_FILE).exists():
-            return candidate
+    if (found := _found(run_dir, which)) is not None:
+        return found
     have = [w for w in WHICH if (run_dir / w).is_dir()]
     raise CheckpointError(f"{run_dir}: no '{which}' checkpoint" + (f" (has: {', '.join(have)})" if have else ""))
 
