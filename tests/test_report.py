@@ -59,6 +59,9 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path,
     (p300,) = iid_points(tmp_path, [300])
     assert (p300["accuracy"], p300["seed_accuracy"], p200["seed_accuracy"]) == (0.75, [0.5, 1.0], [0.5, 0.5])
     assert (p300["per_token"], p300["seed_per_token"]) == (0.9, [0.8, 1.0])
+    # The mean's interval may leave a seed out; where one run lands holds both (a one-seed size has none).
+    assert p300["run95"][0] < 0.5 and p300["run95"][1] == 1.0 and "run95" not in p100
+    assert p300["per_token_run95"][0] == 0.8 and p300["per_token_run95"][1] == 1.0
 
 
 def test_paper_rows_only_for_the_learners_the_paper_has():

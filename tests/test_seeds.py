@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlmlab.cli import main
 from rlmlab.errors import ConfigError
@@ -14,7 +16,7 @@ from rlmlab.experiments.kinds.shortcuts import seed_cells, shortcut_seeds_table
 from rlmlab.experiments.reproduce import CellCheck, seed_spreads
 from rlmlab.experiments.seeds import check_seeds, seed_indices, seed_value, seeded_job, split_seed
 from rlmlab.measuring.result_files import read_results
-from rlmlab.measuring.stats import correctness, paired, seed_cell
+from rlmlab.measuring.stats import correctness, one_run_interval, paired, seed_cell
 from rlmlab.runlog import read_metrics
 
 
@@ -54,6 +56,34 @@ def test_cell_over_seeds_and_expressions():
     assert seed_cell(m) == c  # a fixed bootstrap seed: a report regenerates byte for byte
     one = seed_cell(m[:1])
     assert one["seeds"] == 1 and one["ci95"][0] <= one["mean"] <= one["ci95"][1]
+
+
+def test_one_run_interval_holds_every_seed_where_the_means_need_not():
+    # Like RM at N = 300 of the IID sweep: two seeds near 62%, one at 53%, 5,000 expressions.
+    rng = np.random.default_rng(2)
+    m = (rng.random((3, 5000)) < np.array([[0.61], [0.53], [0.63]])).astype(float)
+    per_seed = m.mean(axis=1)
+    lo, hi = seed_cell(m)["ci95"]
+    assert lo > per_seed.min()  # the mean's interval leaves the low seed out
+    run_lo, run_hi = one_run_interval(m)
+    assert run_lo <= per_seed.min() and per_seed.max() <= run_hi
+    assert run_lo < lo and hi < run_hi  # it is wider than the mean's: a run varies more than a mean of three
+    assert one_run_interval(m) == [run_lo, run_hi]  # fixed bootstrap seed
+
+
+@given(k=st.integers(2, 6), n=st.integers(20, 400), rates=st.lists(st.floats(0, 1), min_size=6, max_size=6),
+       seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_one_run_interval_contains_each_seeds_value(k, n, rates, seed):
+    rng = np.random.default_rng(seed)
+    m = (rng.random((k, n)) < np.array(rates[:k])[:, None]).astype(float)
+    lo, hi = one_run_interval(m)
+    assert all(lo <= x <= hi for x in m.mean(axis=1))
+    # Per token: hits out of 5-15 targets an expression, each seed's ratio inside too.
+    t = rng.integers(5, 16, size=(k, n)).astype(float)
+    c = np.floor(t * m * rng.random((k, n)) + t * (1 - m) * 0.3)
+    lo, hi = one_run_interval(c, t)
+    assert all(lo <= x <= hi for x in c.sum(axis=1) / t.sum(axis=1))
 
 
 def test_paired_difference_and_verdict():

@@ -209,6 +209,21 @@ def seed_ratio_cell(c: np.ndarray, t: np.ndarray) -> dict:
             "ci95": _interval(ratios)}
 
 
+def one_run_interval(c: np.ndarray, t: np.ndarray | None = None) -> list[float]:
+    """95% interval of where one training run lands, from a seeds × expressions matrix `c` of
+    0/1 results (or of the ratio sum(c) / sum(t), for per-token hits `c` and targets `t`): each
+    bootstrap draw takes one seed and resamples the expressions. `seed_cell`'s interval is that
+    of the mean over seeds, which an outlying seed can lie outside; this one holds every seed's
+    own value as long as there are fewer than 20 seeds (each seed carries 1/k of the draws,
+    about half of them at or beyond its own value, more than the 2.5% each tail leaves)."""
+    k, n = c.shape
+    rng = np.random.default_rng(BOOT_SEED)
+    s, e = rng.integers(0, k, size=(N_BOOT, 1)), rng.integers(0, n, size=(N_BOOT, n))
+    if t is None:
+        return _interval(_resampled_means(c, s, e))
+    return _interval(_resampled_sums(c, s, e) / np.maximum(_resampled_sums(t, s, e), 1))
+
+
 def paired(a: np.ndarray, b: np.ndarray) -> dict:
     """Mean of `a` minus mean of `b` (seeds × the same expressions each), with an interval that
     resamples the expressions once for both and each learner's seeds on their own."""

@@ -25,7 +25,7 @@ from rlmlab.experiments.tables import (
     training_runs,
 )
 from rlmlab.experiments.training_log import plot_learning_curves
-from rlmlab.measuring.stats import accuracy, bootstrap_ratio, correctness, seed_cell, seed_ratio_cell
+from rlmlab.measuring.stats import accuracy, bootstrap_ratio, correctness, one_run_interval, seed_cell, seed_ratio_cell
 
 if TYPE_CHECKING:
     from rlmlab.task.taskfile import Task
@@ -38,7 +38,9 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
     test expressions. With several, both come from the two-level bootstrap of the length and
     depth reports (`rlmlab.measuring.stats.seed_cell`): it resamples the seeds and the expressions, so
     an interval is wide when the seeds disagree, as a seed's own value may lie outside an
-    interval over expressions alone."""
+    interval over expressions alone. They come with the interval of where one run lands
+    (`run95`, `per_token_run95`: `one_run_interval`), which holds every seed's value where the
+    mean's interval need not."""
     points = []
     jobs = iid_runs(out)
     names = learners(out, list(jobs))
@@ -56,13 +58,16 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
             p = {"N": n, "learner": name, "seeds": k, **accuracy([r for res in per_seed for r in res]),
                  "seed_accuracy": [accuracy(res)["accuracy"] for res in per_seed]}
             if k > 1:
-                p["ci95"] = seed_cell(correctness(per_seed, f"{out} N={n} {learner_label(name)}"))["ci95"]
+                m = correctness(per_seed, f"{out} N={n} {learner_label(name)}")
+                p["ci95"], p["run95"] = seed_cell(m)["ci95"], one_run_interval(m)
             if all("tf_total" in res[0] for res in per_seed):
                 c = np.asarray([[r["tf_correct"] for r in res] for res in per_seed], dtype=np.float64)
                 t = np.asarray([[r["tf_total"] for r in res] for res in per_seed], dtype=np.float64)
                 p["per_token"] = float(c.sum() / t.sum())
                 p["per_token_ci95"] = (seed_ratio_cell(c, t)["ci95"] if k > 1 else list(bootstrap_ratio(
                     [r["tf_correct"] for r in per_seed[0]], [r["tf_total"] for r in per_seed[0]])))
+                if k > 1:
+                    p["per_token_run95"] = one_run_interval(c, t)
                 p["seed_per_token"] = [float(x) for x in c.sum(axis=1) / t.sum(axis=1)]
             points.append(p)
     return points
@@ -90,15 +95,14 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     points = iid_points(out, meta["sizes"])
     if not points:
         raise NoResultsError(f"{out}: no IID test results yet (run `rlmlab run iid` first)")
-    md = ["| N | learner | seeds | final answer (%) | 95% CI | per seed (%) | per-token (%) | 95% CI |",
-          "|---|---|---|---|---|---|---|---|"]
+    md = ["| N | learner | seeds | final answer (%) | 95% CI | one run, 95% | per seed (%) | per-token (%) | 95% CI "
+          "| one run, 95% |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        ci = p["ci95"]
-        tok = p.get("per_token")
-        tci = p.get("per_token_ci95")
         md.append(f"| {p['N']} | {learner_label(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
-                  f"{pct(ci[0])}–{pct(ci[1])} | {' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(tok)} | "
-                  f"{'–' if tci is None else pct(tci[0]) + '–' + pct(tci[1])} |")
+                  f"{_span(p.get('ci95'))} | {_span(p.get('run95'))} | "
+                  f"{' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(p.get('per_token'))} | "
+                  f"{_span(p.get('per_token_ci95'))} | {_span(p.get('per_token_run95'))} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
            r"\midrule"] + [f"{p['N']} & {learner_label(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
                            f"{pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
@@ -147,6 +151,12 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     for job in runs:
         plot_learning_curves(dest / f"curves-{job}", training_runs(out, job))
     return {"points": points}
+
+
+def _span(interval: list[float] | None) -> str:
+    """An interval as a table cell in percent, `–` where there is none (a one-seed size has no
+    one-run interval apart from its own)."""
+    return "–" if interval is None else f"{pct(interval[0])}–{pct(interval[1])}"
 
 
 def _short_size(n: int) -> str:
