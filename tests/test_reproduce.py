@@ -147,6 +147,11 @@ def test_a_rerun_command_keeps_the_stored_settings_and_replaces_what_is_asked():
     # The committed evaluation's runaway factor is pinned, over any the command gave.
     pinned = rerun_command([*argv, "--preset.eval_runaway_factor=2"], Path("y"), runaway_factor=8)
     assert pinned[-2:] == ["--preset.eval_runaway_factor=8", "--quiet"] and "--preset.eval_runaway_factor=2" not in pinned
+    # A re-run runs on this machine, never on the Ray cluster a stored command names.
+    for ray in (["--ray-address", "10.0.0.9:6379", "--ray-gpus-per-job", "1"],
+                ["--ray-address=10.0.0.9:6379", "--ray-gpus-per-job=1"]):
+        assert rerun_command([*argv, *ray], Path("y")) == [
+            "rlmlab", "run", "length", "--preset", "small", "--learners=rm,rm-frames", "--out=y", "--quiet"]
     assert stored_commands(FIXTURE) == [json.loads((FIXTURE / "commands.jsonl").read_text())["argv"]]
 
 

@@ -292,9 +292,9 @@ def _flag(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+def _drop_flag(argv: list[str], name: str) -> list[str]:
     kept, skip = [], False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue
@@ -303,7 +303,16 @@ def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
             continue
         if not a.startswith(name + "="):
             kept.append(a)
-    return kept + [f"{name}={value}"]
+    return kept
+
+
+def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+    return _drop_flag(argv, name) + [f"{name}={value}"]
+
+
+# Options of a stored command that a re-run leaves out: it runs on this machine, not on the
+# cluster a stored command (or a hostile commands.jsonl) names.
+NOT_RERUN = ("--ray-address", "--ray-gpus-per-job")
 
 
 def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None, sample: int | None = None,
@@ -312,8 +321,11 @@ def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None,
     and its evaluation cut to the first `sample` expressions of each bin (of each set), its
     split and training left as stored; None when none of its learners is asked for. With
     `runaway_factor`, its evaluation cuts runaway rows where the committed one did, whatever the
-    preset says today."""
-    new = _set_flag([a for a in argv if a != "--quiet"], "--out", str(out))
+    preset says today. It runs here: a stored `--ray-address` is left out (`NOT_RERUN`)."""
+    new = [a for a in argv if a != "--quiet"]
+    for name in NOT_RERUN:
+        new = _drop_flag(new, name)
+    new = _set_flag(new, "--out", str(out))
     if runaway_factor is not None:
         new = _set_flag(new, "--preset.eval_runaway_factor", str(runaway_factor))
     if learners is not None:
