@@ -801,3 +801,15 @@ def test_reproduce_refuses_a_stored_command_of_an_unknown_kind_before_running_an
                                          + json.dumps({"argv": ["rlmlab", "run", "../bogus"]}) + "\n")
     err = one_line_error(capsys, ["reproduce", str(copy), "--out", str(tmp_path / "out")])
     assert "line 2: '../bogus' is not an experiment kind" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra", [["--bogus-option=1"], ["--threads"], ["--help"]])
+def test_reproduce_refuses_a_stored_command_that_does_not_parse_before_running_any(tmp_path, capsys, extra):
+    copy = _copy(FIXTURE, tmp_path)
+    good = ["rlmlab", "run", "length", "--preset", "smoke", "--out", "x", "--learners=rm", "--threads=1"]
+    (copy / "commands.jsonl").write_text(json.dumps({"argv": good}) + "\n" + json.dumps({"argv": good + extra}) + "\n")
+    assert main(["reproduce", str(copy), "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "a stored command does not parse" in captured.err, captured.err
+    assert "$ rlmlab run" not in captured.out and "usage" not in captured.out  # nothing ran, no help printed
+    assert not (tmp_path / "out").exists()

@@ -8,12 +8,14 @@ on one line and exit with status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
+import io
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from rlmlab.errors import RlmlabError
+from rlmlab.errors import ConfigError, RlmlabError
 
 # Subcommands (module rlmlab.cli.<name>_cmd each), in the order `rlmlab --help` lists them, with
 # the line it shows (the same as the module's own; a test keeps them equal). Only the module of
@@ -110,6 +112,24 @@ def unknown_options_error(parser: argparse.ArgumentParser, args: argparse.Namesp
     cmd.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; {h}" for h in hints))
 
 
+def check_command(argv: list[str]) -> None:
+    """Parse a command line as `main` would, without running it: `ConfigError` on one line
+    naming what argparse refuses (`rlmlab reproduce` checks its stored commands with it)."""
+    command = next((a for a in argv if not a.startswith("-")), "")
+    if command not in COMMANDS:
+        raise ConfigError(f"unknown command {one_line(repr(command))}")
+    parser = build_parser(command)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args, extra = parser.parse_known_args(argv)
+        if extra:
+            unknown_options_error(parser, args, extra)
+    except UsageError as e:
+        raise ConfigError(f"{e.prog}: {one_line(str(e))}") from None
+    except SystemExit:  # --help or --version: argparse prints and exits
+        raise ConfigError(f"{one_line(' '.join(argv))}: asks for help, runs nothing") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command is the first argument that is not an option (rlmlab's own are --help, --version).
@@ -133,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # A command that runs other commands (`rlmlab reproduce`) takes this entry point from here, so
     # that no module below the package imports the package back.
-    args.run_command = main
+    args.run_command, args.check_command = main, check_command
     try:
         return int(args.handler(args) or 0)
     except BrokenPipeError:  # `rlmlab ... | head`; an OSError, so caught before it

@@ -65,7 +65,8 @@ def run(args) -> int:
                   f"prediction and first divergence; correct: committed {a['committed_correct']}, "
                   f"fresh {a['fresh_correct']}")
     else:
-        rp.rerun(results, out, args.run_command, learners, args.sample, dry_run=args.dry_run)
+        rp.rerun(results, out, args.run_command, learners, args.sample, dry_run=args.dry_run,
+                 check_command=args.check_command)
         if args.dry_run:
             return 0
         logs = rp.compare_training_logs(results, out)

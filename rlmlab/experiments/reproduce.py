@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlmlab.decoding.driver import Limits
-from rlmlab.errors import DataError
+from rlmlab.errors import ConfigError, DataError
 from rlmlab.experiments.folder import read_experiment_json
 from rlmlab.experiments.job import Job
 from rlmlab.experiments.kinds import RUNNABLE, get_kind
@@ -341,10 +341,14 @@ def rerun_command(argv: list[str], out: Path, learners: list[str] | None = None,
 
 
 def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], learners: list[str] | None = None,
-          sample: int | None = None, dry_run: bool = False, echo=print) -> list[list[str]]:
+          sample: int | None = None, dry_run: bool = False, echo=print,
+          check_command: Callable[[list[str]], None] | None = None) -> list[list[str]]:
     """Re-run the stored commands of `results` into `out` (see `rerun_command`), each through
     `run_command(argv)` (the command line's `main`, handed down by the command so that this
-    library never imports its caller), then report `out`. Returns the command lines run."""
+    library never imports its caller), then report `out`. Returns the command lines run.
+    `check_command(argv)`, handed down the same way, parses a command line without running it
+    (raising `ConfigError`): every command is checked before the first one runs, so that a
+    stored option the parser does not know stops the re-run before it writes anything."""
     results, out = Path(results), Path(out)
     _check_out(results, out, dry_run)
     # A folder recorded before presets named a factor decoded with the driver's default.
@@ -353,6 +357,12 @@ def rerun(results: Path, out: Path, run_command: Callable[[list[str]], int], lea
     commands = [c for c in (rerun_command(a, out, learners, sample, factor) for a in stored_commands(results)) if c]
     if not commands:
         raise DataError(f"--learners {','.join(learners or [])}: no stored command of {results} trains those learners")
+    if check_command is not None:
+        for argv in commands:
+            try:
+                check_command(argv[1:])
+            except ConfigError as e:
+                raise DataError(f"{results / 'commands.jsonl'}: a stored command does not parse: {e}") from None
     for argv in commands:
         echo("$ " + " ".join(argv))
         if not dry_run and run_command(argv[1:]) != 0:
