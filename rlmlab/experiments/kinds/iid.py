@@ -64,10 +64,10 @@ def iid_points(out: Path, sizes: list[int]) -> list[dict]:
                 c = np.asarray([[r["tf_correct"] for r in res] for res in per_seed], dtype=np.float64)
                 t = np.asarray([[r["tf_total"] for r in res] for res in per_seed], dtype=np.float64)
                 p["per_token"] = float(c.sum() / t.sum())
-                p["per_token_ci95"] = (seed_ratio_cell(c, t)["ci95"] if k > 1 else list(bootstrap_ratio(
-                    [r["tf_correct"] for r in per_seed[0]], [r["tf_total"] for r in per_seed[0]])))
                 if k > 1:
-                    p["per_token_run95"] = one_run_interval(c, t)
+                    p["per_token_ci95"], p["per_token_run95"] = seed_ratio_cell(c, t)["ci95"], one_run_interval(c, t)
+                else:
+                    p["per_token_ci95"] = list(bootstrap_ratio(c[0], t[0]))
                 p["seed_per_token"] = [float(x) for x in c.sum(axis=1) / t.sum(axis=1)]
             points.append(p)
     return points
