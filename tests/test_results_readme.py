@@ -122,7 +122,7 @@ SHORTCUT_HEADERS = {"Construction, small": ("shortcuts-small",),
 IID_FOLDERS = ("iid-small", "iid-paper-cpu")
 # Table 3 with one row per learner, where learners beyond RM and CoT ran (`table-shortcuts-learners.md`).
 LEARNER_HEADERS = {"Construction, by learner": "shortcuts-paper-cpu"}
-IID_SUMMARY = ("training expressions N", "iid-paper-cpu")  # the README's compact IID table
+IID_SUMMARY = ("training expressions N", "iid-paper-cpu-steps")  # the README's compact IID table
 # Tables that quote no report: the results index and the README's preset table.
 OTHER_HEADERS = ("folder", "preset")
 
