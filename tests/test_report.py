@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 from conftest import one_line_error
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlmlab.errors import NoResultsError
-from rlmlab.experiments.kinds.iid import iid_points
+from rlmlab.experiments.kinds.iid import iid_points, report_iid
 from rlmlab.experiments.kinds.threshold import threshold_tables
 from rlmlab.experiments.report import report
+from rlmlab.experiments.tables import pct_near_one
 from rlmlab.measuring.result_files import write_rows
 from rlmlab.measuring.stats import wilson
 from rlmlab.records import write_records
@@ -62,6 +65,32 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path,
     # The mean's interval may leave a seed out; where one run lands holds both (a one-seed size has none).
     assert p300["run95"][0] < 0.5 and p300["run95"][1] == 1.0 and "run95" not in p100
     assert p300["per_token_run95"][0] == 0.8 and p300["per_token_run95"][1] == 1.0
+
+
+def test_per_token_cells_keep_two_significant_digits_of_the_shortfall_from_100():
+    assert [pct_near_one(x) for x in (0.6, 0.932, 0.994, 0.99769, 0.999761, 1.0)] == [
+        "60.0", "93.2", "99.40", "99.77", "99.976", "100.0"]
+
+
+@given(st.floats(min_value=0.9, max_value=0.9999))
+def test_a_per_token_cell_gives_the_shortfall_to_within_5_percent(x):
+    shortfall = 100 * (1 - x)
+    assert abs((100 - float(pct_near_one(x))) - shortfall) <= 0.05 * shortfall + 1e-9
+
+
+def test_iid_table_separates_per_token_accuracies_that_differ_past_the_first_decimal(tmp_path):
+    """At large N both learners get 99.9x% of their tokens right; which one is ahead (the paper:
+    CoT, slightly) must show in the table, to the same decimals for both learners of a size."""
+    for learner, wrong in (("rm", 24), ("cot", 11)):  # of 100,000 tokens: 99.976% and 99.989%
+        folder = tmp_path / "iid-N100-s0" / learner / "eval" / "test"
+        folder.mkdir(parents=True)
+        records = [{"expr": f"add({i % 10},{i // 10 % 10})", "correct": True,
+                    "tf_correct": 1000 - (i < wrong), "tf_total": 1000} for i in range(100)]
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report_iid(tmp_path, {"sizes": [100]}, tmp_path)
+    rows = {line.split(" | ")[1]: line.split(" | ")[7] for line in (tmp_path / "table-iid.md").read_text().splitlines()
+            if line.startswith("| 100 |")}
+    assert rows == {"RM": "99.976", "CoT": "99.989"}
 
 
 def test_paper_rows_only_for_the_learners_the_paper_has():

@@ -173,6 +173,24 @@ def pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
+def near_one_decimals(x: float) -> int:
+    """Decimals that give a percentage's shortfall from 100% two significant digits (one to
+    three): 93.2, 99.77, 99.976. A per-token accuracy near 100% printed to one decimal hides
+    differences that the paper reads (CoT slightly higher per token at large N)."""
+    shortfall = 100 * (1 - x)
+    if shortfall <= 0 or shortfall >= 10:
+        return 1
+    return min(3, max(1, 1 - math.floor(math.log10(shortfall))))
+
+
+def pct_near_one(x: float | None, decimals: int | None = None) -> str:
+    """`pct` with `near_one_decimals(x)` decimals, or `decimals` given (an interval's bounds take
+    the decimals of its point)."""
+    if x is None:
+        return "–"
+    return f"{100 * x:.{near_one_decimals(x) if decimals is None else decimals}f}"
+
+
 def count_ci(a: dict | None) -> str:
     """An `accuracy()` record as "k/n = p [lo, hi]" (percent, 95% Wilson interval)."""
     if a is None:

@@ -20,7 +20,9 @@ from rlmlab.experiments.tables import (
     learner_label,
     learner_line,
     learners,
+    near_one_decimals,
     pct,
+    pct_near_one,
     save_figures,
     training_runs,
 )
@@ -91,6 +93,7 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     points = iid_points(out, meta["sizes"])
     if not points:
@@ -98,14 +101,22 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     md = ["| N | learner | seeds | final answer (%) | 95% CI | one run, 95% | per seed (%) | per-token (%) | 95% CI "
           "| one run, 95% |",
           "|---|---|---|---|---|---|---|---|---|---|"]
+    # Per token, to the precision that shows the shortfall from 100% (the same for both learners
+    # of a size): at large N it is a few hundredths of a point, and the paper reads which
+    # learner is ahead there.
+    decimals = {}
     for p in points:
+        if "per_token" in p:
+            decimals[p["N"]] = max(decimals.get(p["N"], 1), near_one_decimals(p["per_token"]))
+    for p in points:
+        tok = decimals.get(p["N"], 1)
         md.append(f"| {p['N']} | {learner_label(p['learner'])} | {p['seeds']} | {pct(p['accuracy'])} | "
                   f"{_span(p.get('ci95'))} | {_span(p.get('run95'))} | "
-                  f"{' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct(p.get('per_token'))} | "
-                  f"{_span(p.get('per_token_ci95'))} | {_span(p.get('per_token_run95'))} |")
+                  f"{' / '.join(pct(a) for a in p['seed_accuracy'])} | {pct_near_one(p.get('per_token'), tok)} | "
+                  f"{_span(p.get('per_token_ci95'), tok)} | {_span(p.get('per_token_run95'), tok)} |")
     tex = [r"\begin{tabular}{@{}rlrrr@{}}", r"\toprule", r"$N$ & learner & seeds & final answer (\%) & per-token (\%) \\",
            r"\midrule"] + [f"{p['N']} & {learner_label(p['learner'])} & {p['seeds']} & {pct(p['accuracy'])} & "
-                           f"{pct(p.get('per_token'))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
+                           f"{pct_near_one(p.get('per_token'), decimals.get(p['N'], 1))} \\\\" for p in points] + [r"\bottomrule", r"\end{tabular}"]
     skipped = meta.get("skipped_sizes")
     if skipped:
         md.append(f"\nNot run: N = {', '.join(map(str, skipped['sizes']))} ({skipped['reason']}).")
@@ -127,13 +138,13 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         color = line.get_color()
         a1.fill_between(x, [100 * p["ci95"][0] for p in ps], [100 * p["ci95"][1] for p in ps], color=color, alpha=0.2)
         _scatter_seeds(a1, ps, "seed_accuracy", color)
-        if all("per_token" in p for p in ps):
-            a2.plot(x, [100 * p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_label(name))
-            a2.fill_between(x, [100 * p["per_token_ci95"][0] for p in ps], [100 * p["per_token_ci95"][1] for p in ps],
+        if all("per_token" in p for p in ps):  # fractions: the panel's logit axis takes (0, 1)
+            a2.plot(x, [p["per_token"] for p in ps], "o", linestyle=style, color=color, label=learner_label(name))
+            a2.fill_between(x, [p["per_token_ci95"][0] for p in ps], [p["per_token_ci95"][1] for p in ps],
                             color=color, alpha=0.2)
-            _scatter_seeds(a2, ps, "seed_per_token", color)
+            _scatter_seeds(a2, ps, "seed_per_token", color, scale=1)
     sizes = sorted({p["N"] for p in points})
-    for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%)")):
+    for a, title in ((a1, "final-answer test accuracy (%)"), (a2, "per-token test accuracy (%, logit axis)")):
         a.set_xscale("log")
         # Log-axis minor labels collide within a decade; label the sizes that ran instead, short
         # and slanted, since 2k, 3k and 5k (or 200k, 300k and 450k) stand close together.
@@ -142,6 +153,11 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
         a.set_xlabel("training expressions N")
         a.set_ylabel(title)
         a.legend()
+    # A logit axis spreads 99%, 99.9% and 99.99% as far apart as 50% and 90%: at large N the
+    # learners' per-token accuracies differ by hundredths of a point, flat on a linear axis.
+    a2.set_yscale("logit", nonpositive="clip")
+    a2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:g}"))
+    a2.yaxis.set_minor_formatter(NullFormatter())
     fig.tight_layout()
     save_figures(fig, dest / "iid-sample-complexity")
     runs = iid_runs(out)
@@ -153,10 +169,10 @@ def report_iid(out: Path, meta: dict, dest: Path) -> dict:
     return {"points": points}
 
 
-def _span(interval: list[float] | None) -> str:
+def _span(interval: list[float] | None, decimals: int = 1) -> str:
     """An interval as a table cell in percent, `–` where there is none (a one-seed size has no
     one-run interval apart from its own)."""
-    return "–" if interval is None else f"{pct(interval[0])}–{pct(interval[1])}"
+    return "–" if interval is None else f"{pct_near_one(interval[0], decimals)}–{pct_near_one(interval[1], decimals)}"
 
 
 def _short_size(n: int) -> str:
@@ -164,9 +180,9 @@ def _short_size(n: int) -> str:
     return str(n) if n < 1000 else f"{n / 1000:g}k"
 
 
-def _scatter_seeds(ax, points: list[dict], key: str, color) -> None:
-    """Each seed's own figure beside a point that averages several seeds."""
-    seeds = [(p["N"], 100 * a) for p in points if p["seeds"] > 1 for a in p[key]]
+def _scatter_seeds(ax, points: list[dict], key: str, color, scale: float = 100) -> None:
+    """Each seed's own figure beside a point that averages several seeds (`scale` times it)."""
+    seeds = [(p["N"], scale * a) for p in points if p["seeds"] > 1 for a in p[key]]
     if seeds:
         ax.scatter(*zip(*seeds), s=9, color=color, alpha=0.5, linewidths=0)
 
