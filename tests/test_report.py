@@ -70,6 +70,7 @@ def test_iid_seeds_are_averaged_and_not_counted_as_independent_samples(tmp_path,
 def test_per_token_cells_keep_two_significant_digits_of_the_shortfall_from_100():
     assert [pct_near_one(x) for x in (0.6, 0.932, 0.994, 0.99769, 0.999761, 1.0)] == [
         "60.0", "93.2", "99.40", "99.77", "99.976", "100.0"]
+    assert pct_near_one(float("nan")) == "nan"  # shown as such, as `pct` shows it, not an error
 
 
 @given(st.floats(min_value=0.9, max_value=0.9999))

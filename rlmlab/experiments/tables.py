@@ -178,7 +178,7 @@ def near_one_decimals(x: float) -> int:
     three): 93.2, 99.77, 99.976. A per-token accuracy near 100% printed to one decimal hides
     differences that the paper reads (CoT slightly higher per token at large N)."""
     shortfall = 100 * (1 - x)
-    if shortfall <= 0 or shortfall >= 10:
+    if not 0 < shortfall < 10:  # NaN too: printed as `nan`, as `pct` prints it
         return 1
     return min(3, max(1, 1 - math.floor(math.log10(shortfall))))
 
